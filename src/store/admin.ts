@@ -1,0 +1,218 @@
+/** Operators' statements: read jobs and their attempts, cancel, retry, counts. */
+import type { Queryable } from "./db.js";
+import type { AttemptRecord, JobRecord, JobState } from "../jobs/types.js";
+
+const JOB_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+       run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
+       last_error, unique_key, created_at, started_at, finished_at`;
+
+// One shape for unfinished and finished jobs: the columns the other table lacks are null.
+const ALL_JOBS = `(
+  SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+         run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
+         last_error, unique_key, created_at, started_at, NULL::timestamptz AS finished_at
+    FROM jobs
+  UNION ALL
+  SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+         NULL, NULL, NULL, NULL, NULL, progress, checkpoint,
+         last_error, unique_key, created_at, started_at, finished_at
+    FROM job_history
+) AS all_jobs`;
+
+const GET_JOB = `SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS} WHERE id = $1`;
+
+const GET_ATTEMPTS = `
+SELECT job_id, attempt, worker_id, started_at, ended_at, outcome, error
+  FROM job_attempts WHERE job_id = $1 ORDER BY attempt`;
+
+interface JobRow {
+  id: string;
+  queue: string;
+  task: string;
+  payload: JobRecord["payload"];
+  priority: number;
+  state: JobState;
+  attempt: number;
+  spent_attempts: number;
+  max_attempts: number;
+  run_at: Date | null;
+  lease_until: Date | null;
+  locked_by: string | null;
+  heartbeat_at: Date | null;
+  cancel_requested_at: Date | null;
+  progress: JobRecord["progress"];
+  checkpoint: JobRecord["checkpoint"];
+  last_error: string | null;
+  unique_key: string | null;
+  created_at: Date;
+  started_at: Date | null;
+  finished_at: Date | null;
+}
+
+function toRecord(r: JobRow): JobRecord {
+  return {
+    id: r.id,
+    queue: r.queue,
+    task: r.task,
+    payload: r.payload,
+    priority: r.priority,
+    state: r.state,
+    attempt: r.attempt,
+    spentAttempts: r.spent_attempts,
+    maxAttempts: r.max_attempts,
+    runAt: r.run_at,
+    leaseUntil: r.lease_until,
+    lockedBy: r.locked_by,
+    heartbeatAt: r.heartbeat_at,
+    cancelRequestedAt: r.cancel_requested_at,
+    progress: r.progress,
+    checkpoint: r.checkpoint,
+    lastError: r.last_error,
+    uniqueKey: r.unique_key,
+    createdAt: r.created_at,
+    startedAt: r.started_at,
+    finishedAt: r.finished_at,
+  };
+}
+
+export async function getJob(db: Queryable, id: string): Promise<JobRecord | undefined> {
+  const { rows } = await db.query<JobRow>(GET_JOB, [id]);
+  return rows[0] ? toRecord(rows[0]) : undefined;
+}
+
+export async function getAttempts(db: Queryable, jobId: string): Promise<AttemptRecord[]> {
+  const { rows } = await db.query<{
+    job_id: string;
+    attempt: number;
+    worker_id: string;
+    started_at: Date;
+    ended_at: Date;
+    outcome: AttemptRecord["outcome"];
+    error: string | null;
+  }>(GET_ATTEMPTS, [jobId]);
+  return rows.map((r) => ({
+    jobId: r.job_id,
+    attempt: r.attempt,
+    workerId: r.worker_id,
+    startedAt: r.started_at,
+    endedAt: r.ended_at,
+    outcome: r.outcome,
+    error: r.error,
+  }));
+}
+
+export interface ListJobsFilter {
+  state?: JobState;
+  queue?: string;
+  limit: number;
+}
+
+/** Newest first. Filters are bound parameters; a null filter matches everything. */
+const LIST_JOBS = `
+SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS}
+ WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+ ORDER BY id DESC
+ LIMIT $3`;
+
+export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<JobRecord[]> {
+  const { rows } = await db.query<JobRow>(LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit]);
+  return rows.map(toRecord);
+}
+
+/**
+ * Cancel: a waiting job ends at once (to history as cancelled); a running job is marked,
+ * its handler is aborted at the next heartbeat, and its late report ends it as cancelled.
+ */
+const CANCEL_JOB = `
+WITH target AS (
+  SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE
+), ended AS (
+  DELETE FROM jobs AS j USING target AS t
+   WHERE j.id = t.id AND t.state = 'waiting'
+  RETURNING j.*
+), history AS (
+  INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at)
+  SELECT id, queue, task, payload, priority, 'cancelled', attempt, spent_attempts, max_attempts,
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at
+    FROM ended
+), requested AS (
+  UPDATE jobs AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM target AS t
+   WHERE j.id = t.id AND t.state = 'running'
+  RETURNING j.id
+)
+SELECT 'cancelled' AS result FROM ended
+UNION ALL
+SELECT 'cancel_requested' FROM requested`;
+
+export type CancelResult = "cancelled" | "cancel_requested" | { finished: JobState } | "not_found";
+
+export async function cancelJob(db: Queryable, id: string): Promise<CancelResult> {
+  const { rows } = await db.query<{ result: "cancelled" | "cancel_requested" }>(CANCEL_JOB, [id]);
+  if (rows[0]) return rows[0].result;
+  const job = await getJob(db, id);
+  return job ? { finished: job.state } : "not_found";
+}
+
+/**
+ * Manual retry of a dead (or cancelled) job: back to waiting with a fresh retry budget.
+ * `attempt`, the fencing token, is kept: the next claim is attempt + 1, so a report from
+ * any earlier attempt can never match it.
+ */
+const RETRY_JOB = `
+WITH revived AS (
+  DELETE FROM job_history WHERE id = $1 AND state IN ('dead', 'cancelled') RETURNING *
+)
+INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, spent_attempts, max_attempts,
+                  lease_ms, progress, checkpoint, last_error, unique_key, created_at)
+SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
+       lease_ms, progress, checkpoint, last_error, unique_key, created_at
+  FROM revived
+RETURNING id`;
+
+export type RetryResult = "retried" | { notRetryable: JobState } | "not_found";
+
+export async function retryJob(db: Queryable, id: string): Promise<RetryResult> {
+  const { rowCount } = await db.query(RETRY_JOB, [id]);
+  if (rowCount) return "retried";
+  const job = await getJob(db, id);
+  return job ? { notRetryable: job.state } : "not_found";
+}
+
+const QUEUE_STATS = `
+SELECT queue, state, count(*)::int AS count FROM jobs GROUP BY queue, state
+UNION ALL
+SELECT queue, state, count(*)::int FROM job_history GROUP BY queue, state
+ORDER BY queue, state`;
+
+const LEASE_STATS = `
+SELECT count(*) FILTER (WHERE state = 'running')::int AS active_leases,
+       count(*) FILTER (WHERE state = 'running' AND lease_until < now())::int AS expired_leases,
+       min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()) AS oldest_ready_at,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()))::float8 AS oldest_ready_age_s
+  FROM jobs`;
+
+export interface QueueStats {
+  counts: { queue: string; state: JobState; count: number }[];
+  activeLeases: number;
+  expiredLeases: number;
+  /** The oldest job ready to run and not yet claimed: how far behind the workers are. */
+  oldestReadyAt: Date | null;
+  oldestReadyAgeSeconds: number | null;
+}
+
+export async function queueStats(db: Queryable): Promise<QueueStats> {
+  const [counts, leases] = await Promise.all([
+    db.query<{ queue: string; state: JobState; count: number }>(QUEUE_STATS),
+    db.query<{ active_leases: number; expired_leases: number; oldest_ready_at: Date | null; oldest_ready_age_s: number | null }>(LEASE_STATS),
+  ]);
+  const l = leases.rows[0]!;
+  return {
+    counts: counts.rows,
+    activeLeases: l.active_leases,
+    expiredLeases: l.expired_leases,
+    oldestReadyAt: l.oldest_ready_at,
+    oldestReadyAgeSeconds: l.oldest_ready_age_s,
+  };
+}

@@ -1,0 +1,69 @@
+/**
+ * The connection seam. Every Leasehold statement runs with `search_path` set to the
+ * Leasehold schema, so the SQL in this folder names tables without a schema.
+ */
+import pg from "pg";
+import { ConfigError } from "../errors.js";
+
+/** Anything that can run a query: a pool or one client (inside a transaction). */
+export interface Queryable {
+  query<R extends pg.QueryResultRow = pg.QueryResultRow>(text: string, values?: unknown[]): Promise<pg.QueryResult<R>>;
+}
+
+export const DEFAULT_SCHEMA = "leasehold";
+const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
+
+// bigint ids come back as strings from pg; keep them as strings (exact beyond 2^53).
+// timestamptz come back as Date.
+
+export function assertSchemaName(schema: string): string {
+  if (!SCHEMA_NAME.test(schema)) {
+    throw new ConfigError(`schema "${schema}" must be a lower-case SQL identifier (letters, digits, _)`);
+  }
+  return schema;
+}
+
+export interface PoolOptions {
+  connectionString: string;
+  schema?: string;
+  max?: number;
+  applicationName?: string;
+}
+
+export function createPool(options: PoolOptions): pg.Pool {
+  const schema = assertSchemaName(options.schema ?? DEFAULT_SCHEMA);
+  const pool = new pg.Pool({
+    connectionString: options.connectionString,
+    max: options.max ?? 10,
+    application_name: options.applicationName ?? "leasehold",
+    // jit: our statements are small and frequent; a JIT compile would cost more than it saves.
+    options: `-c search_path=${schema} -c jit=off`,
+    connectionTimeoutMillis: 10_000,
+  });
+  // An idle client that loses its connection (database restart, terminated backend) emits
+  // 'error' on the pool; without a listener that would crash the process. The next query
+  // gets a fresh connection.
+  pool.on("error", () => {});
+  return pool;
+}
+
+/** The NOTIFY channel that wakes workers of this schema; the payload is the queue name. */
+export function notifyChannel(schema: string): string {
+  return `leasehold:${schema}`;
+}
+
+/** Runs fn inside a transaction on one client of the pool. */
+export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  const client = await pool.connect();
+  try {
+    await client.query("BEGIN");
+    const result = await fn(client);
+    await client.query("COMMIT");
+    return result;
+  } catch (err) {
+    await client.query("ROLLBACK").catch(() => {});
+    throw err;
+  } finally {
+    client.release();
+  }
+}

@@ -1,0 +1,46 @@
+import type { Queryable } from "./db.js";
+
+/**
+ * Success for a batch of attempts, fenced like a heartbeat by (id, attempt, worker).
+ * In one statement the job leaves the hot table for job_history and its attempt's audit
+ * row is written. A job whose cancel was requested ends as cancelled: the handler's late
+ * success is refused. Rows that match nothing are stale reports and change nothing.
+ */
+const COMPLETE_JOBS = `
+WITH done AS (
+  DELETE FROM jobs AS j
+   USING unnest($1::bigint[], $2::int[]) AS r(id, attempt)
+   WHERE j.id = ANY($1::bigint[])
+     AND j.id = r.id AND j.attempt = r.attempt AND j.locked_by = $3 AND j.state = 'running'
+  RETURNING j.*,
+            CASE WHEN j.cancel_requested_at IS NULL THEN 'succeeded' ELSE 'cancelled' END AS final_state
+), history AS (
+  INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at)
+  SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts, max_attempts,
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at
+    FROM done
+), audit AS (
+  INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome)
+  SELECT id, attempt, locked_by, started_at, final_state FROM done
+)
+SELECT id, final_state AS state FROM done`;
+
+export interface AttemptRef {
+  id: string;
+  attempt: number;
+}
+
+/** Per job: "succeeded", "cancelled" (a cancel won), or absent from the map: stale. */
+export async function completeJobs(
+  db: Queryable,
+  p: { workerId: string; jobs: AttemptRef[] },
+): Promise<Map<string, "succeeded" | "cancelled">> {
+  if (p.jobs.length === 0) return new Map();
+  const { rows } = await db.query<{ id: string; state: "succeeded" | "cancelled" }>(COMPLETE_JOBS, [
+    p.jobs.map((j) => j.id),
+    p.jobs.map((j) => j.attempt),
+    p.workerId,
+  ]);
+  return new Map(rows.map((r) => [r.id, r.state]));
+}

@@ -1,0 +1,96 @@
+import type { Queryable } from "./db.js";
+import type { AttemptOutcome } from "../jobs/types.js";
+import type { LostLeaseReason } from "../errors.js";
+
+/**
+ * One heartbeat for all of a worker's in-flight jobs. Each row is fenced by
+ * (id, attempt, worker): a job that was reaped, re-claimed or finished matches nothing,
+ * and its absence from the result tells the worker the lease is lost. A beat may carry
+ * progress and a checkpoint (null leaves the stored value alone). `id = ANY($1)` keeps
+ * the plan on the primary key whatever the statistics say.
+ */
+const EXTEND_LEASES = `
+UPDATE jobs AS j
+   SET lease_until = now() + coalesce(j.lease_ms, $6) * interval '1 millisecond',
+       heartbeat_at = now(),
+       progress = coalesce(b.progress, j.progress),
+       checkpoint = coalesce(b.checkpoint, j.checkpoint)
+  FROM unnest($1::bigint[], $2::int[], $3::jsonb[], $4::jsonb[]) AS b(id, attempt, progress, checkpoint)
+ WHERE j.id = ANY($1::bigint[])
+   AND j.id = b.id AND j.attempt = b.attempt AND j.locked_by = $5 AND j.state = 'running'
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested`;
+
+export interface Beat {
+  id: string;
+  attempt: number;
+  /** JSON text, or null to leave it as it is. */
+  progressJson?: string | null;
+  checkpointJson?: string | null;
+}
+
+export interface BeatResult {
+  /** Leases renewed; `cancelRequested` jobs should stop: a user cancelled them. */
+  renewed: Map<string, { cancelRequested: boolean }>;
+  /** Jobs whose lease this worker no longer holds. */
+  lost: string[];
+}
+
+export async function extendLeases(
+  db: Queryable,
+  p: { workerId: string; leaseMs: number; beats: Beat[] },
+): Promise<BeatResult> {
+  if (p.beats.length === 0) return { renewed: new Map(), lost: [] };
+  const { rows } = await db.query<{ id: string; cancel_requested: boolean }>(EXTEND_LEASES, [
+    p.beats.map((b) => b.id),
+    p.beats.map((b) => b.attempt),
+    p.beats.map((b) => b.progressJson ?? null),
+    p.beats.map((b) => b.checkpointJson ?? null),
+    p.workerId,
+    p.leaseMs,
+  ]);
+  const renewed = new Map(rows.map((r) => [r.id, { cancelRequested: r.cancel_requested }]));
+  return { renewed, lost: p.beats.filter((b) => !renewed.has(b.id)).map((b) => b.id) };
+}
+
+/** Why these attempts no longer hold their jobs; read only after a fence refused them. */
+const DESCRIBE_LOST = `
+SELECT a.id::text AS id, a.attempt, j.state, j.attempt AS current_attempt,
+       h.state AS finished_state, ja.outcome AS ended_as
+  FROM unnest($1::bigint[], $2::int[]) AS a(id, attempt)
+  LEFT JOIN jobs AS j ON j.id = a.id
+  LEFT JOIN job_history AS h ON h.id = a.id
+  LEFT JOIN job_attempts AS ja ON ja.job_id = a.id AND ja.attempt = a.attempt`;
+
+export interface LostLease {
+  reason: LostLeaseReason;
+  /**
+   * How this attempt ended, from its audit row. After an ambiguous commit (the connection
+   * dropped while a completion committed) "succeeded" says the completion landed.
+   */
+  endedAs: AttemptOutcome | null;
+}
+
+export async function describeLostLeases(
+  db: Queryable,
+  attempts: { id: string; attempt: number }[],
+): Promise<Map<string, LostLease>> {
+  const { rows } = await db.query<{
+    id: string;
+    attempt: number;
+    state: string | null;
+    current_attempt: number | null;
+    finished_state: string | null;
+    ended_as: AttemptOutcome | null;
+  }>(DESCRIBE_LOST, [attempts.map((a) => a.id), attempts.map((a) => a.attempt)]);
+  const lost = new Map<string, LostLease>();
+  for (const r of rows) {
+    let reason: LostLeaseReason;
+    if (r.finished_state === "cancelled") reason = "cancelled";
+    else if (r.finished_state) reason = "finished";
+    else if (r.state === null) reason = "missing";
+    else if (r.current_attempt! > r.attempt) reason = "reclaimed";
+    else reason = "lease_expired";
+    lost.set(r.id, { reason, endedAs: r.ended_as });
+  }
+  return lost;
+}
