@@ -1,0 +1,173 @@
+/**
+ * The library's front door: connect (to DATABASE_URL, or to the embedded PostgreSQL when
+ * none is given), enqueue, inspect and operate on jobs, and create workers and maintenance
+ * services that share the connection pool.
+ */
+import type pg from "pg";
+import pino, { type Logger } from "pino";
+import type { Registry } from "prom-client";
+import { EmbeddedPostgres, type EmbeddedPostgresOptions } from "./embedded/postgres.js";
+import { JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "./jobs/types.js";
+import { JOB_STATES } from "./jobs/types.js";
+import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { metricsFor, type Metrics } from "./metrics.js";
+import * as store from "./store/index.js";
+import { Watchdog } from "./maintenance/watchdog.js";
+import { Retention, type RetentionOptions } from "./maintenance/retention.js";
+import type { BackoffPolicy } from "./worker/backoff.js";
+import { DatabaseTransport } from "./worker/transport.js";
+import { Worker, type WorkerOptions } from "./worker/worker.js";
+
+export interface LeaseholdOptions {
+  /** Defaults to DATABASE_URL; with neither, an embedded PostgreSQL is started. */
+  databaseUrl?: string;
+  /** Schema for Leasehold's tables; default LEASEHOLD_SCHEMA or "leasehold". */
+  schema?: string;
+  /** Options for the embedded server (used only without a database URL). */
+  embedded?: EmbeddedPostgresOptions;
+  /** Apply pending migrations on connect; default true. */
+  migrate?: boolean;
+  poolSize?: number;
+  logger?: Logger;
+  metricsRegistry?: Registry;
+}
+
+/** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
+export const ENQUEUE_CHUNK = 5_000;
+const JOB_ID = /^[1-9]\d{0,18}$/;
+
+export class Leasehold {
+  private constructor(
+    readonly pool: pg.Pool,
+    readonly databaseUrl: string,
+    readonly schema: string,
+    readonly logger: Logger,
+    readonly metrics: Metrics,
+    private readonly embedded?: EmbeddedPostgres,
+  ) {}
+
+  static async connect(options: LeaseholdOptions = {}): Promise<Leasehold> {
+    const logger = options.logger ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" });
+    const schema = store.assertSchemaName(options.schema ?? process.env.LEASEHOLD_SCHEMA ?? store.DEFAULT_SCHEMA);
+    let url = options.databaseUrl ?? process.env.DATABASE_URL;
+    let embedded: EmbeddedPostgres | undefined;
+    if (!url) {
+      embedded = new EmbeddedPostgres(options.embedded);
+      url = await embedded.start();
+      logger.info({ dataDir: embedded.dataDir, url: embedded.url }, "started embedded PostgreSQL");
+    }
+    const pool = store.createPool({ connectionString: url, schema, max: options.poolSize });
+    try {
+      if (options.migrate ?? true) await store.migrate(pool, schema);
+    } catch (err) {
+      await pool.end().catch(() => {});
+      await embedded?.stop();
+      throw err;
+    }
+    return new Leasehold(pool, url, schema, logger, metricsFor(options.metricsRegistry), embedded);
+  }
+
+  async enqueue(task: string, payload?: unknown, options: EnqueueOptions = {}): Promise<EnqueuedJob> {
+    const [job] = await this.enqueueMany([{ ...options, task, payload }]);
+    return job!;
+  }
+
+  /** Validates every job first (a bad one fails the batch, naming its index), then inserts. */
+  async enqueueMany(jobs: NewJob[]): Promise<EnqueuedJob[]> {
+    if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
+    if (normalized.length <= ENQUEUE_CHUNK) return store.enqueueJobs(this.pool, normalized);
+    return store.withTransaction(this.pool, async (client) => {
+      const out: EnqueuedJob[] = [];
+      for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
+        out.push(...(await store.enqueueJobs(client, normalized.slice(i, i + ENQUEUE_CHUNK))));
+      }
+      return out;
+    });
+  }
+
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+    checkJobId(id);
+    const [job, attempts] = await Promise.all([store.getJob(this.pool, id), store.getAttempts(this.pool, id)]);
+    if (!job) throw new JobNotFoundError(id);
+    return { job, attempts };
+  }
+
+  async listJobs(filter: { state?: string; queue?: string; limit?: number } = {}): Promise<JobRecord[]> {
+    if (filter.state !== undefined && !JOB_STATES.includes(filter.state as never)) {
+      throw new ValidationError(`state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(filter.state)})`);
+    }
+    if (filter.queue !== undefined) checkName(filter.queue, "queue");
+    const limit = integerIn(filter.limit ?? 50, 1, 10_000, "limit");
+    return store.listJobs(this.pool, { state: filter.state as JobRecord["state"], queue: filter.queue, limit });
+  }
+
+  /**
+   * Cancels a job: a waiting one ends now; a running one has its handler aborted at the
+   * next heartbeat and its late report refused. Returns which happened.
+   */
+  async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
+    checkJobId(id);
+    const result = await store.cancelJob(this.pool, id);
+    if (result === "not_found") throw new JobNotFoundError(id);
+    if (typeof result === "object") throw new JobStateError(`job ${id} already finished (${result.finished}); nothing to cancel`);
+    return result;
+  }
+
+  /** Moves a dead or cancelled job back to waiting with a fresh retry budget. */
+  async retry(id: string): Promise<void> {
+    checkJobId(id);
+    let result: store.RetryResult;
+    try {
+      result = await store.retryJob(this.pool, id);
+    } catch (err) {
+      if ((err as { code?: string }).code === "23505") {
+        throw new JobStateError(`job ${id} cannot be retried: an unfinished job holds its unique key`);
+      }
+      throw err;
+    }
+    if (result === "not_found") throw new JobNotFoundError(id);
+    if (typeof result === "object") {
+      throw new JobStateError(`job ${id} is ${result.notRetryable}; only dead or cancelled jobs can be retried`);
+    }
+  }
+
+  stats(): Promise<store.QueueStats> {
+    return store.queueStats(this.pool);
+  }
+
+  /**
+   * A worker on this connection, with a watchdog inside it (set `watchdog: false` to run
+   * watchdogs elsewhere). Call `start()` on it.
+   */
+  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | { intervalMs?: number; backoff?: BackoffPolicy } }): Worker {
+    const { watchdog = true, ...rest } = options;
+    return new Worker({
+      logger: this.logger,
+      metricsRegistry: this.metrics.registry,
+      ...rest,
+      transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
+      services: watchdog ? [this.watchdog(typeof watchdog === "object" ? watchdog : {})] : [],
+    });
+  }
+
+  watchdog(options: { intervalMs?: number; backoff?: BackoffPolicy } = {}): Watchdog {
+    return new Watchdog(this.pool, this.metrics, this.logger, options);
+  }
+
+  retention(options: RetentionOptions = {}): Retention {
+    return new Retention(this.pool, this.metrics, this.logger, options);
+  }
+
+  async close(): Promise<void> {
+    await this.pool.end();
+    await this.embedded?.stop();
+  }
+}
+
+function checkJobId(id: unknown): asserts id is string {
+  if (typeof id !== "string" || !JOB_ID.test(id)) {
+    throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
+  }
+}

@@ -1,0 +1,47 @@
+/**
+ * `npm test`: starts a throwaway PostgreSQL (the embedded one, on a free port, in a temp
+ * directory) unless DATABASE_URL names a server, then runs every test file with node's
+ * test runner. Each test file creates its own schema, so files never see each other's jobs.
+ *
+ *   npm test                      # everything in test/
+ *   npm test -- test/claim.test.ts  # some files
+ */
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { EmbeddedPostgres } from "../embedded/postgres.js";
+
+const args = process.argv.slice(2);
+const files = args.length > 0 ? args : listTests("test");
+let server: EmbeddedPostgres | undefined;
+let dataRoot: string | undefined;
+let url = process.env.DATABASE_URL;
+if (!url) {
+  dataRoot = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-test-"));
+  fs.chmodSync(dataRoot, 0o755);
+  server = new EmbeddedPostgres({
+    dataDir: path.join(dataRoot, "pgdata"),
+    // Crash tests cut connections and run many processes at once.
+    settings: { max_connections: 400 },
+  });
+  url = await server.start();
+  console.log(`# test PostgreSQL (${server.binaries?.source}) at ${url}`);
+}
+
+const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", ...files], {
+  stdio: "inherit",
+  env: { ...process.env, DATABASE_URL: url, LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? "") },
+});
+const code: number = await new Promise((resolve) => child.on("exit", (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+await server?.stop();
+if (dataRoot) fs.rmSync(dataRoot, { recursive: true, force: true });
+process.exit(code);
+
+function listTests(dir: string): string[] {
+  return fs
+    .readdirSync(dir, { recursive: true, encoding: "utf8" })
+    .filter((f) => f.endsWith(".test.ts"))
+    .sort()
+    .map((f) => path.join(dir, f));
+}

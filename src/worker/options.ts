@@ -1,0 +1,98 @@
+/** Worker settings: defaults as named constants, validated at construction. */
+import { ConfigError } from "../errors.js";
+import { checkName, integerIn, suggest } from "../jobs/validate.js";
+import { DEFAULT_BACKOFF, type BackoffPolicy } from "./backoff.js";
+import type { Handler, TaskDefinition, TaskHandlers } from "./context.js";
+
+export const DEFAULT_CONCURRENCY = 10;
+export const DEFAULT_LEASE_MS = 30_000;
+export const DEFAULT_HEARTBEAT_MS = 10_000;
+export const DEFAULT_POLL_INTERVAL_MS = 1_000;
+export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 10_000;
+/** 500 jobs per claim measured best on 2 cores (PERFORMANCE.md: B=500). */
+export const MAX_CLAIM_BATCH = 500;
+
+export interface WorkerSettings {
+  queues: string[];
+  concurrency: number;
+  leaseMs: number;
+  heartbeatMs: number;
+  pollIntervalMs: number;
+  shutdownTimeoutMs: number;
+  name?: string;
+  backoff: BackoffPolicy;
+  tasks: Map<string, { handler: Handler; backoff: BackoffPolicy }>;
+}
+
+export interface WorkerSettingsInput {
+  handlers: TaskHandlers;
+  queues?: string[];
+  concurrency?: number;
+  leaseMs?: number;
+  heartbeatMs?: number;
+  pollIntervalMs?: number;
+  shutdownTimeoutMs?: number;
+  name?: string;
+  backoff?: Partial<BackoffPolicy>;
+}
+
+const KEYS = ["handlers", "queues", "concurrency", "leaseMs", "heartbeatMs", "pollIntervalMs", "shutdownTimeoutMs", "name", "backoff"];
+
+export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: string[] = []): WorkerSettings {
+  const known = new Set([...KEYS, ...extraKeys]);
+  for (const key of Object.keys(input)) {
+    if (!known.has(key)) throw new ConfigError(`unknown worker option "${key}"${suggest(key, known)}`);
+  }
+  const wrap = <T>(fn: () => T): T => {
+    try {
+      return fn();
+    } catch (err) {
+      throw new ConfigError((err as Error).message);
+    }
+  };
+  return wrap(() => {
+    const queues = input.queues ?? ["default"];
+    if (!Array.isArray(queues) || queues.length === 0) throw new ConfigError("queues must be a non-empty list");
+    queues.forEach((q) => checkName(q, "queue"));
+    const leaseMs = integerIn(input.leaseMs ?? DEFAULT_LEASE_MS, 1_000, 24 * 3600_000, "leaseMs");
+    const heartbeatMs = integerIn(input.heartbeatMs ?? Math.min(DEFAULT_HEARTBEAT_MS, Math.floor(leaseMs / 3)), 100, leaseMs, "heartbeatMs");
+    if (heartbeatMs * 3 > leaseMs) {
+      throw new ConfigError(
+        `heartbeatMs (${heartbeatMs}) must be at most a third of leaseMs (${leaseMs}): a lease must survive two missed beats`,
+      );
+    }
+    if (input.name !== undefined && (typeof input.name !== "string" || !/^[A-Za-z0-9_.:-]{1,100}$/.test(input.name))) {
+      throw new ConfigError(`name must be 1-100 characters of letters, digits and _ . : - (got ${JSON.stringify(input.name)})`);
+    }
+    const backoff = resolveBackoff(DEFAULT_BACKOFF, input.backoff);
+    const tasks = new Map<string, { handler: Handler; backoff: BackoffPolicy }>();
+    if (!input.handlers || typeof input.handlers !== "object") throw new ConfigError("handlers must map task names to functions");
+    for (const [task, def] of Object.entries(input.handlers)) {
+      checkName(task, "task name");
+      const d: TaskDefinition = typeof def === "function" ? { handler: def } : def;
+      if (!d || typeof d.handler !== "function") throw new ConfigError(`handler for task "${task}" is not a function`);
+      tasks.set(task, { handler: d.handler, backoff: resolveBackoff(backoff, d.backoff) });
+    }
+    if (tasks.size === 0) throw new ConfigError("a worker needs at least one task handler");
+    return {
+      queues,
+      concurrency: integerIn(input.concurrency ?? DEFAULT_CONCURRENCY, 1, 10_000, "concurrency"),
+      leaseMs,
+      heartbeatMs,
+      pollIntervalMs: integerIn(input.pollIntervalMs ?? DEFAULT_POLL_INTERVAL_MS, 10, 3600_000, "pollIntervalMs"),
+      shutdownTimeoutMs: integerIn(input.shutdownTimeoutMs ?? DEFAULT_SHUTDOWN_TIMEOUT_MS, 0, 24 * 3600_000, "shutdownTimeoutMs"),
+      name: input.name,
+      backoff,
+      tasks,
+    };
+  });
+}
+
+export function resolveBackoff(base: BackoffPolicy, over: Partial<BackoffPolicy> | undefined): BackoffPolicy {
+  const b = { ...base, ...over };
+  integerIn(b.baseMs, 0, 24 * 3600_000, "backoff.baseMs");
+  integerIn(b.maxMs, 0, 30 * 24 * 3600_000, "backoff.maxMs");
+  if (typeof b.factor !== "number" || b.factor < 1 || b.factor > 100) throw new ConfigError("backoff.factor must be from 1 to 100");
+  if (typeof b.jitter !== "number" || b.jitter < 0 || b.jitter > 1) throw new ConfigError("backoff.jitter must be from 0 to 1");
+  return b;
+}

@@ -1,0 +1,121 @@
+/**
+ * Reports attempts' ends in batches: while one batch is being written, the next fills up,
+ * so a busy worker sends one completion statement for many jobs and an idle one reports
+ * at once. A report resolves only after its commit is known.
+ *
+ * An ambiguous commit (the connection dropped while the statement ran) is retried: the
+ * fenced statement is safe to repeat. If the retry matches nothing, the attempt's audit
+ * row says whether the first try landed ("succeeded by my attempt" is success); anything
+ * else is a stale lease (DESIGN-NOTES 3).
+ */
+import type { AttemptRef, EndState, Failure, LostLease } from "../store/index.js";
+import type { LostLeaseReason } from "../errors.js";
+import { isConnectionError, type WorkerTransport } from "./transport.js";
+
+export type ReportOutcome =
+  | { applied: true; state: "succeeded" | "cancelled" | EndState }
+  | { applied: false; reason: LostLeaseReason }
+  | { applied: false; error: unknown };
+
+interface Pending<T> {
+  item: T;
+  resolve: (o: ReportOutcome) => void;
+}
+
+const RETRY_MIN_MS = 100;
+const RETRY_MAX_MS = 5_000;
+
+export class Reporter {
+  private successes: Pending<AttemptRef>[] = [];
+  private failures: Pending<Failure>[] = [];
+  private flushing?: Promise<void>;
+  /** After this moment (Date.now()), connection errors are no longer retried. */
+  giveUpAfter = Infinity;
+
+  constructor(
+    private readonly transport: WorkerTransport,
+    private readonly workerId: string,
+  ) {}
+
+  succeed(ref: AttemptRef): Promise<ReportOutcome> {
+    return new Promise((resolve) => {
+      this.successes.push({ item: ref, resolve });
+      this.kick();
+    });
+  }
+
+  fail(failure: Failure): Promise<ReportOutcome> {
+    return new Promise((resolve) => {
+      this.failures.push({ item: failure, resolve });
+      this.kick();
+    });
+  }
+
+  /** Resolves when everything handed in so far has been reported. */
+  async drain(): Promise<void> {
+    while (this.flushing) await this.flushing;
+  }
+
+  private kick(): void {
+    if (this.flushing) return;
+    this.flushing = this.flushAll().finally(() => {
+      this.flushing = undefined;
+      if (this.successes.length + this.failures.length > 0) this.kick();
+    });
+  }
+
+  private async flushAll(): Promise<void> {
+    while (this.successes.length + this.failures.length > 0) {
+      const successes = this.successes.splice(0);
+      const failures = this.failures.splice(0);
+      await Promise.all([
+        successes.length &&
+          this.send(successes, (items) => this.transport.complete({ workerId: this.workerId, jobs: items }), ["succeeded", "cancelled"]),
+        failures.length &&
+          this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), ["failed", "cancelled"]),
+      ]);
+    }
+  }
+
+  private async send<T extends AttemptRef>(
+    batch: Pending<T>[],
+    write: (items: T[]) => Promise<Map<string, "succeeded" | "cancelled" | EndState>>,
+    landedAs: string[],
+  ): Promise<void> {
+    const items = batch.map((p) => p.item);
+    let ambiguous = false;
+    let applied: Map<string, "succeeded" | "cancelled" | EndState>;
+    for (let delay = RETRY_MIN_MS; ; delay = Math.min(delay * 2, RETRY_MAX_MS)) {
+      try {
+        applied = await write(items);
+        break;
+      } catch (err) {
+        if (!isConnectionError(err) || Date.now() > this.giveUpAfter) {
+          for (const p of batch) p.resolve({ applied: false, error: err });
+          return;
+        }
+        ambiguous = true;
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+    const refused = batch.filter((p) => !applied.has(p.item.id));
+    let lost = new Map<string, LostLease>();
+    if (refused.length > 0) {
+      lost = await this.transport.describeLost(refused.map((p) => ({ id: p.item.id, attempt: p.item.attempt }))).catch(() => lost);
+    }
+    for (const p of batch) {
+      const state = applied.get(p.item.id);
+      if (state) {
+        p.resolve({ applied: true, state });
+        continue;
+      }
+      const l = lost.get(p.item.id);
+      if (ambiguous && l?.endedAs && landedAs.includes(l.endedAs)) {
+        // Our first try committed before the connection dropped.
+        p.resolve({ applied: true, state: l.endedAs === "failed" ? "waiting" : (l.endedAs as "succeeded" | "cancelled") });
+      } else {
+        p.resolve({ applied: false, reason: l?.reason ?? "missing" });
+      }
+    }
+  }
+}

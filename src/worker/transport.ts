@@ -1,0 +1,78 @@
+/**
+ * What the worker runtime needs from the outside world. One runtime, two transports:
+ * `DatabaseTransport` (below) talks to PostgreSQL through the store; the remote transport
+ * talks to `leasehold serve` over HTTP. Both give the same fencing guarantees, because
+ * the fence is in the SQL.
+ */
+import type pg from "pg";
+import type { ClaimedJob } from "../jobs/types.js";
+import * as store from "../store/index.js";
+import { Listener } from "./listener.js";
+
+export interface WorkerTransport {
+  claim(p: store.ClaimParams): Promise<ClaimedJob[]>;
+  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult>;
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>>;
+  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>>;
+  /** Startup reconciliation for a worker with a stable name; returns how many jobs were released. */
+  reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number>;
+  /**
+   * Calls `wake` when jobs may have become ready in one of `queues`, and after every
+   * reconnect (notifications sent while disconnected are lost). Returns a stop function.
+   */
+  subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>>;
+}
+
+/** Errors that mean "the request may or may not have been applied": retry the fenced call. */
+export function isConnectionError(err: unknown): boolean {
+  const e = err as { code?: string; message?: string };
+  if (!e || typeof e !== "object") return false;
+  if (typeof e.code === "string") {
+    // node socket errors, and PostgreSQL's admin shutdown / connection-exception classes
+    if (/^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|ENOTFOUND|EHOSTUNREACH|ECONNABORTED|UND_ERR_\w+)$/.test(e.code)) return true;
+    if (/^(57P0[1-3]|08\d{3})$/.test(e.code)) return true;
+  }
+  return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed/i.test(
+    e.message ?? "",
+  );
+}
+
+export class DatabaseTransport implements WorkerTransport {
+  constructor(
+    private readonly pool: pg.Pool,
+    private readonly connectionString: string,
+    private readonly schema: string,
+  ) {}
+
+  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+    return store.claimJobs(this.pool, p);
+  }
+  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+    return store.extendLeases(this.pool, p);
+  }
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+    return store.completeJobs(this.pool, p);
+  }
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
+    return store.failJobs(this.pool, p);
+  }
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
+    return store.releaseJobs(this.pool, p);
+  }
+  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
+    return store.describeLostLeases(this.pool, attempts);
+  }
+  async reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
+    return (await store.releaseJobsOfEarlierProcess(this.pool, p)).size;
+  }
+  async subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>> {
+    const wanted = new Set(queues);
+    const listener = new Listener(this.connectionString, store.notifyChannel(this.schema), (queue) => {
+      if (queue === undefined || wanted.has(queue)) wake();
+    });
+    await listener.start();
+    return () => listener.stop();
+  }
+}

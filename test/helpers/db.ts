@@ -1,0 +1,74 @@
+/**
+ * Test helpers: a migrated schema of its own for each test, on the server the test runner
+ * started (DATABASE_URL). Run a file alone with `npm test -- test/x.test.ts`.
+ */
+import { randomBytes } from "node:crypto";
+import type { EventEmitter } from "node:events";
+import pg from "pg";
+import pino from "pino";
+import { Registry } from "prom-client";
+import { Leasehold } from "../../src/client.js";
+
+export const silent = pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" });
+
+export function databaseUrl(): string {
+  const url = process.env.DATABASE_URL;
+  if (!url) throw new Error("DATABASE_URL is not set: run tests with `npm test` (it starts PostgreSQL)");
+  return url;
+}
+
+export function uniqueSchema(prefix = "t"): string {
+  return `${prefix}_${randomBytes(5).toString("hex")}`;
+}
+
+/** A Leasehold client on a fresh schema; close it (and drop the schema) with `dispose()`. */
+export async function freshLeasehold(): Promise<Leasehold & { dispose(): Promise<void> }> {
+  const schema = uniqueSchema();
+  const lh = await Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent, metricsRegistry: new Registry(), poolSize: 20 });
+  return Object.assign(lh, {
+    async dispose() {
+      await lh.pool.query(`DROP SCHEMA ${schema} CASCADE`).catch(() => {});
+      await lh.close();
+    },
+  });
+}
+
+/** A plain client with search_path on the schema, for tests that look at rows directly. */
+export async function rawClient(schema: string): Promise<pg.Client> {
+  const c = new pg.Client({ connectionString: databaseUrl(), options: `-c search_path=${schema}` });
+  await c.connect();
+  return c;
+}
+
+/** Resolves with the event's arguments the first time `match` accepts them. */
+export function waitForEvent<A extends unknown[]>(
+  emitter: EventEmitter,
+  event: string,
+  match: (...args: A) => boolean = () => true,
+  timeoutMs = 15_000,
+): Promise<A> {
+  return new Promise((resolve, reject) => {
+    const timer = setTimeout(() => {
+      emitter.off(event, listener);
+      reject(new Error(`timed out after ${timeoutMs} ms waiting for "${event}"`));
+    }, timeoutMs);
+    const listener = (...args: unknown[]) => {
+      if (!match(...(args as A))) return;
+      clearTimeout(timer);
+      emitter.off(event, listener);
+      resolve(args as A);
+    };
+    emitter.on(event, listener);
+  });
+}
+
+/** Polls `check` until it returns a truthy value (for conditions only the database knows). */
+export async function eventually<T>(check: () => Promise<T>, what: string, timeoutMs = 15_000): Promise<NonNullable<T>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const value = await check();
+    if (value) return value as NonNullable<T>;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${what}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}

@@ -1,0 +1,19 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { freshLeasehold, waitForEvent } from "./helpers/db.js";
+
+test("a job enqueued is run by a worker and recorded as succeeded", async () => {
+  const lh = await freshLeasehold();
+  const seen: unknown[] = [];
+  const worker = lh.worker({ handlers: { greet: async (p: { name: string }) => void seen.push(p.name) } });
+  await worker.start();
+  const { id } = await lh.enqueue("greet", { name: "ada" });
+  await waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
+  await worker.stop();
+  const { job, attempts } = await lh.getJob(id);
+  assert.deepEqual(seen, ["ada"]);
+  assert.equal(job.state, "succeeded");
+  assert.equal(attempts.length, 1);
+  assert.equal(attempts[0]!.outcome, "succeeded");
+  await lh.dispose();
+});
