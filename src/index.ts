@@ -28,3 +28,5 @@ export type { Metrics } from "./metrics.js";
 export * from "./errors.js";
 export * from "./jobs/types.js";
 export * as store from "./store/index.js";
+export { fencedWrite, fencedWriteSql } from "./fencing.js";
+export type { FencedWrite, FencedWriteDb } from "./fencing.js";
