@@ -23,6 +23,8 @@ export interface WorkerTransport {
    * reconnect (notifications sent while disconnected are lost). Returns a stop function.
    */
   subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>>;
+  /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
+  interrupt?(): void;
 }
 
 /** Errors that mean "the request may or may not have been applied": retry the fenced call. */
@@ -33,6 +35,8 @@ export function isConnectionError(err: unknown): boolean {
     // node socket errors, and PostgreSQL's admin shutdown / connection-exception classes
     if (/^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|ENOTFOUND|EHOSTUNREACH|ECONNABORTED|UND_ERR_\w+)$/.test(e.code)) return true;
     if (/^(57P0[1-3]|08\d{3})$/.test(e.code)) return true;
+    // the remote transport: the server could not be reached, or could not reach the database
+    if (e.code === "server_unavailable") return true;
   }
   return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed/i.test(
     e.message ?? "",

@@ -125,6 +125,7 @@ export class Worker extends EventEmitter {
     if (this.state !== "started") return;
     this.state = "stopping";
     this.wake();
+    this.transport.interrupt?.();
     await Promise.all([this.loop, ...this.services.map((s) => s.stop())]);
     const deadline = Date.now() + timeoutMs;
     while (this.running > 0 && Date.now() < deadline) {
