@@ -1,0 +1,86 @@
+/**
+ * The HTTP server (`leasehold serve`): the API remote workers and operators use, its
+ * OpenAPI document, Prometheus metrics and a health check. It holds no job state (every
+ * answer comes from the database), so several replicas can serve one database.
+ *
+ * Every route but /healthz needs `Authorization: Bearer <token>`.
+ */
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import swagger from "@fastify/swagger";
+import type { Leasehold } from "../client.js";
+import * as store from "../store/index.js";
+import { bearerMatcher, checkToken } from "./auth.js";
+import { ClaimWaiter } from "./claim-waiter.js";
+import { errorBody, handleError } from "./errors.js";
+import { registerJobRoutes } from "./job-routes.js";
+import { routes } from "./schemas.js";
+import { registerWorkerRoutes } from "./worker-routes.js";
+
+/** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
+export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
+
+export interface ServerOptions {
+  leasehold: Leasehold;
+  token: string;
+  bodyLimitBytes?: number;
+  /** Log requests (default: only errors). */
+  logRequests?: boolean;
+}
+
+export function createServer(options: ServerOptions): FastifyInstance {
+  const lh = options.leasehold;
+  const authorized = bearerMatcher(checkToken(options.token));
+  const app = Fastify({
+    loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
+    disableRequestLogging: !options.logRequests,
+    bodyLimit: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    // Long polls hold requests open; answers from a stopping server should not wait on them.
+    return503OnClosing: true,
+    forceCloseConnections: true,
+    ajv: {
+      // Refuse what the schema does not describe instead of silently dropping or converting it.
+      customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
+    },
+  });
+  const waiter = new ClaimWaiter(lh.databaseUrl, store.notifyChannel(lh.schema));
+
+  app.register(swagger, {
+    openapi: {
+      openapi: "3.0.3",
+      info: {
+        title: "Leasehold server API",
+        version: "1",
+        description:
+          "Remote workers claim, heartbeat and report jobs over this API; operators enqueue and inspect them. " +
+          "Every report is fenced by (job id, attempt, worker id): a stale one is answered 409 stale_lease and changes nothing.",
+      },
+      components: { securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } } },
+    },
+  });
+  app.setErrorHandler(handleError);
+  app.setNotFoundHandler((request, reply) => {
+    reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
+  });
+  app.addHook("onRequest", async (request, reply) => {
+    if ((request.routeOptions.config as { public?: boolean } | undefined)?.public) return;
+    if (!authorized(request.headers.authorization)) {
+      return reply.status(401).header("www-authenticate", "Bearer").send(errorBody("unauthorized", "missing or wrong bearer token"));
+    }
+  });
+  app.addHook("onClose", async () => waiter.close());
+
+  app.register(async (api) => {
+    registerWorkerRoutes(api, { leasehold: lh, waiter });
+    registerJobRoutes(api, lh);
+    api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
+      const registry = lh.metrics.registry;
+      return reply.type(registry.contentType).send(await registry.metrics());
+    });
+    api.get("/openapi.json", { schema: routes.openapi }, async () => app.swagger());
+    api.get("/healthz", { schema: routes.health, config: { public: true } }, async () => {
+      await lh.pool.query("SELECT 1");
+      return { ok: true };
+    });
+  });
+  return app;
+}

@@ -1,0 +1,298 @@
+/**
+ * JSON schemas of the API: fastify validates every request body and query against them
+ * (unknown fields are refused, not dropped), and @fastify/swagger builds the OpenAPI
+ * document from the same objects, so the document cannot drift from what is enforced.
+ */
+const NAME = { type: "string", pattern: "^[A-Za-z0-9_.:\\-/]{1,128}$" } as const;
+export const JOB_ID = { type: "string", pattern: "^[1-9][0-9]{0,18}$", description: "job id (a PostgreSQL bigint, as a string)" } as const;
+const ATTEMPT = { type: "integer", minimum: 1, maximum: 2147483647, description: "the fencing token of the claim" } as const;
+const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
+const LEASE_MS = { type: "integer", minimum: 1000, maximum: 86400000 } as const;
+/** Most attempts one worker request may carry (a worker holds at most its concurrency). */
+const MAX_BATCH = 10_000;
+/** Most jobs one enqueue request may carry; larger imports go in several requests. */
+export const MAX_ENQUEUE_BATCH = 5_000;
+export const MAX_WAIT_MS = 60_000;
+
+const object = (properties: Record<string, unknown>, required: string[] = []) => ({
+  type: "object",
+  properties,
+  required,
+  additionalProperties: false,
+});
+
+const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT }, ["id", "attempt"]);
+
+export const errorSchema = {
+  type: "object",
+  properties: {
+    error: {
+      type: "object",
+      properties: {
+        code: { type: "string", description: "stable code: invalid_input, unauthorized, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found" },
+        message: { type: "string" },
+        jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
+      },
+      required: ["code", "message"],
+      additionalProperties: true,
+    },
+  },
+  required: ["error"],
+};
+
+const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) => [s, { description: ERROR_TEXT[s], ...errorSchema }]));
+const ERROR_TEXT: Record<number, string> = {
+  400: "invalid request",
+  401: "missing or wrong bearer token",
+  404: "no such job",
+  409: "the operation does not apply: stale lease (nothing changed) or wrong job state",
+  413: "request body too large",
+  503: "the server cannot reach its database",
+};
+export const COMMON_ERRORS = [400, 401, 413, 503];
+
+const TIME = { type: ["string", "null"], format: "date-time" } as const;
+export const claimedJobSchema = {
+  type: "object",
+  properties: {
+    id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" }, attempt: ATTEMPT,
+    spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
+    checkpoint: {}, progress: {}, createdAt: { type: "string", format: "date-time" },
+  },
+  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt"],
+};
+
+export const jobRecordSchema = {
+  type: "object",
+  properties: {
+    id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" },
+    state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
+    attempt: { type: "integer" }, spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" },
+    runAt: TIME, leaseUntil: TIME, lockedBy: { type: ["string", "null"] }, heartbeatAt: TIME, cancelRequestedAt: TIME,
+    progress: {}, checkpoint: {}, lastError: { type: ["string", "null"] }, uniqueKey: { type: ["string", "null"] },
+    createdAt: { type: "string", format: "date-time" }, startedAt: TIME, finishedAt: TIME,
+  },
+};
+
+export const attemptRecordSchema = {
+  type: "object",
+  properties: {
+    jobId: JOB_ID, attempt: { type: "integer" }, workerId: { type: "string" }, startedAt: { type: "string", format: "date-time" },
+    endedAt: { type: "string", format: "date-time" }, outcome: { type: "string", enum: ["succeeded", "failed", "lease_expired", "released", "cancelled"] },
+    error: { type: ["string", "null"] },
+  },
+};
+
+/** Per-attempt results of a batch report: what applied, and what the fence refused. */
+const reportResult = {
+  type: "object",
+  properties: {
+    applied: { type: "array", items: { type: "object", properties: { id: JOB_ID, state: { type: "string" } } } },
+    refused: { type: "array", items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } } },
+  },
+};
+
+const newJob = object(
+  {
+    task: NAME,
+    payload: { description: "any JSON value (default {})" },
+    queue: NAME,
+    priority: { type: "integer", minimum: -32768, maximum: 32767 },
+    runAt: { type: "string", format: "date-time" },
+    delayMs: { type: "integer", minimum: 0 },
+    maxAttempts: { type: "integer", minimum: 1, maximum: 1000 },
+    uniqueKey: { type: "string", minLength: 1, maxLength: 512 },
+    leaseMs: LEASE_MS,
+  },
+  ["task"],
+);
+
+const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" } } };
+const idParams = object({ id: JOB_ID }, ["id"]);
+const secured = { security: [{ bearerAuth: [] }] };
+
+export const routes = {
+  claim: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Claim up to `limit` jobs (long poll: waits up to waitMs for one to be ready)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        queues: { type: "array", items: NAME, minItems: 1, maxItems: 100 },
+        tasks: { type: "array", items: NAME, minItems: 1, maxItems: 1000 },
+        limit: { type: "integer", minimum: 1, maximum: 500 },
+        leaseMs: LEASE_MS,
+        waitMs: { type: "integer", minimum: 0, maximum: MAX_WAIT_MS },
+      },
+      ["workerId", "queues", "tasks", "limit", "leaseMs"],
+    ),
+    response: { 200: { type: "object", properties: { jobs: { type: "array", items: claimedJobSchema } } }, ...errors(...COMMON_ERRORS) },
+  },
+  heartbeat: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Renew the leases of a worker's attempts, carrying progress and checkpoints",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        leaseMs: LEASE_MS,
+        beats: {
+          type: "array",
+          minItems: 1,
+          maxItems: MAX_BATCH,
+          items: object({ id: JOB_ID, attempt: ATTEMPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
+        },
+      },
+      ["workerId", "leaseMs", "beats"],
+    ),
+    response: {
+      200: {
+        description: "renewed leases, and those this worker no longer holds",
+        type: "object",
+        properties: {
+          renewed: { type: "array", items: { type: "object", properties: { id: JOB_ID, cancelRequested: { type: "boolean" } } } },
+          lost: { type: "array", items: JOB_ID },
+        },
+      },
+      ...errors(...COMMON_ERRORS, 409),
+    },
+  },
+  succeed: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Report attempts that succeeded (fenced: a stale attempt is refused)",
+    body: object({ workerId: WORKER_ID, jobs: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["workerId", "jobs"]),
+    response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
+  },
+  fail: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Report attempts that failed: each is retried after retryDelayMs or ends dead",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        failures: {
+          type: "array",
+          minItems: 1,
+          maxItems: MAX_BATCH,
+          items: object(
+            { id: JOB_ID, attempt: ATTEMPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
+            ["id", "attempt", "error", "retryDelayMs"],
+          ),
+        },
+      },
+      ["workerId", "failures"],
+    ),
+    response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
+  },
+  release: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Give attempts back without spending the retry budget (graceful shutdown)",
+    body: object(
+      { workerId: WORKER_ID, jobs: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH }, reason: { type: "string", maxLength: 1000 } },
+      ["workerId", "jobs", "reason"],
+    ),
+    response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
+  },
+  lost: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Why these attempts no longer hold their jobs (and how each ended)",
+    body: object({ attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["attempts"]),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          lost: { type: "array", items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] } } } },
+        },
+      },
+      ...errors(...COMMON_ERRORS),
+    },
+  },
+  reconcile: {
+    ...secured,
+    tags: ["worker"],
+    summary: "At start-up, release jobs still held by an earlier process with this worker name",
+    body: object({ workerName: { type: "string", pattern: "^[A-Za-z0-9_.:-]{1,100}$" }, currentWorkerId: WORKER_ID }, ["workerName", "currentWorkerId"]),
+    response: { 200: { type: "object", properties: { released: { type: "integer" } } }, ...errors(...COMMON_ERRORS) },
+  },
+  enqueue: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Enqueue one job",
+    body: newJob,
+    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...COMMON_ERRORS) },
+  },
+  enqueueBatch: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Enqueue many jobs atomically (all or none)",
+    body: object({ jobs: { type: "array", items: newJob, minItems: 1, maxItems: MAX_ENQUEUE_BATCH } }, ["jobs"]),
+    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...COMMON_ERRORS) },
+  },
+  listJobs: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "List jobs, newest first",
+    querystring: object({
+      state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
+      queue: NAME,
+      limit: { type: "string", pattern: "^[0-9]{1,5}$", description: "1..10000, default 50" },
+    }),
+    response: { 200: { type: "object", properties: { jobs: { type: "array", items: jobRecordSchema } } }, ...errors(400, 401, 503) },
+  },
+  getJob: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "A job with its attempt history",
+    params: idParams,
+    response: {
+      200: { type: "object", properties: { job: jobRecordSchema, attempts: { type: "array", items: attemptRecordSchema } } },
+      ...errors(400, 401, 404, 503),
+    },
+  },
+  cancel: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Cancel a job: a waiting one ends now; a running one is aborted at its next heartbeat",
+    params: idParams,
+    response: {
+      200: { type: "object", properties: { result: { type: "string", enum: ["cancelled", "cancel_requested"] } } },
+      ...errors(400, 401, 404, 409, 503),
+    },
+  },
+  retry: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Move a dead or cancelled job back to waiting with a fresh retry budget",
+    params: idParams,
+    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 404, 409, 503) },
+  },
+  stats: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Counts by queue and state, active leases, the oldest ready job",
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          counts: { type: "array", items: { type: "object", properties: { queue: NAME, state: { type: "string" }, count: { type: "integer" } } } },
+          activeLeases: { type: "integer" },
+          expiredLeases: { type: "integer" },
+          oldestReadyAt: TIME,
+          oldestReadyAgeSeconds: { type: ["number", "null"] },
+        },
+      },
+      ...errors(401, 503),
+    },
+  },
+  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401) } },
+  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401) } },
+  health: {
+    tags: ["operations"],
+    summary: "Liveness and database reachability; the only route without a token (it reveals nothing else)",
+    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, 503: { description: "database unreachable", ...errorSchema } },
+  },
+};
