@@ -13,6 +13,8 @@ export { JobAbortedError, PermanentJobError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";
 export { DatabaseTransport, isConnectionError } from "./worker/transport.js";
+export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";
+export type { RemoteTransportOptions } from "./worker/remote-transport.js";
 export { DEFAULT_BACKOFF, retryDelayMs } from "./worker/backoff.js";
 export type { BackoffPolicy } from "./worker/backoff.js";
 export * from "./worker/options.js";

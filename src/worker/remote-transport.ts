@@ -1,0 +1,202 @@
+/**
+ * The worker runtime over HTTP: the same `Worker`, talking to `leasehold serve` instead of
+ * PostgreSQL. The fence is the server's SQL, so the guarantees are the database transport's:
+ *
+ *   const worker = new Worker({ handlers, transport: new RemoteTransport({ serverUrl, token }) });
+ *
+ * There is no LISTEN over HTTP: a claim is a long poll that the server holds until a job is
+ * ready (or `waitMs` passes), and after each one the worker is told to poll again at once.
+ * A request that fails in transit (connection refused or reset, timeout, 502-504) throws an
+ * error with code "server_unavailable", which the reporter treats as an ambiguous commit
+ * and retries; a claim whose answer is lost leaves its jobs to expire and be reaped.
+ */
+import type { ClaimedJob } from "../jobs/types.js";
+import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
+import type * as store from "../store/index.js";
+import type { WorkerTransport } from "./transport.js";
+
+export const DEFAULT_LONG_POLL_MS = 20_000;
+export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
+
+export interface RemoteTransportOptions {
+  /** e.g. http://127.0.0.1:7070 */
+  serverUrl: string;
+  token: string;
+  /** How long the server may hold a claim open when no job is ready; 0 polls instead. */
+  waitMs?: number;
+  /** Every other request (and a claim, beyond its wait) fails after this long. */
+  requestTimeoutMs?: number;
+}
+
+/** The server could not be reached or could not reach its database: the call may or may not have applied. */
+export class ServerUnavailableError extends LeaseholdError {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super("server_unavailable", message, options);
+  }
+}
+
+/** The server answered with an error this transport cannot act on. */
+export class ServerError extends LeaseholdError {
+  constructor(
+    code: string,
+    message: string,
+    readonly status: number,
+  ) {
+    super(code, message);
+  }
+}
+
+interface ErrorBody {
+  error?: { code?: string; message?: string };
+}
+
+type Ref = { id: string; attempt: number };
+
+export class RemoteTransport implements WorkerTransport {
+  private readonly base: URL;
+  private readonly waitMs: number;
+  private readonly timeoutMs: number;
+  private wake?: () => void;
+  private claiming?: AbortController;
+
+  constructor(private readonly options: RemoteTransportOptions) {
+    try {
+      this.base = new URL(options.serverUrl);
+    } catch {
+      throw new ConfigError(`server URL ${JSON.stringify(options.serverUrl)} is not a URL`);
+    }
+    if (!options.token) throw new ConfigError("a remote worker needs the server's API token");
+    this.waitMs = options.waitMs ?? DEFAULT_LONG_POLL_MS;
+    this.timeoutMs = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
+  }
+
+  async claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+    if (p.limit <= 0) return [];
+    const controller = new AbortController();
+    this.claiming = controller;
+    try {
+      const res = await this.post<{ jobs: (Omit<ClaimedJob, "createdAt"> & { createdAt: string })[] }>(
+        "/v1/worker/claim",
+        { ...p, waitMs: this.waitMs },
+        this.waitMs + this.timeoutMs,
+        controller.signal,
+      );
+      // The server already waited for work: poll again at once instead of sleeping.
+      if (this.waitMs > 0) this.wake?.();
+      return res.body.jobs.map((j) => ({ ...j, checkpoint: j.checkpoint ?? null, progress: j.progress ?? null, createdAt: new Date(j.createdAt) }));
+    } catch (err) {
+      if (controller.signal.aborted) return []; // interrupted by stop()
+      throw err;
+    } finally {
+      this.claiming = undefined;
+    }
+  }
+
+  async heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+    if (p.beats.length === 0) return { renewed: new Map(), lost: [] };
+    const beats = p.beats.map((b) => ({
+      id: b.id,
+      attempt: b.attempt,
+      ...(b.progressJson != null && { progress: JSON.parse(b.progressJson) }),
+      ...(b.checkpointJson != null && { checkpoint: JSON.parse(b.checkpointJson) }),
+    }));
+    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[] }>(
+      "/v1/worker/heartbeat",
+      { workerId: p.workerId, leaseMs: p.leaseMs, beats },
+      this.timeoutMs,
+      undefined,
+      [409],
+    );
+    if (res.status === 409) return { renewed: new Map(), lost: p.beats.map((b) => b.id) };
+    return { renewed: new Map(res.body.renewed.map((r) => [r.id, { cancelRequested: r.cancelRequested }])), lost: res.body.lost };
+  }
+
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+    return this.report("/v1/worker/succeed", { workerId: p.workerId, jobs: p.jobs.map(ref) }, p.jobs.length);
+  }
+
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
+    const failures = p.failures.map((f) => ({ ...ref(f), error: f.error, retryDelayMs: Math.max(0, Math.round(f.retryDelayMs)), giveUp: f.giveUp ?? false }));
+    return this.report("/v1/worker/fail", { workerId: p.workerId, failures }, failures.length);
+  }
+
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
+    return this.report("/v1/worker/release", { workerId: p.workerId, jobs: p.jobs.map(ref), reason: p.reason.slice(0, 1000) }, p.jobs.length);
+  }
+
+  async describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
+    if (attempts.length === 0) return new Map();
+    const res = await this.post<{ lost: ({ id: string } & store.LostLease)[] }>("/v1/worker/lost", { attempts: attempts.map(ref) }, this.timeoutMs);
+    return new Map(res.body.lost.map((l) => [l.id, { reason: l.reason, endedAs: l.endedAs }]));
+  }
+
+  async reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
+    const res = await this.post<{ released: number }>("/v1/worker/reconcile", p, this.timeoutMs);
+    return res.body.released;
+  }
+
+  async subscribe(_queues: string[], wake: () => void): Promise<() => Promise<void>> {
+    this.wake = wake;
+    return async () => {
+      this.wake = undefined;
+    };
+  }
+
+  interrupt(): void {
+    this.claiming?.abort();
+  }
+
+  /** A fenced batch report: applied attempts map to their end state; a 409 means none applied. */
+  private async report<S extends string>(path: string, body: unknown, count: number): Promise<Map<string, S>> {
+    if (count === 0) return new Map();
+    const res = await this.post<{ applied: { id: string; state: S }[] }>(path, body, this.timeoutMs, undefined, [409]);
+    if (res.status === 409) return new Map();
+    return new Map(res.body.applied.map((a) => [a.id, a.state]));
+  }
+
+  private async post<T>(
+    path: string,
+    body: unknown,
+    timeoutMs: number,
+    signal?: AbortSignal,
+    accept: number[] = [],
+  ): Promise<{ status: number; body: T }> {
+    const url = new URL(path, this.base);
+    const signals = [AbortSignal.timeout(timeoutMs), ...(signal ? [signal] : [])];
+    let response: Response;
+    let text: string;
+    try {
+      response = await fetch(url, {
+        method: "POST",
+        headers: { authorization: `Bearer ${this.options.token}`, "content-type": "application/json" },
+        body: JSON.stringify(body),
+        signal: AbortSignal.any(signals),
+      });
+      text = await response.text();
+    } catch (err) {
+      const why = (err as Error).name === "TimeoutError" ? `no answer within ${timeoutMs} ms` : describeCause(err);
+      throw new ServerUnavailableError(`cannot reach the Leasehold server at ${this.base.origin} (${why})`, { cause: err });
+    }
+    let parsed: unknown;
+    try {
+      parsed = text ? JSON.parse(text) : {};
+    } catch {
+      parsed = {};
+    }
+    if (response.ok || accept.includes(response.status)) return { status: response.status, body: parsed as T };
+    const e = (parsed as ErrorBody).error ?? {};
+    const message = `server answered ${response.status} to ${path}: ${e.message ?? (text.slice(0, 200) || response.statusText)}`;
+    if (response.status === 502 || response.status === 503 || response.status === 504) throw new ServerUnavailableError(message);
+    if (response.status === 400) throw new ValidationError(message);
+    throw new ServerError(e.code ?? "server_error", message, response.status);
+  }
+}
+
+function ref(r: Ref): Ref {
+  return { id: r.id, attempt: r.attempt };
+}
+
+function describeCause(err: unknown): string {
+  const cause = (err as { cause?: { code?: string; message?: string } }).cause;
+  return cause?.code ?? cause?.message ?? (err as Error).message;
+}
