@@ -1,0 +1,60 @@
+/**
+ * What the benchmark needs from each queue: reset its tables, enqueue in bulk through its
+ * own batch API, count unfinished jobs, and (in a worker process) run handlers with the
+ * settings of a profile. Each system lives in a database of its own on the shared server.
+ */
+
+/** A job's payload. `t`: enqueue time (ms, for latency); `sleepMs`: a long job. */
+export interface Payload {
+  t?: number;
+  sleepMs?: number;
+  /** Ask the worker process to announce this job's start (recovery workload). */
+  track?: string;
+}
+
+/**
+ * Settings profiles. "throughput": the system's best settings for draining no-op jobs
+ * (also used for latency); "recovery": its shortest supported lease/lock; "heartbeat":
+ * long jobs in flight with the liveness setting of "recovery" where the system has one.
+ */
+export type Profile = "throughput" | "recovery" | "heartbeat" | "steady";
+
+export interface WorkerSpec {
+  profile: Profile;
+  /** Jobs in flight per process (heartbeat workload); otherwise the profile's own setting. */
+  concurrency?: number;
+  /** Leasehold only: run its worker with this lease (ms), heartbeat at a third. */
+  leaseMs?: number;
+}
+
+export interface Producer {
+  enqueue(payloads: Payload[]): Promise<void>;
+  /** Jobs not yet finished (waiting, running, or retrying). */
+  pending(): Promise<number>;
+  close(): Promise<void>;
+}
+
+export interface RunningWorker {
+  stop(): Promise<void>;
+}
+
+export interface BenchSystem {
+  name: string;
+  version: string;
+  /** Database this system's tables live in. */
+  database: string;
+  /** Schema holding its tables (for dead tuples and sizes). */
+  schema: string;
+  /** The settings each profile uses, for the report. */
+  settings: Record<Profile, string>;
+  /** What happens after kill -9, if the system cannot recover by itself. */
+  recoveryNote?: string;
+  /** Drops and re-creates the system's tables for a fresh run. */
+  reset(url: string, profile: Profile): Promise<void>;
+  producer(url: string, profile: Profile): Promise<Producer>;
+  /** In a worker process: run handlers; `onStart`/`onEnd` are called around each handler. */
+  startWorker(url: string, spec: WorkerSpec, run: (payload: Payload, signal?: AbortSignal) => Promise<void>): Promise<RunningWorker>;
+}
+
+/** The task/queue name every system uses. */
+export const QUEUE = "bench";

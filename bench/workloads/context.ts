@@ -1,0 +1,57 @@
+/** What every workload gets: the server, its options, and a way to talk to a system's database. */
+import pg from "pg";
+import type { BenchServer } from "../lib/server.js";
+import type { BenchSystem } from "../systems/types.js";
+
+export interface BenchOptions {
+  /** Jobs for the enqueue and drain workloads (and the ceiling). */
+  jobs: number;
+  /** Jobs per enqueue call. */
+  batch: number;
+  /** Repetitions of the short workloads; medians are reported. */
+  runs: number;
+  /** Worker processes for the multi-process drain. */
+  processes: number;
+  /** Enqueue rate (jobs/s) and duration (s) of the latency workload. */
+  latencyRate: number;
+  latencySeconds: number;
+  /** Jobs in flight and measuring window (s) of the heartbeat workload. */
+  heartbeatJobs: number;
+  heartbeatSeconds: number;
+  /** Seconds to wait for a killed worker's job to run again. */
+  recoveryTimeoutSeconds: number;
+  /** Jobs through the queue in the steady-state workload. */
+  steadyJobs: number;
+  /** Pinned-snapshot workload: rate (jobs/s) and seconds before, during and after the pin. */
+  pressureRate: number;
+  pressureSeconds: number;
+  pinSeconds: number;
+}
+
+export interface BenchContext {
+  server: BenchServer;
+  options: BenchOptions;
+  log(message: string): void;
+}
+
+/** One run's measurements: metric name to number (NaN: not measured / not recovered). */
+export type Metrics = Record<string, number>;
+
+export function urlOf(ctx: BenchContext, system: BenchSystem): string {
+  return ctx.server.urlFor(system.database);
+}
+
+export async function withClient<T>(url: string, fn: (c: pg.Client) => Promise<T>): Promise<T> {
+  const c = new pg.Client({ connectionString: url });
+  await c.connect();
+  try {
+    return await fn(c);
+  } finally {
+    await c.end();
+  }
+}
+
+/** `count` payloads, built by `make`. */
+export function payloads<T>(count: number, make: (i: number) => T): T[] {
+  return Array.from({ length: count }, (_, i) => make(i));
+}

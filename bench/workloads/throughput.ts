@@ -1,0 +1,89 @@
+/**
+ * Workloads 1 and 2: bulk enqueue through each system's batch API, and draining a full
+ * queue of no-op jobs with one or several worker processes. Each drain also records where
+ * the time goes: server CPU, client CPU, statements and WAL per job.
+ */
+import { readDb } from "../lib/server.js";
+import { nowMs, sleep, waitUntil } from "../lib/stats.js";
+import { WorkerGroup } from "../lib/workers.js";
+import type { BenchSystem } from "../systems/types.js";
+import { payloads, urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
+
+/** Jobs per enqueue call when filling a queue for a drain (not measured). */
+const FILL_BATCH = 5_000;
+const DRAIN_TIMEOUT_MS = 15 * 60_000;
+
+export async function enqueueWorkload(ctx: BenchContext, system: BenchSystem): Promise<Metrics> {
+  const url = urlOf(ctx, system);
+  const { jobs, batch } = ctx.options;
+  await system.reset(url, "throughput");
+  const producer = await system.producer(url, "throughput");
+  try {
+    return await withClient(url, async (db) => {
+      const before = await readDb(db, ctx.server.pid);
+      const started = performance.now();
+      for (let i = 0; i < jobs; i += batch) {
+        await producer.enqueue(payloads(Math.min(batch, jobs - i), () => ({})));
+      }
+      const seconds = (performance.now() - started) / 1000;
+      const after = await readDb(db, ctx.server.pid);
+      return {
+        jobsPerSecond: jobs / seconds,
+        walBytesPerJob: Number(after.walBytes - before.walBytes) / jobs,
+        serverCpuPct: ((after.cpuMs - before.cpuMs) / (seconds * 1000)) * 100,
+      };
+    });
+  } finally {
+    await producer.close();
+  }
+}
+
+export async function fillQueue(ctx: BenchContext, system: BenchSystem, jobs: number): Promise<void> {
+  const producer = await system.producer(urlOf(ctx, system), "throughput");
+  try {
+    for (let i = 0; i < jobs; i += FILL_BATCH) await producer.enqueue(payloads(Math.min(FILL_BATCH, jobs - i), () => ({})));
+  } finally {
+    await producer.close();
+  }
+}
+
+/**
+ * Drains `jobs` queued no-op jobs with `processes` worker processes. The clock runs from the
+ * first handler start to the moment the database holds no unfinished job, so process
+ * start-up is not counted.
+ */
+export async function drainWorkload(ctx: BenchContext, system: BenchSystem, processes: number): Promise<Metrics> {
+  const url = urlOf(ctx, system);
+  const { jobs } = ctx.options;
+  await system.reset(url, "throughput");
+  await fillQueue(ctx, system, jobs);
+  await withClient(url, (db) => db.query("VACUUM ANALYZE"));
+  await sleep(500);
+  const producer = await system.producer(url, "throughput");
+  const group = await WorkerGroup.start(system.name, url, { profile: "throughput" }, processes, false);
+  try {
+    return await withClient(url, async (db) => {
+      const clientBefore = await group.stats();
+      const dbBefore = await readDb(db, ctx.server.pid);
+      await group.go();
+      const handled = await waitUntil(() => group.ended >= jobs, DRAIN_TIMEOUT_MS, 10);
+      if (!handled) throw new Error(`${system.name}: only ${group.ended} of ${jobs} jobs handled in time`);
+      await waitUntil(async () => (await producer.pending()) === 0, 60_000, 10);
+      const doneAt = nowMs();
+      const dbAfter = await readDb(db, ctx.server.pid);
+      const clientAfter = await group.stats();
+      const seconds = (doneAt - group.firstStartAt!) / 1000;
+      if (group.errors.length) ctx.log(`  ${system.name} worker errors: ${group.errors.slice(0, 3).join(" | ")}`);
+      return {
+        jobsPerSecond: jobs / seconds,
+        serverCpuMsPerKJob: ((dbAfter.cpuMs - dbBefore.cpuMs) / jobs) * 1000,
+        clientCpuMsPerKJob: ((clientAfter.cpuMs - clientBefore.cpuMs) / jobs) * 1000,
+        statementsPerKJob: ((clientAfter.statements - clientBefore.statements) / jobs) * 1000,
+        walBytesPerJob: Number(dbAfter.walBytes - dbBefore.walBytes) / jobs,
+      };
+    });
+  } finally {
+    await group.stop();
+    await producer.close();
+  }
+}
