@@ -1,0 +1,76 @@
+/** `leasehold jobs list|show|cancel|retry` and `leasehold stats`. */
+import type { Command } from "commander";
+import { JOB_STATES } from "../../jobs/types.js";
+import type { Cli } from "../context.js";
+import { CliError } from "../errors.js";
+import { jobDetails, jobsTable, statsText } from "../format.js";
+import { int } from "../parse.js";
+
+type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
+
+export function registerJobCommands(program: Command, run: Run): void {
+  const jobs = program.command("jobs").description("list, inspect, cancel and retry jobs");
+
+  jobs
+    .command("list")
+    .description("list jobs, newest first")
+    .option("--state <state>", `only jobs in this state (${JOB_STATES.join(", ")})`, (v: string) => {
+      if (!JOB_STATES.includes(v as never)) throw new CliError(`--state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(v)})`);
+      return v;
+    })
+    .option("--queue <queue>", "only jobs of this queue")
+    .option("--limit <n>", "at most this many (default 50)", int("--limit", 1, 10_000))
+    .action(
+      run(async (cli, opts: { state?: string; queue?: string; limit?: number }) => {
+        const lh = await cli.connect();
+        const list = await lh.listJobs(opts);
+        cli.result(list, () => jobsTable(list));
+      }),
+    );
+
+  jobs
+    .command("show <id>")
+    .description("a job's record and its attempt history")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.connect();
+        const { job, attempts } = await lh.getJob(id);
+        cli.result({ job, attempts }, () => jobDetails(job, attempts));
+      }),
+    );
+
+  jobs
+    .command("cancel <id>")
+    .description("cancel a job: a waiting one ends now, a running one is aborted at its next heartbeat")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.connect();
+        const result = await lh.cancel(id);
+        cli.result({ id, result }, () =>
+          result === "cancelled" ? `job ${id} cancelled` : `cancel requested for running job ${id}: its handler is aborted at its next heartbeat`,
+        );
+      }),
+    );
+
+  jobs
+    .command("retry <id>")
+    .description("move a dead or cancelled job back to waiting with a fresh retry budget")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.connect();
+        await lh.retry(id);
+        cli.result({ id, result: "retried" }, () => `job ${id} is waiting again with a fresh retry budget`);
+      }),
+    );
+
+  program
+    .command("stats")
+    .description("job counts by queue and state, active leases, the oldest waiting job")
+    .action(
+      run(async (cli) => {
+        const lh = await cli.connect();
+        const stats = await lh.stats();
+        cli.result(stats, () => statsText(stats));
+      }),
+    );
+}

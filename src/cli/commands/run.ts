@@ -1,0 +1,141 @@
+/** The long-running commands: `migrate`, `serve`, `worker`, `watchdog`. */
+import type { Command } from "commander";
+import type { Logger } from "pino";
+import type { Leasehold } from "../../client.js";
+import { DEFAULT_WATCHDOG_INTERVAL_MS } from "../../maintenance/watchdog.js";
+import { createServer } from "../../server/app.js";
+import { RemoteTransport } from "../../worker/remote-transport.js";
+import { Worker } from "../../worker/worker.js";
+import type { Cli } from "../context.js";
+import { CliError } from "../errors.js";
+import { printJobEvents } from "../job-events.js";
+import { int, list } from "../parse.js";
+import { loadTasks } from "../tasks.js";
+import { untilSignal } from "../signals.js";
+
+type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
+
+export const DEFAULT_PORT = 7070;
+
+export function registerRunCommands(program: Command, run: Run): void {
+  program
+    .command("migrate")
+    .description("create or upgrade Leasehold's tables in the schema")
+    .action(
+      run(async (cli) => {
+        const lh = await cli.connect();
+        cli.result({ schema: lh.schema, migrated: true }, () => `schema ${lh.schema} is up to date`);
+      }),
+    );
+
+  program
+    .command("serve")
+    .description("run the HTTP API for remote workers and operators (plus a watchdog)")
+    .option("--host <host>", "interface to listen on", "127.0.0.1")
+    .option("--port <port>", `TCP port (0 picks a free one)`, int("--port", 0, 65535), DEFAULT_PORT)
+    .option("--token <token>", "API bearer token (default: LEASEHOLD_TOKEN)")
+    .option("--body-limit <bytes>", "largest request body", int("--body-limit", 1024, 256 * 1024 * 1024))
+    .option("--no-watchdog", "do not reap expired leases in this process")
+    .option("--watchdog-interval <ms>", "how often the watchdog looks for expired leases", int("--watchdog-interval", 100, 3_600_000))
+    .action(
+      run(async (cli, opts: { host: string; port: number; token?: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number }) => {
+        const token = opts.token ?? process.env.LEASEHOLD_TOKEN;
+        if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
+        const logger = cli.logger("info");
+        const lh = await cli.connect({ logger, poolSize: 20 });
+        const url = await startServer(cli, lh, { ...opts, token, logger });
+        cli.result({ listening: url, schema: lh.schema, watchdog: opts.watchdog }, () => `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})`);
+        await untilSignal(cli, "stopping the server");
+      }),
+    );
+
+  program
+    .command("worker")
+    .description("run the handlers of a tasks module on jobs, from the database or from a server")
+    .requiredOption("--tasks <file>", "module whose default export maps task names to handlers (.ts or .js)")
+    .option("--concurrency <n>", "jobs at once (default 10)", int("--concurrency", 1, 10_000))
+    .option("--queues <a,b>", "queues to take jobs from (default: default)", list("--queues"))
+    .option("--name <name>", "stable worker name (e.g. the pod name): on start, jobs still held by an earlier process of this name are released")
+    .option("--lease <ms>", "lease length in ms (default 30000)", int("--lease", 1000, 86_400_000))
+    .option("--server <url>", "take jobs from a `leasehold serve` at this URL instead of the database (default: LEASEHOLD_SERVER_URL)")
+    .option("--token <token>", "the server's API token (default: LEASEHOLD_TOKEN)")
+    .option("--no-watchdog", "do not run a watchdog in this process (database mode)")
+    .action(
+      run(async (cli, opts: { tasks: string; concurrency?: number; queues?: string[]; name?: string; lease?: number; server?: string; token?: string; watchdog: boolean }) => {
+        const { file, handlers } = await loadTasks(opts.tasks);
+        const settings = {
+          handlers,
+          ...(opts.concurrency !== undefined && { concurrency: opts.concurrency }),
+          ...(opts.queues !== undefined && { queues: opts.queues }),
+          ...(opts.name !== undefined && { name: opts.name }),
+          ...(opts.lease !== undefined && { leaseMs: opts.lease }),
+        };
+        const logger = cli.logger("info");
+        const serverUrl = opts.server ?? process.env.LEASEHOLD_SERVER_URL;
+        let worker: Worker;
+        if (serverUrl) {
+          const token = opts.token ?? process.env.LEASEHOLD_TOKEN;
+          if (!token) throw new CliError("a remote worker needs the server's token: set LEASEHOLD_TOKEN or pass --token");
+          worker = new Worker({ ...settings, logger, transport: new RemoteTransport({ serverUrl, token }) });
+        } else {
+          const lh = await cli.connect({ logger });
+          worker = lh.worker({ ...settings, watchdog: opts.watchdog });
+        }
+        if (!cli.json) printJobEvents(worker, (line) => process.stdout.write(line + "\n"));
+        await worker.start();
+        cli.result({ worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database" }, () =>
+          `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"}); Ctrl-C stops it gracefully`,
+        );
+        await untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released");
+        await worker.stop();
+      }),
+    );
+
+  program
+    .command("watchdog")
+    .description("reap expired leases (jobs of crashed or cut-off workers) until stopped")
+    .option("--interval <ms>", "how often to look", int("--interval", 100, 3_600_000), DEFAULT_WATCHDOG_INTERVAL_MS)
+    .option("--once", "reap once, print what was done and exit")
+    .action(
+      run(async (cli, opts: { interval: number; once?: boolean }) => {
+        const logger = cli.logger("info");
+        const lh = await cli.connect({ logger });
+        const watchdog = lh.watchdog({ intervalMs: opts.interval });
+        if (opts.once) {
+          const summary = await watchdog.runOnce();
+          cli.result(summary, () => `reaped: ${summary.retried} to retry, ${summary.dead} dead, ${summary.cancelled} cancelled`);
+          return;
+        }
+        watchdog.start();
+        cli.note(`watchdog running every ${opts.interval} ms; Ctrl-C stops it`);
+        await untilSignal(cli, "stopping the watchdog");
+        await watchdog.stop();
+      }),
+    );
+}
+
+export async function startServer(
+  cli: Cli,
+  lh: Leasehold,
+  opts: { host: string; port: number; token: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number; logger: Logger },
+): Promise<string> {
+  const app = createServer({ leasehold: lh, token: opts.token, bodyLimitBytes: opts.bodyLimit });
+  const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
+  try {
+    await app.listen({ host: opts.host, port: opts.port });
+  } catch (err) {
+    await watchdog?.stop();
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "EADDRINUSE") throw new CliError(`port ${opts.port} on ${opts.host} is in use; choose another with --port (0 picks a free one)`);
+    if (code === "EADDRNOTAVAIL" || code === "ENOTFOUND") throw new CliError(`cannot listen on ${opts.host}: no such local address`);
+    throw err;
+  }
+  cli.onClose(async () => {
+    await watchdog?.stop();
+    await app.close();
+  });
+  const address = app.server.address();
+  const port = typeof address === "object" && address ? address.port : opts.port;
+  const host = opts.host.includes(":") ? `[${opts.host}]` : opts.host;
+  return `http://${host}:${port}`;
+}

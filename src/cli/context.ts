@@ -1,0 +1,90 @@
+/**
+ * What every command shares: the global options, the logger, output in human or JSON form,
+ * and the rule for finding the database:
+ *
+ *   1. --database-url, else DATABASE_URL;
+ *   2. else the database of a `leasehold dev` running on the same data dir (its dev.json);
+ *   3. else the embedded PostgreSQL in <data dir>/pgdata, started for this command.
+ */
+import path from "node:path";
+import pino, { type Logger } from "pino";
+import { Leasehold } from "../client.js";
+import { readDevState } from "./dev-state.js";
+
+export interface GlobalOptions {
+  databaseUrl?: string;
+  schema?: string;
+  dataDir: string;
+  json?: boolean;
+}
+
+export class Cli {
+  readonly dataDir: string;
+  private readonly closers: (() => Promise<void>)[] = [];
+
+  constructor(readonly options: GlobalOptions) {
+    this.dataDir = path.resolve(options.dataDir);
+  }
+
+  get json(): boolean {
+    return Boolean(this.options.json);
+  }
+
+  /** Prints a result: the JSON value with --json, else the human text. */
+  result(value: unknown, human: () => string): void {
+    process.stdout.write(this.json ? JSON.stringify(value) + "\n" : human() + "\n");
+  }
+
+  /** A human progress note on stderr (never in --json output). */
+  note(text: string): void {
+    if (!this.json) process.stderr.write(text + "\n");
+  }
+
+  /** Library logs go to stderr as JSON lines, so stdout stays the command's output. */
+  logger(defaultLevel = "warn"): Logger {
+    return pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? defaultLevel }, pino.destination({ fd: 2, sync: true }));
+  }
+
+  /** Connects by the rule above; the connection is closed when the command ends. */
+  async connect(options: { logger?: Logger; poolSize?: number } = {}): Promise<Leasehold> {
+    let url = this.options.databaseUrl ?? process.env.DATABASE_URL;
+    let schema = this.options.schema ?? process.env.LEASEHOLD_SCHEMA;
+    if (!url) {
+      const dev = readDevState(this.dataDir);
+      if (dev) {
+        url = dev.databaseUrl;
+        schema ??= dev.schema;
+      } else {
+        this.note(`No database given and no \`leasehold dev\` running: starting the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} for this command.`);
+      }
+    }
+    const lh = await Leasehold.connect({
+      databaseUrl: url,
+      schema,
+      embedded: { dataDir: path.join(this.dataDir, "pgdata") },
+      logger: options.logger ?? this.logger(),
+      poolSize: options.poolSize,
+    });
+    this.closers.push(() => lh.close());
+    return lh;
+  }
+
+  onClose(fn: () => Promise<void>): void {
+    this.closers.push(fn);
+  }
+
+  async close(): Promise<void> {
+    for (const fn of this.closers.splice(0).reverse()) await fn().catch(() => {});
+  }
+}
+
+/** A URL safe to print: the password is masked. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = "***";
+    return u.toString();
+  } catch {
+    return "(unparseable URL)";
+  }
+}

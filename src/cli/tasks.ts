@@ -1,0 +1,34 @@
+/**
+ * Loads a tasks module: its default export maps task names to handlers (or to
+ * `{ handler, backoff }`). TypeScript files are loaded through tsx, so `--tasks ./tasks.ts`
+ * works without a build step.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import type { TaskHandlers } from "../worker/context.js";
+import { CliError } from "./errors.js";
+
+/** The example tasks `leasehold dev` runs when given none: examples/tasks.ts in the package. */
+export const EXAMPLE_TASKS = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "examples", "tasks.ts");
+
+export async function loadTasks(file: string): Promise<{ file: string; handlers: TaskHandlers }> {
+  const abs = path.resolve(file);
+  if (!fs.existsSync(abs)) throw new CliError(`--tasks: no such file ${file}`);
+  if (/\.[mc]?tsx?$/.test(abs)) {
+    const { register } = await import("tsx/esm/api");
+    register();
+  }
+  let mod: { default?: unknown };
+  try {
+    mod = (await import(pathToFileURL(abs).href)) as { default?: unknown };
+  } catch (err) {
+    const message = ((err as Error).message ?? String(err)).split("\n")[0];
+    throw new CliError(`cannot load tasks module ${file}: ${message}`);
+  }
+  const handlers = mod.default;
+  if (!handlers || typeof handlers !== "object" || Object.keys(handlers).length === 0) {
+    throw new CliError(`tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`);
+  }
+  return { file: abs, handlers: handlers as TaskHandlers };
+}
