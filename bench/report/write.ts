@@ -1,0 +1,217 @@
+/**
+ * The report: results as JSON (everything, every run), Markdown (medians, ratios against
+ * each peer, the targets, versions, settings and machine) and a PNG chart.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import type { BenchOptions, Metrics } from "../workloads/context.js";
+import { drawChart } from "./chart.js";
+
+export interface WorkloadRow {
+  label: string;
+  system: string;
+  settings: string;
+  runs: Metrics[];
+  median: Metrics;
+  errors: string[];
+}
+
+export interface WorkloadResult {
+  id: string;
+  title: string;
+  runs: number;
+  rows: WorkloadRow[];
+}
+
+export interface BenchResults {
+  command: string;
+  startedAt: string;
+  finishedAt: string;
+  machine: Record<string, unknown> & { postgresSettings: Record<string, string> };
+  versions: Record<string, string>;
+  settings: Record<string, Record<string, string>>;
+  options: BenchOptions;
+  workloads: WorkloadResult[];
+}
+
+type Column = [key: string, header: string, digits: number];
+
+/** Which metrics each workload's table shows (the JSON has them all). */
+const COLUMNS: Record<string, Column[]> = {
+  enqueue: [["jobsPerSecond", "jobs/s", 0], ["walBytesPerJob", "WAL B/job", 0], ["serverCpuPct", "server CPU %", 0]],
+  drain: [
+    ["jobsPerSecond", "jobs/s", 0],
+    ["serverCpuMsPerKJob", "server CPU ms/1k jobs", 0],
+    ["clientCpuMsPerKJob", "worker CPU ms/1k jobs", 0],
+    ["statementsPerKJob", "statements/1k jobs", 1],
+    ["walBytesPerJob", "WAL B/job", 0],
+  ],
+  ceiling: [["jobsPerSecond", "best jobs/s", 0], ["jobsPerSecond_1conn", "1 conn", 0], ["jobsPerSecond_2conn", "2 conns", 0], ["jobsPerSecond_4conn", "4 conns", 0]],
+  latency: [["p50Ms", "p50 ms", 2], ["p99Ms", "p99 ms", 2], ["maxMs", "max ms", 1], ["samples", "samples", 0]],
+  recovery: [["recoverySeconds", "kill -9 → running again, s", 2]],
+  heartbeat: [
+    ["jobsInFlight", "jobs in flight", 0],
+    ["statementsPerSecond", "worker statements/s", 1],
+    ["serverXactsPerSecond", "server xacts/s", 1],
+    ["serverCpuPct", "server CPU %", 1],
+    ["clientCpuPct", "workers CPU %", 1],
+    ["walBytesPerSecond", "WAL B/s", 0],
+  ],
+  steady: [
+    ["jobs", "jobs", 0],
+    ["startJobsPerSecond", "start jobs/s", 0],
+    ["endJobsPerSecond", "end jobs/s", 0],
+    ["endToStart", "end/start", 2],
+    ["tableMBAt10pct", "tables MB @10%", 1],
+    ["tableMBAtEnd", "tables MB @end", 1],
+    ["tableMBMax", "tables MB max", 1],
+    ["deadTuplesMax", "dead tuples max", 0],
+  ],
+  pressure: (["before", "pinned", "after"] as const).flatMap((p): Column[] => [
+    [`${p}JobsPerSecond`, `${p} jobs/s`, 0],
+    [`${p}P99Ms`, `${p} p99 ms`, 1],
+    [`${p}DeadTuplesMax`, `${p} dead tuples`, 0],
+  ]),
+  plans: [["completeMsCustom", "complete, custom ms", 2], ["completeMsGeneric", "complete, generic ms", 2], ["heartbeatMsCustom", "heartbeat, custom ms", 2], ["heartbeatMsGeneric", "heartbeat, generic ms", 2]],
+};
+COLUMNS["drain-multi"] = COLUMNS.drain!;
+
+/** Workloads where Leasehold is compared to each peer, and which way is better. */
+const RATIOS: Record<string, { key: string; higherIsBetter: boolean }> = {
+  enqueue: { key: "jobsPerSecond", higherIsBetter: true },
+  drain: { key: "jobsPerSecond", higherIsBetter: true },
+  "drain-multi": { key: "jobsPerSecond", higherIsBetter: true },
+  latency: { key: "p50Ms", higherIsBetter: false },
+  recovery: { key: "recoverySeconds", higherIsBetter: false },
+};
+
+export function fmt(v: number | undefined, digits: number): string {
+  if (v === undefined) return "–";
+  if (!Number.isFinite(v)) return "n/a";
+  return v.toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+}
+
+function table(w: WorkloadResult): string[] {
+  const cols = COLUMNS[w.id] ?? [];
+  const lines = [`| | ${cols.map((c) => c[1]).join(" | ")} |`, `|---|${cols.map(() => "---:").join("|")}|`];
+  for (const r of w.rows) {
+    const cells = r.runs.length === 0 ? cols.map(() => "failed") : cols.map(([k, , d]) => fmt(r.median[k], d));
+    lines.push(`| ${r.label} | ${cells.join(" | ")} |`);
+  }
+  return lines;
+}
+
+function ratioLines(w: WorkloadResult): string[] {
+  const spec = RATIOS[w.id];
+  const lh = w.rows.find((r) => r.system === "leasehold")?.median[spec?.key ?? ""];
+  if (!spec || lh === undefined) return [];
+  const out: string[] = [];
+  for (const peer of w.rows.filter((r) => r.system !== "leasehold")) {
+    const v = peer.median[spec.key];
+    if (v === undefined) continue;
+    if (!Number.isFinite(v)) {
+      out.push(`- vs ${peer.label}: ${peer.label} did not recover within the timeout`);
+      continue;
+    }
+    const ratio = spec.higherIsBetter ? lh / v : v / lh;
+    out.push(`- vs ${peer.label}: **${fmt(ratio, 2)}x** ${spec.higherIsBetter ? "the throughput" : "faster"}`);
+  }
+  return out;
+}
+
+interface Target {
+  name: string;
+  value: string;
+  met: boolean | undefined;
+}
+
+export function targets(results: BenchResults): Target[] {
+  const w = (id: string) => results.workloads.find((x) => x.id === id);
+  const m = (id: string, system: string, key: string) => w(id)?.rows.find((r) => r.system === system || r.label === system)?.median[key];
+  const out: Target[] = [];
+  const drain = w("drain");
+  const lhDrain = m("drain", "leasehold", "jobsPerSecond");
+  if (drain && lhDrain !== undefined) {
+    const best = Math.max(...drain.rows.filter((r) => r.system !== "leasehold").map((r) => r.median.jobsPerSecond ?? 0));
+    out.push({ name: "drain ≥ 2x the fastest peer (1 process)", value: `${fmt(lhDrain / best, 2)}x`, met: lhDrain >= 2 * best });
+  }
+  const multi = w("drain-multi");
+  const lhMulti = m("drain-multi", "leasehold", "jobsPerSecond");
+  if (multi && lhMulti !== undefined) {
+    const best = Math.max(...multi.rows.filter((r) => r.system !== "leasehold").map((r) => r.median.jobsPerSecond ?? 0));
+    out.push({ name: `drain ≥ 2x the fastest peer (${results.options.processes} processes)`, value: `${fmt(lhMulti / best, 2)}x`, met: lhMulti >= 2 * best });
+  }
+  const ceiling = m("ceiling", "ceiling", "jobsPerSecond");
+  if (ceiling !== undefined && lhDrain !== undefined) {
+    out.push({ name: "drain as a fraction of the bare-SQL ceiling (no target)", value: `${fmt((lhDrain / ceiling) * 100, 0)}%`, met: undefined });
+  }
+  const enq = m("enqueue", "leasehold", "jobsPerSecond");
+  if (enq !== undefined) out.push({ name: "bulk enqueue ≥ 100,000 jobs/s", value: fmt(enq, 0), met: enq >= 100_000 });
+  const p50 = m("latency", "leasehold", "p50Ms");
+  const p99 = m("latency", "leasehold", "p99Ms");
+  if (p50 !== undefined) out.push({ name: "enqueue-to-start p50 ≤ 2 ms", value: `${fmt(p50, 2)} ms`, met: p50 <= 2 });
+  if (p99 !== undefined) out.push({ name: "enqueue-to-start p99 ≤ 5 ms", value: `${fmt(p99, 2)} ms`, met: p99 <= 5 });
+  const rec = m("recovery", "leasehold", "recoverySeconds");
+  if (rec !== undefined) out.push({ name: "recovery after kill -9 as short as the lease allows (lease 1 s)", value: `${fmt(rec, 2)} s`, met: rec <= 1.5 });
+  const steady = m("steady", "leasehold", "endToStart");
+  if (steady !== undefined) out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
+  return out;
+}
+
+export function markdown(results: BenchResults): string {
+  const lines: string[] = [
+    `# Leasehold benchmark results`,
+    "",
+    `Command: \`${results.command}\`  `,
+    `Run: ${results.startedAt} → ${results.finishedAt}`,
+    "",
+    `Machine: ${results.machine.cpus}, ${results.machine.memoryGB} GB RAM, ${results.machine.os}, Node ${results.machine.node}; ` +
+      `PostgreSQL ${results.machine.postgres} (embedded, one server for all systems; ` +
+      Object.entries(results.machine.postgresSettings).filter(([k]) => k !== "server_version").map(([k, v]) => `${k}=${v}`).join(", ") +
+      ")",
+    "",
+    `Versions: ${Object.entries(results.versions).map(([k, v]) => `${k} ${v}`).join(", ")}`,
+    "",
+    `Sizes: ${results.options.jobs.toLocaleString("en-US")} jobs for enqueue/drain/ceiling (enqueue batches of ${results.options.batch}), ` +
+      `${results.options.processes} processes for the multi-process drain, latency at ${results.options.latencyRate} jobs/s for ${results.options.latencySeconds} s, ` +
+      `${results.options.heartbeatJobs} long jobs for ${results.options.heartbeatSeconds} s in the heartbeat workload, ` +
+      `${results.options.steadyJobs.toLocaleString("en-US")} jobs in the steady state, ${results.options.pressureRate} jobs/s with a ${results.options.pinSeconds} s pinned snapshot. ` +
+      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans): one run.`,
+    "",
+    "## Targets (Leasehold, with heartbeats, fencing and the audit trail on)",
+    "",
+    "| target | measured | met |",
+    "|---|---:|:---:|",
+    ...targets(results).map((t) => `| ${t.name} | ${t.value} | ${t.met === undefined ? "" : t.met ? "yes" : "**no**"} |`),
+    "",
+  ];
+  for (const w of results.workloads) {
+    lines.push(`## ${w.title}`, "", ...table(w), "");
+    const ratios = ratioLines(w);
+    if (ratios.length) lines.push("Leasehold against each peer, same run:", "", ...ratios, "");
+    const errors = w.rows.flatMap((r) => r.errors.map((e) => `- ${r.label}: ${e.split("\n")[0]}`));
+    if (errors.length) lines.push("Errors:", "", ...errors, "");
+    if (w.id === "recovery") {
+      lines.push(`n/a: not running again within ${results.options.recoveryTimeoutSeconds} s of the kill.`, "");
+    }
+  }
+  lines.push("## Settings", "");
+  for (const [system, profiles] of Object.entries(results.settings)) {
+    lines.push(`- **${system} ${results.versions[system]}**`);
+    for (const [profile, text] of Object.entries(profiles)) lines.push(`  - ${profile}: ${text}`);
+  }
+  lines.push("");
+  return lines.join("\n");
+}
+
+/** Writes <name>.json, <name>.md and <name>.png into `dir`; returns the paths. */
+export async function writeReport(results: BenchResults, dir: string, name: string): Promise<string[]> {
+  fs.mkdirSync(dir, { recursive: true });
+  const json = path.join(dir, `${name}.json`);
+  const md = path.join(dir, `${name}.md`);
+  const png = path.join(dir, `${name}.png`);
+  fs.writeFileSync(json, JSON.stringify(results, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2) + "\n");
+  fs.writeFileSync(md, markdown(results) + `\n![chart](${name}.png)\n`);
+  fs.writeFileSync(png, await drawChart(results));
+  return [json, md, png];
+}

@@ -1,0 +1,216 @@
+/**
+ * `npm run bench`: one PostgreSQL, every workload through Leasehold, pg-boss and
+ * graphile-worker side by side (each in a database of its own), medians of repeated runs,
+ * and a report in Markdown, JSON and PNG under bench/results/.
+ *
+ *   npm run bench                                  # defaults: a few minutes on 2 cores
+ *   npm run bench -- --only drain,latency --runs 5
+ *   npm run bench -- --jobs 100000 --steady-jobs 1000000 --pin-seconds 300
+ */
+import os from "node:os";
+import path from "node:path";
+import { Command, Option } from "commander";
+import { recreateDatabase, dropDatabase, startServer } from "./lib/server.js";
+import { median } from "./lib/stats.js";
+import { packageVersion, REPO_ROOT } from "./lib/versions.js";
+import { SYSTEMS } from "./systems/index.js";
+import type { BenchSystem } from "./systems/types.js";
+import type { BenchContext, BenchOptions, Metrics } from "./workloads/context.js";
+import { ceilingWorkload, planCheckWorkload } from "./workloads/ceiling.js";
+import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
+import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
+import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
+import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
+
+interface Workload {
+  id: string;
+  title: string;
+  /** Repeated `--runs` times (short ones), or once (long ones). */
+  repeated: boolean;
+  /** Rows of the table: one per system, or per system variant; the ceiling has its own. */
+  rows(ctx: BenchContext, systems: BenchSystem[]): { label: string; system: string; settings: string; measure: () => Promise<Metrics> }[];
+}
+
+const perSystem =
+  (profile: "throughput" | "recovery" | "heartbeat" | "steady", measure: (ctx: BenchContext, s: BenchSystem) => Promise<Metrics>) =>
+  (ctx: BenchContext, systems: BenchSystem[]) =>
+    systems.map((s) => ({ label: s.name, system: s.name, settings: s.settings[profile], measure: () => measure(ctx, s) }));
+
+const WORKLOADS: Workload[] = [
+  { id: "enqueue", title: "1. Bulk enqueue", repeated: true, rows: perSystem("throughput", enqueueWorkload) },
+  { id: "drain", title: "2a. Drain, 1 worker process", repeated: true, rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, 1)) },
+  {
+    id: "drain-multi",
+    title: "2b. Drain, several worker processes",
+    repeated: true,
+    rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, ctx.options.processes)),
+  },
+  {
+    id: "ceiling",
+    title: "2c. Ceiling: Leasehold's claim + complete SQL in a tight loop, no runtime",
+    repeated: true,
+    rows: (ctx, systems) =>
+      systems.some((s) => s.name === "leasehold")
+        ? [{ label: "bare SQL (claimJobs + completeJobs, 500/batch)", system: "ceiling", settings: "1, 2 and 4 connections; best reported", measure: () => ceilingWorkload(ctx) }]
+        : [],
+  },
+  { id: "latency", title: "3. Enqueue-to-start latency at a steady low rate", repeated: true, rows: perSystem("throughput", latencyWorkload) },
+  { id: "recovery", title: "4. Recovery after kill -9 of a worker mid-job", repeated: true, rows: perSystem("recovery", recoveryWorkload) },
+  {
+    id: "heartbeat",
+    title: "5. Keeping long jobs alive: 4 worker processes, jobs in flight",
+    repeated: false,
+    rows: (ctx, systems) =>
+      systems.flatMap((s) =>
+        s.name === "leasehold"
+          ? [
+              { label: "leasehold (lease 30 s, beat 10 s)", system: s.name, settings: "default lease and heartbeat", measure: () => heartbeatWorkload(ctx, s) },
+              { label: "leasehold (lease 3 s, beat 1 s)", system: s.name, settings: "short lease", measure: () => heartbeatWorkload(ctx, s, 3_000) },
+            ]
+          : [{ label: s.name, system: s.name, settings: s.settings.heartbeat, measure: () => heartbeatWorkload(ctx, s) }],
+      ),
+  },
+  { id: "steady", title: "6. Steady state: many jobs through the queue", repeated: false, rows: perSystem("steady", steadyWorkload) },
+  { id: "pressure", title: "7. Pinned snapshot: steady load while an idle transaction holds an old snapshot", repeated: false, rows: perSystem("throughput", pressureWorkload) },
+  {
+    id: "plans",
+    title: "Plan check: 500-job completion and heartbeat with 20,000 running jobs, custom vs generic plan",
+    repeated: false,
+    rows: (ctx, systems) =>
+      systems.some((s) => s.name === "leasehold")
+        ? [{ label: "leasehold store statements", system: "leasehold", settings: "unnamed (as the store runs them) vs named + force_generic_plan", measure: () => planCheckWorkload(ctx) }]
+        : [],
+  },
+];
+
+const int = (v: string) => {
+  const n = Number(v);
+  if (!Number.isInteger(n) || n <= 0) throw new Error(`expected a positive integer, got "${v}"`);
+  return n;
+};
+
+const program = new Command("bench")
+  .description("Leasehold vs pg-boss vs graphile-worker on one PostgreSQL")
+  .option("--only <workloads>", `comma-separated: ${WORKLOADS.map((w) => w.id).join(", ")}`)
+  .option("--systems <names>", `comma-separated: ${Object.keys(SYSTEMS).join(", ")}`)
+  .option("--jobs <n>", "jobs to enqueue and to drain", int, 100_000)
+  .option("--batch <n>", "jobs per enqueue call", int, 1_000)
+  .option("--runs <n>", "repetitions of the short workloads (medians reported)", int, 3)
+  .option("--processes <n>", "worker processes for the multi-process drain", int, 4)
+  .option("--latency-rate <n>", "jobs/s in the latency workload", int, 200)
+  .option("--latency-seconds <n>", "seconds of the latency workload", int, 10)
+  .option("--heartbeat-jobs <n>", "long jobs in flight in the heartbeat workload", int, 1_000)
+  .option("--heartbeat-seconds <n>", "measuring window of the heartbeat workload", int, 20)
+  .option("--recovery-timeout <n>", "seconds to wait for a killed worker's job to run again", int, 30)
+  .option("--steady-jobs <n>", "jobs through the queue in the steady-state workload (the issue's full size: 1000000)", int, 200_000)
+  .option("--pressure-rate <n>", "jobs/s during the pinned-snapshot workload", int, 500)
+  .option("--pressure-seconds <n>", "seconds before and after the pinned snapshot", int, 15)
+  .option("--pin-seconds <n>", "seconds the snapshot stays pinned", int, 60)
+  .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
+  .option("--name <name>", "file name stem of the report", "latest")
+  .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
+  .option("--keep-databases", "leave the benchmark databases behind");
+
+program.parse();
+const o = program.opts();
+const options: BenchOptions = {
+  jobs: o.jobs,
+  batch: o.batch,
+  runs: o.runs,
+  processes: o.processes,
+  latencyRate: o.latencyRate,
+  latencySeconds: o.latencySeconds,
+  heartbeatJobs: o.heartbeatJobs,
+  heartbeatSeconds: o.heartbeatSeconds,
+  recoveryTimeoutSeconds: o.recoveryTimeout,
+  steadyJobs: o.steadyJobs,
+  pressureRate: o.pressureRate,
+  pressureSeconds: o.pressureSeconds,
+  pinSeconds: o.pinSeconds,
+};
+
+const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {
+  if (!names) return all;
+  const wanted = String(names).split(",").map((n) => n.trim()).filter(Boolean);
+  for (const n of wanted) {
+    if (!all.some((t) => key(t) === n)) {
+      console.error(`unknown ${what} "${n}"; choose from ${all.map(key).join(", ")}`);
+      process.exit(2);
+    }
+  }
+  return all.filter((t) => wanted.includes(key(t)));
+};
+const workloads = pick(WORKLOADS, o.only, (w) => w.id, "workload");
+const systems = pick(Object.values(SYSTEMS), o.systems, (s) => s.name, "system");
+
+const log = (m: string) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
+const server = await startServer(o.databaseUrl);
+log(`PostgreSQL ${server.version} (${o.databaseUrl ? "given" : "embedded, started for this run"})`);
+const ctx: BenchContext = { server, options, log };
+const startedAt = new Date();
+const results: BenchResults = {
+  command: `npm run bench${process.argv.length > 2 ? " -- " + process.argv.slice(2).join(" ") : ""}`,
+  startedAt: startedAt.toISOString(),
+  finishedAt: "",
+  machine: {
+    cpus: `${os.cpus().length} x ${os.cpus()[0]?.model ?? "?"}`,
+    memoryGB: Math.round(os.totalmem() / 2 ** 30),
+    os: `${os.type()} ${os.release()}`,
+    node: process.version,
+    postgres: server.version,
+    postgresSettings: server.settings,
+  },
+  versions: Object.fromEntries(systems.map((s) => [s.name, s.version])),
+  settings: Object.fromEntries(systems.map((s) => [s.name, s.settings])),
+  options,
+  workloads: [],
+};
+let failed = false;
+try {
+  for (const s of systems) await recreateDatabase(server.adminUrl, s.database);
+  for (const w of workloads) {
+    const rows = w.rows(ctx, systems);
+    const runs = w.repeated ? options.runs : 1;
+    const result: WorkloadResult = {
+      id: w.id,
+      title: w.title,
+      runs,
+      rows: rows.map((r) => ({ label: r.label, system: r.system, settings: r.settings, runs: [], median: {}, errors: [] })),
+    };
+    // Systems take turns within each run, so slow drifts of the shared machine hit all alike.
+    for (let run = 0; run < runs; run++) {
+      for (const [i, row] of rows.entries()) {
+        log(`${w.id} run ${run + 1}/${runs}: ${row.label}`);
+        try {
+          const m = await row.measure();
+          result.rows[i]!.runs.push(m);
+          log(`  ${Object.entries(m).map(([k, v]) => `${k}=${Number.isFinite(v) ? +v.toFixed(2) : v}`).join(" ")}`);
+        } catch (err) {
+          failed = true;
+          result.rows[i]!.errors.push(String((err as Error)?.message ?? err));
+          log(`  FAILED: ${String((err as Error)?.stack ?? err)}`);
+        }
+      }
+    }
+    for (const row of result.rows) {
+      const keys = [...new Set(row.runs.flatMap((m) => Object.keys(m)))];
+      row.median = Object.fromEntries(
+        keys.map((k) => {
+          const values = row.runs.map((m) => m[k]).filter((v): v is number => v !== undefined);
+          const finite = values.filter(Number.isFinite);
+          // NaN (say, not recovered) in most runs stays NaN.
+          return [k, finite.length * 2 > values.length ? median(finite) : NaN];
+        }),
+      );
+    }
+    results.workloads.push(result);
+  }
+} finally {
+  results.finishedAt = new Date().toISOString();
+  if (!o.keepDatabases) for (const s of systems) await dropDatabase(server.adminUrl, s.database).catch(() => {});
+  await server.stop();
+}
+const files = await writeReport(results, o.out, o.name);
+log(`report: ${files.join(", ")}`);
+log(`leasehold ${packageVersion()}; took ${Math.round((Date.parse(results.finishedAt) - startedAt.getTime()) / 1000)} s`);
+process.exit(failed ? 1 : 0);
