@@ -1,0 +1,84 @@
+/** Settings of a chaos run: the short CI run's defaults, and what the CLI can change. */
+
+export const FAULT_KINDS = [
+  "kill", // kill -9 of a worker mid-job, restarted by the supervisor
+  "zombie", // SIGSTOP of a worker for longer than the lease, then SIGCONT
+  "partition", // a worker's connections cut or stalled at its proxy, then restored
+  "pg_restart", // fast shutdown and start of PostgreSQL
+  "terminate_storm", // pg_terminate_backend against the workers' connections
+  "watchdog_kill", // kill -9 of a watchdog-only process, restarted
+  "idle_txn", // a session holds an idle transaction (pins the xmin horizon)
+  "burst", // enqueue at 1.5x the measured drain rate
+] as const;
+export type FaultKind = (typeof FAULT_KINDS)[number];
+
+export interface ChaosOptions {
+  jobs: number;
+  workers: number;
+  watchdogs: number;
+  concurrency: number;
+  leaseMs: number;
+  heartbeatMs: number;
+  watchdogIntervalMs: number;
+  /** Faults are injected for this long while the producer enqueues; then the queue drains. */
+  faultWindowMs: number;
+  /** Mean pause between two faults. */
+  faultEveryMs: number;
+  /** How long the idle transaction is held. */
+  idleTxnMs: number;
+  /** Give up waiting for the queue to drain after this long (the run then fails). */
+  drainTimeoutMs: number;
+  /** Retry budget of each job; a few "poison" jobs always fail and end dead. */
+  maxAttempts: number;
+  seed: number;
+  /** Where reports and process logs go. */
+  outDir: string;
+  /** Print progress lines. */
+  verbose: boolean;
+}
+
+export const SHORT_RUN: Omit<ChaosOptions, "outDir" | "seed"> = {
+  jobs: 2_000,
+  workers: 4,
+  watchdogs: 2,
+  concurrency: 8,
+  leaseMs: 2_500,
+  heartbeatMs: 600,
+  watchdogIntervalMs: 500,
+  faultWindowMs: 50_000,
+  faultEveryMs: 1_800,
+  idleTxnMs: 20_000,
+  drainTimeoutMs: 90_000,
+  maxAttempts: 20,
+  verbose: false,
+};
+
+/** Long runs scale the fault window with the job count (~80 jobs/s drain on 2 cores). */
+export function optionsFor(partial: Partial<ChaosOptions> & { outDir: string }): ChaosOptions {
+  const jobs = partial.jobs ?? SHORT_RUN.jobs;
+  const scale = Math.max(1, jobs / SHORT_RUN.jobs);
+  return {
+    ...SHORT_RUN,
+    faultWindowMs: Math.round(SHORT_RUN.faultWindowMs * scale),
+    idleTxnMs: scale > 1 ? 180_000 : SHORT_RUN.idleTxnMs,
+    drainTimeoutMs: Math.round(SHORT_RUN.drainTimeoutMs * Math.sqrt(scale)),
+    seed: Date.now() % 1_000_000,
+    ...partial,
+  };
+}
+
+/** A small seeded generator (mulberry32), so a run's choices can be replayed from its seed. */
+export function seededRandom(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+/** The schema the chaos run uses in its own database, and the downstream table. */
+export const CHAOS_SCHEMA = "chaos";
+export const RESULTS_TABLE = "downstream_results";

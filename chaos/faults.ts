@@ -1,0 +1,231 @@
+/**
+ * The fault injectors. Each one acts on real processes, real connections or the real server,
+ * and returns a record of what it did; for faults that take a worker away (kill, zombie,
+ * partition) the record lists the attempts that worker held at that moment, so the report
+ * can measure how long each job took to run again.
+ */
+import pg from "pg";
+import type { EmbeddedPostgres } from "../src/index.js";
+import type { ChaosOptions, FaultKind } from "./config.js";
+import type { Producer } from "./producer.js";
+import type { TcpProxy } from "./proxy.js";
+import type { Supervised } from "./supervisor.js";
+
+export interface HeldAttempt {
+  job: string;
+  attempt: number;
+}
+
+export interface FaultRecord {
+  kind: FaultKind;
+  target?: string;
+  /** When the fault hit (ms since epoch). */
+  at: number;
+  /** How long the fault lasted (stop to continue, cut to restore, down to up), when it has a length. */
+  durationMs?: number;
+  detail?: string;
+  held: HeldAttempt[];
+  skipped?: string;
+}
+
+export interface FaultContext {
+  options: ChaosOptions;
+  random: () => number;
+  workers: Supervised[];
+  watchdogs: Supervised[];
+  proxies: Map<string, TcpProxy>;
+  server: EmbeddedPostgres;
+  /** A direct pool for the harness (application_name chaos-harness), search_path on the chaos schema. */
+  admin: pg.Pool;
+  databaseUrl: string;
+  schema: string;
+  producer: Producer;
+  /** Restores and background parts of faults still under way; awaited before the drain. */
+  pending: Promise<unknown>[];
+  log: (line: string) => void;
+}
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+function between(random: () => number, lo: number, hi: number): number {
+  return Math.round(lo + random() * (hi - lo));
+}
+
+function pickFree(ctx: FaultContext, from: Supervised[]): Supervised | undefined {
+  const free = from.filter((s) => s.ready && !s.busy);
+  return free.length ? free[Math.floor(ctx.random() * free.length)] : undefined;
+}
+
+/** The attempts a worker holds now, read directly (not through its proxy). */
+async function heldBy(ctx: FaultContext, workerId: string | undefined): Promise<HeldAttempt[]> {
+  if (!workerId) return [];
+  try {
+    const { rows } = await ctx.admin.query<{ id: string; attempt: number }>(
+      "SELECT id::text, attempt FROM jobs WHERE state = 'running' AND locked_by = $1",
+      [workerId],
+    );
+    return rows.map((r) => ({ job: r.id, attempt: r.attempt }));
+  } catch {
+    return []; // the database is down (a restart under way): this fault goes unmeasured
+  }
+}
+
+/** A lease-and-a-bit: long enough that the watchdog reaps what the worker held. */
+const pastTheLease = (ctx: FaultContext) => between(ctx.random, ctx.options.leaseMs * 1.3, ctx.options.leaseMs * 2.5);
+
+async function kill(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w) return { kind: "kill", at: Date.now(), held: [], skipped: "no worker free" };
+  const restartAfter = between(ctx.random, 300, 3_000);
+  const at = Date.now();
+  const workerId = w.workerId;
+  w.kill9(restartAfter);
+  return { kind: "kill", target: w.spec.name, at, detail: `restart after ${restartAfter} ms`, held: await heldBy(ctx, workerId) };
+}
+
+async function zombie(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w) return { kind: "zombie", at: Date.now(), held: [], skipped: "no worker free" };
+  const durationMs = pastTheLease(ctx);
+  w.busy = true;
+  const at = Date.now();
+  w.signal("SIGSTOP");
+  const held = await heldBy(ctx, w.workerId);
+  ctx.pending.push(
+    sleep(durationMs).then(() => {
+      w.signal("SIGCONT");
+      w.busy = false;
+    }),
+  );
+  return { kind: "zombie", target: w.spec.name, at, durationMs, held };
+}
+
+async function partition(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w) return { kind: "partition", at: Date.now(), held: [], skipped: "no worker free" };
+  const proxy = ctx.proxies.get(w.spec.name)!;
+  const durationMs = pastTheLease(ctx);
+  const mode = ctx.random() < 0.5 ? "cut" : "stall";
+  w.busy = true;
+  const at = Date.now();
+  if (mode === "cut") proxy.cut();
+  else proxy.stall();
+  const held = await heldBy(ctx, w.workerId);
+  ctx.pending.push(
+    sleep(durationMs).then(() => {
+      proxy.restore();
+      w.busy = false;
+    }),
+  );
+  return { kind: "partition", target: w.spec.name, at, durationMs, detail: mode, held };
+}
+
+async function pgRestart(ctx: FaultContext): Promise<FaultRecord> {
+  const at = Date.now();
+  await ctx.server.stop(); // fast shutdown: open transactions roll back
+  await sleep(between(ctx.random, 300, 1_500));
+  await ctx.server.start(); // same data directory, same port
+  return { kind: "pg_restart", at, durationMs: Date.now() - at, held: [] };
+}
+
+/** Terminates the backends of the library's connections (workers, listeners, watchdogs), several rounds. */
+async function terminateStorm(ctx: FaultContext): Promise<FaultRecord> {
+  const at = Date.now();
+  let terminated = 0;
+  const rounds = between(ctx.random, 3, 6);
+  for (let i = 0; i < rounds; i++) {
+    try {
+      const { rows } = await ctx.admin.query<{ n: number }>(
+        `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid()
+            AND application_name IN ('leasehold', 'leasehold-listen')`,
+      );
+      terminated += rows[0]!.n;
+    } catch {
+      // the server is restarting; the storm goes on
+    }
+    await sleep(between(ctx.random, 50, 400));
+  }
+  return { kind: "terminate_storm", at, durationMs: Date.now() - at, detail: `${terminated} backends in ${rounds} rounds`, held: [] };
+}
+
+async function watchdogKill(ctx: FaultContext): Promise<FaultRecord> {
+  // Now and then every watchdog at once: expired leases then wait for the restarts.
+  const all = ctx.random() < 0.25;
+  const targets = all ? ctx.watchdogs.filter((w) => w.ready && !w.busy) : [pickFree(ctx, ctx.watchdogs)].filter((w): w is Supervised => !!w);
+  if (targets.length === 0) return { kind: "watchdog_kill", at: Date.now(), held: [], skipped: "no watchdog free" };
+  const at = Date.now();
+  for (const w of targets) w.kill9(between(ctx.random, 500, 3_000));
+  return { kind: "watchdog_kill", target: targets.map((t) => t.spec.name).join(","), at, held: [] };
+}
+
+/** An idle transaction with a snapshot: vacuum cannot remove anything newer while it lives. */
+async function idleTransaction(ctx: FaultContext): Promise<FaultRecord> {
+  const at = Date.now();
+  const durationMs = ctx.options.idleTxnMs;
+  const client = new pg.Client({ connectionString: ctx.databaseUrl, application_name: "chaos-idle-txn" });
+  client.on("error", () => {});
+  const held = (async () => {
+    try {
+      await client.connect();
+      await client.query("BEGIN ISOLATION LEVEL REPEATABLE READ");
+      await client.query(`SELECT count(*) FROM ${ctx.schema}.jobs`);
+      await sleep(durationMs);
+      await client.query("COMMIT");
+    } catch {
+      // a restart or a storm ended it early; the run goes on
+    } finally {
+      await client.end().catch(() => {});
+    }
+  })();
+  ctx.pending.push(held);
+  return { kind: "idle_txn", at, durationMs, held: [] };
+}
+
+async function burst(ctx: FaultContext): Promise<FaultRecord> {
+  const at = Date.now();
+  const durationMs = between(ctx.random, 4_000, 8_000) * Math.max(1, Math.round(ctx.options.faultWindowMs / 100_000));
+  const drainRate = await ctx.producer.drainRate(ctx.admin);
+  const rate = drainRate * 1.5;
+  const jobs = ctx.producer.boost(rate, durationMs);
+  return { kind: "burst", at, durationMs, detail: `${jobs} jobs at ${rate.toFixed(0)}/s (1.5x drain ${drainRate.toFixed(0)}/s)`, held: [] };
+}
+
+export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRecord>> = {
+  kill,
+  zombie,
+  partition,
+  pg_restart: pgRestart,
+  terminate_storm: terminateStorm,
+  watchdog_kill: watchdogKill,
+  idle_txn: idleTransaction,
+  burst,
+};
+
+/** Each kind at least this often in a short run; longer runs repeat the mix. */
+const MIX: Record<FaultKind, number> = {
+  kill: 4,
+  zombie: 4,
+  partition: 4,
+  pg_restart: 2,
+  terminate_storm: 3,
+  watchdog_kill: 3,
+  idle_txn: 1,
+  burst: 2,
+};
+
+/** The order of faults for a run: the mix, shuffled, repeated until the window is full. */
+export function faultPlan(options: ChaosOptions, random: () => number): FaultKind[] {
+  const count = Math.max(1, Math.floor(options.faultWindowMs / options.faultEveryMs));
+  const round = Object.entries(MIX).flatMap(([k, n]) => Array<FaultKind>(n).fill(k as FaultKind));
+  const plan: FaultKind[] = [];
+  while (plan.length < count) {
+    const r = [...round];
+    for (let i = r.length - 1; i > 0; i--) {
+      const j = Math.floor(random() * (i + 1));
+      [r[i], r[j]] = [r[j]!, r[i]!];
+    }
+    plan.push(...r);
+  }
+  return plan.slice(0, Math.max(count, round.length));
+}

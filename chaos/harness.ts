@@ -1,0 +1,239 @@
+/**
+ * The chaos orchestrator: starts its own PostgreSQL (so it may restart it), the worker and
+ * watchdog processes (each worker behind its own TCP proxy), the producer and the fault
+ * schedule; waits for the queue to drain; then checks the invariants and writes the report.
+ */
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import pg from "pg";
+import pino from "pino";
+import { EmbeddedPostgres, Leasehold } from "../src/index.js";
+import { CHAOS_SCHEMA, RESULTS_TABLE, seededRandom, type ChaosOptions } from "./config.js";
+import { INJECTORS, faultPlan, type FaultContext, type FaultRecord } from "./faults.js";
+import { checkInvariants } from "./invariants.js";
+import { readLogs } from "./process-log.js";
+import { Producer } from "./producer.js";
+import { TcpProxy } from "./proxy.js";
+import { buildReport, toMarkdown, writeReport, type ChaosReport } from "./report.js";
+import { REPO_ROOT, Supervised, type UnexpectedExit } from "./supervisor.js";
+
+/** The downstream table handlers write with fencedWrite, and a trigger-kept log of every write it accepted. */
+const DOWNSTREAM_SQL = `
+CREATE TABLE ${RESULTS_TABLE} (
+  job_id    bigint  PRIMARY KEY,
+  token     integer NOT NULL,
+  worker_id text    NOT NULL
+);
+CREATE TABLE downstream_log (
+  n         bigserial   PRIMARY KEY,
+  job_id    bigint      NOT NULL,
+  token     integer     NOT NULL,
+  worker_id text        NOT NULL,
+  at        timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION log_downstream_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO downstream_log (job_id, token, worker_id) VALUES (NEW.job_id, NEW.token, NEW.worker_id);
+  RETURN NULL;
+END;
+$$;
+CREATE TRIGGER downstream_write_log AFTER INSERT OR UPDATE ON ${RESULTS_TABLE}
+  FOR EACH ROW EXECUTE FUNCTION log_downstream_write();`;
+
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+export interface ChaosResult {
+  report: ChaosReport;
+  markdown: string;
+  files: { json: string; markdown: string; logs: string };
+}
+
+export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
+  const startedAt = Date.now();
+  const stamp = new Date(startedAt).toISOString().replace(/[:.]/g, "-");
+  const logDir = path.resolve(options.outDir, `logs-${stamp}`);
+  fs.mkdirSync(logDir, { recursive: true });
+  const say = (line: string) => {
+    fs.appendFileSync(path.join(logDir, "harness.log"), `${new Date().toISOString()} ${line}\n`);
+    if (options.verbose) console.log(`# chaos ${((Date.now() - startedAt) / 1000).toFixed(1)}s ${line}`);
+  };
+  const random = seededRandom(options.seed);
+  const dataRoot = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-chaos-"));
+  fs.chmodSync(dataRoot, 0o755);
+  const server = new EmbeddedPostgres({
+    dataDir: path.join(dataRoot, "pgdata"),
+    settings: { max_connections: 200 },
+    onLog: (l) => fs.appendFileSync(path.join(logDir, "postgres.log"), l),
+  });
+  let shuttingDown = false;
+  const exits: UnexpectedExit[] = [];
+  const children: Supervised[] = [];
+  const proxies = new Map<string, TcpProxy>();
+  let lh: Leasehold | undefined;
+  let admin: pg.Pool | undefined;
+  try {
+    const url = await server.start();
+    const pgPort = Number(new URL(url).port);
+    say(`PostgreSQL at ${url}, data in ${dataRoot}`);
+    lh = await Leasehold.connect({ databaseUrl: url, schema: CHAOS_SCHEMA, logger: pino({ level: "silent" }), poolSize: 4 });
+    admin = new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 });
+    admin.on("error", () => {});
+    await admin.query(DOWNSTREAM_SQL);
+
+    const onExit = (e: UnexpectedExit) => {
+      exits.push(e);
+      say(`${e.name} exited by itself (code ${e.code}, signal ${e.signal})${e.duringStartup ? " during start-up" : ""}`);
+    };
+    const common = { CHAOS_SCHEMA, CHAOS_LOG_LEVEL: process.env.CHAOS_LOG_LEVEL ?? "error" };
+    const workers: Supervised[] = [];
+    for (let i = 1; i <= options.workers; i++) {
+      const name = `w${i}`;
+      const proxy = new TcpProxy(pgPort);
+      const port = await proxy.start();
+      proxies.set(name, proxy);
+      const viaProxy = new URL(url);
+      viaProxy.port = String(port);
+      workers.push(
+        new Supervised(
+          {
+            name,
+            kind: "worker",
+            script: path.join(REPO_ROOT, "chaos", "worker-process.ts"),
+            stderrFile: path.join(logDir, `${name}.stderr`),
+            env: {
+              ...common,
+              CHAOS_DATABASE_URL: viaProxy.toString(),
+              CHAOS_NAME: name,
+              // A restarted worker appends to the same file; every line names its worker id.
+              CHAOS_LOG: path.join(logDir, `${name}.jsonl`),
+              CHAOS_LEASE_MS: String(options.leaseMs),
+              CHAOS_HEARTBEAT_MS: String(options.heartbeatMs),
+              CHAOS_CONCURRENCY: String(options.concurrency),
+            },
+          },
+          onExit,
+          () => shuttingDown,
+        ),
+      );
+    }
+    const watchdogs = Array.from(
+      { length: options.watchdogs },
+      (_, i) =>
+        new Supervised(
+          {
+            name: `watchdog${i + 1}`,
+            kind: "watchdog",
+            script: path.join(REPO_ROOT, "chaos", "watchdog-process.ts"),
+            stderrFile: path.join(logDir, `watchdog${i + 1}.stderr`),
+            env: { ...common, CHAOS_DATABASE_URL: url, CHAOS_WATCHDOG_INTERVAL_MS: String(options.watchdogIntervalMs) },
+          },
+          onExit,
+          () => shuttingDown,
+        ),
+    );
+    children.push(...workers, ...watchdogs);
+    for (const c of children) c.start();
+    await Promise.all(children.map((c) => c.whenReady()));
+    say(`${workers.length} workers and ${watchdogs.length} watchdogs ready`);
+
+    const producer = new Producer(lh, options, random, say);
+    const ctx: FaultContext = {
+      options,
+      random,
+      workers,
+      watchdogs,
+      proxies,
+      server,
+      admin,
+      databaseUrl: url,
+      schema: CHAOS_SCHEMA,
+      producer,
+      pending: [],
+      log: say,
+    };
+    const faults: FaultRecord[] = [];
+    const plan = faultPlan(options, random);
+    const spacing = options.faultWindowMs / plan.length;
+    producer.start();
+    for (const kind of plan) {
+      await sleep(spacing * (0.5 + random()));
+      const record = await INJECTORS[kind](ctx).catch(
+        (err): FaultRecord => ({ kind, at: Date.now(), held: [], skipped: `injector failed: ${String(err)}` }),
+      );
+      faults.push(record);
+      say(`fault ${kind}${record.target ? ` on ${record.target}` : ""}${record.detail ? ` (${record.detail})` : ""}` +
+        `${record.skipped ? ` skipped: ${record.skipped}` : `, ${record.held.length} attempts held`}`);
+    }
+    await Promise.all(ctx.pending);
+    await producer.finish();
+    say(`faults over; ${producer.enqueued} jobs enqueued; draining`);
+
+    const drainStart = Date.now();
+    await waitForDrain(admin, options.drainTimeoutMs, say);
+    const drainMs = Date.now() - drainStart;
+    shuttingDown = true;
+    await Promise.all(children.map((c) => c.stop()));
+    say(`drained in ${(drainMs / 1000).toFixed(1)} s; processes stopped`);
+
+    const check = await checkInvariants({ admin, jobs: options.jobs, logs: readLogs(logDir), faults, unexpectedExits: exits });
+    const pressure = await idleTxnThroughput(admin, faults, startedAt);
+    const report = buildReport({
+      options,
+      startedAt,
+      drainMs,
+      check,
+      faults,
+      restarts: children.reduce((n, c) => n + c.starts - 1, 0),
+      exits,
+      producerRetries: producer.retries,
+      pressure,
+    });
+    const files = writeReport(options.outDir, report);
+    return { report, markdown: toMarkdown(report), files: { ...files, logs: logDir } };
+  } finally {
+    shuttingDown = true;
+    await Promise.all(children.map((c) => c.stop(2_000).catch(() => {})));
+    for (const p of proxies.values()) await p.close();
+    await admin?.end().catch(() => {});
+    await lh?.close().catch(() => {});
+    await server.stop().catch(() => {});
+    fs.rmSync(dataRoot, { recursive: true, force: true });
+  }
+}
+
+/** Waits until no job is waiting or running; a timeout leaves them for the checker to report. */
+async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) => void): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  let lastSaid = 0;
+  while (Date.now() < deadline) {
+    try {
+      const { rows } = await admin.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
+      if (rows[0]!.n === 0) return;
+      if (Date.now() - lastSaid > 5_000) {
+        say(`${rows[0]!.n} jobs unfinished`);
+        lastSaid = Date.now();
+      }
+    } catch {
+      // the server may still be coming back
+    }
+    await sleep(200);
+  }
+  say(`queue did not drain within ${timeoutMs} ms`);
+}
+
+/** Jobs finished per second while an idle transaction was open, and the rest of the run. */
+async function idleTxnThroughput(admin: pg.Pool, faults: FaultRecord[], startedAt: number): Promise<ChaosReport["pressure"]> {
+  const windows = faults.filter((f) => f.kind === "idle_txn" && !f.skipped).map((f) => [f.at, f.at + (f.durationMs ?? 0)] as const);
+  const { rows } = await admin.query<{ at: number }>("SELECT extract(epoch FROM finished_at) * 1000 AS at FROM job_history");
+  const end = Math.max(...rows.map((r) => r.at), startedAt + 1);
+  const inside = (t: number) => windows.some(([a, b]) => t >= a && t <= b);
+  let insideMs = 0;
+  for (const [a, b] of windows) insideMs += Math.max(0, Math.min(b, end) - a);
+  const n = rows.filter((r) => inside(r.at)).length;
+  const otherMs = end - startedAt - insideMs;
+  return {
+    idleTxnThroughputPerS: insideMs > 0 ? (n * 1000) / insideMs : null,
+    otherThroughputPerS: otherMs > 0 ? ((rows.length - n) * 1000) / otherMs : null,
+  };
+}

@@ -1,0 +1,263 @@
+/**
+ * The invariant checker: after a run has drained, compares the database (jobs, job_history,
+ * job_attempts, the downstream table and its write log) with what every worker process
+ * logged about its own reports. Every broken invariant becomes a violation naming the job
+ * and what was seen; the run fails if there is any.
+ */
+import type pg from "pg";
+import type { FaultRecord } from "./faults.js";
+import type { LogLine } from "./process-log.js";
+import type { UnexpectedExit } from "./supervisor.js";
+
+export interface Violation {
+  invariant: string;
+  job?: string;
+  detail: string;
+}
+
+export interface AttemptRow {
+  job: string;
+  attempt: number;
+  worker: string;
+  started: number;
+  ended: number;
+  outcome: string;
+}
+
+export interface HistoryRow {
+  id: string;
+  state: string;
+  attempt: number;
+  spent: number;
+  max: number;
+  seq: number;
+  write: boolean;
+}
+
+export interface CheckInput {
+  admin: pg.Pool;
+  /** Sequence numbers the producer enqueued: 0 .. jobs-1. */
+  jobs: number;
+  logs: LogLine[];
+  faults: FaultRecord[];
+  unexpectedExits: UnexpectedExit[];
+}
+
+export interface Recovery {
+  n: number;
+  p50: number | null;
+  p99: number | null;
+  max: number | null;
+  /** Attempts the fault caught that were not recovered by a new claim: a report in flight landed, or the job went dead. */
+  finishedAnyway: number;
+}
+
+export interface CheckResult {
+  violations: Violation[];
+  finished: Record<string, number>;
+  attempts: number;
+  /** Jobs whose handler ran again after an execution whose lease was reaped or released. */
+  duplicates: { total: number; afterLeaseExpired: number; afterRelease: number; overlapping: number };
+  staleRefused: { heartbeat: number; complete: number; fail: number; release: number; downstream: number };
+  /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
+  lateWritesOverwritten: number;
+  recovery: Record<"kill" | "zombie" | "partition", Recovery>;
+  producerDuplicates: number;
+}
+
+/** Clocks: worker and database run on one machine; this absorbs statement-start vs commit order. */
+const CLOCK_TOLERANCE_MS = 50;
+const MAX_LISTED = 20;
+
+export async function loadRows(admin: pg.Pool) {
+  const [unfinished, history, attempts, results, writes] = await Promise.all([
+    admin.query<{ id: string; state: string; attempt: number }>("SELECT id::text, state, attempt FROM jobs ORDER BY id"),
+    admin.query<HistoryRow>(
+      `SELECT id::text, state, attempt, spent_attempts AS spent, max_attempts AS max,
+              (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write
+         FROM job_history`,
+    ),
+    admin.query<AttemptRow>(
+      `SELECT job_id::text AS job, attempt, worker_id AS worker, outcome,
+              extract(epoch FROM started_at) * 1000 AS started, extract(epoch FROM ended_at) * 1000 AS ended
+         FROM job_attempts ORDER BY job_id, attempt`,
+    ),
+    admin.query<{ job: string; token: number; worker: string }>("SELECT job_id::text AS job, token, worker_id AS worker FROM downstream_results"),
+    admin.query<{ job: string; token: number; worker: string; at: number }>(
+      "SELECT job_id::text AS job, token, worker_id AS worker, extract(epoch FROM at) * 1000 AS at FROM downstream_log ORDER BY n",
+    ),
+  ]);
+  return { unfinished: unfinished.rows, history: history.rows, attempts: attempts.rows, results: results.rows, writes: writes.rows };
+}
+
+export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
+  const rows = await loadRows(input.admin);
+  const violations: Violation[] = [];
+  const add = (invariant: string, detail: string, job?: string) => violations.push({ invariant, detail, job });
+
+  // 1. Drained: nothing left waiting or running; every enqueued job ended exactly once.
+  for (const j of rows.unfinished.slice(0, MAX_LISTED)) add("no job lost or stuck", `still ${j.state} (attempt ${j.attempt})`, j.id);
+  if (rows.unfinished.length > MAX_LISTED) add("no job lost or stuck", `${rows.unfinished.length} jobs unfinished in all`);
+  const finished: Record<string, number> = {};
+  const seqs = new Map<number, number>();
+  for (const h of rows.history) {
+    finished[h.state] = (finished[h.state] ?? 0) + 1;
+    seqs.set(h.seq, (seqs.get(h.seq) ?? 0) + 1);
+    if (!["succeeded", "dead"].includes(h.state)) add("one terminal state", `ended ${h.state}; the run cancels nothing`, h.id);
+  }
+  const missing = [...Array(input.jobs).keys()].filter((s) => !seqs.has(s));
+  if (missing.length) add("no job lost or stuck", `${missing.length} enqueued jobs never finished, e.g. seq ${missing.slice(0, 10).join(", ")}`);
+  const producerDuplicates = [...seqs.values()].reduce((n, c) => n + c - 1, 0);
+
+  // 2. Audit rows: one closed row per claim, 1..attempt, the last one matching the end state;
+  //    no attempt but the last succeeded; the budget counts exactly the failed and expired ones.
+  const byJob = new Map<string, AttemptRow[]>();
+  for (const a of rows.attempts) byJob.set(a.job, [...(byJob.get(a.job) ?? []), a]);
+  const attemptOf = (job: string, n: number) => byJob.get(job)?.[n - 1];
+  for (const h of rows.history) {
+    const list = byJob.get(h.id) ?? [];
+    const numbers = list.map((a) => a.attempt).join(",");
+    const expected = Array.from({ length: h.attempt }, (_, i) => i + 1).join(",");
+    if (numbers !== expected) {
+      add("every attempt's audit row closed", `audit rows for attempts [${numbers}], expected [${expected}]`, h.id);
+      continue;
+    }
+    const last = list[list.length - 1]!;
+    const lastOk = h.state === "succeeded" ? last.outcome === "succeeded" : ["failed", "lease_expired"].includes(last.outcome);
+    if (!lastOk) add("one terminal state", `job ${h.state} but its last attempt ${last.attempt} ended ${last.outcome}`, h.id);
+    const successes = list.filter((a) => a.outcome === "succeeded");
+    if (successes.length > 1) add("no stale report applied", `${successes.length} attempts succeeded: ${successes.map((a) => a.attempt).join(", ")}`, h.id);
+    if (successes.some((a) => a !== last)) add("no stale report applied", `attempt ${successes[0]!.attempt} succeeded but attempt ${last.attempt} ran after it`, h.id);
+    const spent = list.filter((a) => a.outcome === "failed" || a.outcome === "lease_expired").length;
+    if (spent !== h.spent) add("attempts within the budget", `${spent} failed or expired attempts, spent_attempts says ${h.spent}`, h.id);
+    if (spent > h.max) add("attempts within the budget", `${spent} failed or expired attempts, budget ${h.max}`, h.id);
+  }
+
+  // 3. Every report the database accepted came from the attempt that held the lease then.
+  const staleRefused = { heartbeat: 0, complete: 0, fail: 0, release: 0, downstream: 0 };
+  const landedAs: Record<string, string[]> = { complete: ["succeeded", "cancelled"], fail: ["failed", "cancelled"], release: ["released", "cancelled"] };
+  for (const line of input.logs) {
+    if (line.ev !== "report" || line.accepted === null) continue;
+    const accepted = new Set(line.accepted);
+    for (const [job, attempt] of line.sent) {
+      if (!accepted.has(job)) {
+        staleRefused[line.kind]++;
+        continue;
+      }
+      const a = attemptOf(job, attempt);
+      const what = `${line.kind} from attempt ${attempt} by ${line.w}`;
+      if (!a || a.attempt !== attempt) {
+        add("no stale report applied", `${what} accepted, but the attempt has no audit row`, job);
+        continue;
+      }
+      if (a.worker !== line.w) add("no stale report applied", `${what} accepted, but attempt ${attempt} belonged to ${a.worker}`, job);
+      if (line.kind === "heartbeat") {
+        if (a.ended < line.sentAt - CLOCK_TOLERANCE_MS) {
+          add("no stale report applied", `${what} sent ${Math.round(line.sentAt - a.ended)} ms after the attempt ended ${a.outcome} was accepted`, job);
+        }
+        const next = attemptOf(job, attempt + 1);
+        if (next && next.started < line.sentAt - CLOCK_TOLERANCE_MS) {
+          add("no stale report applied", `${what} accepted after attempt ${attempt + 1} had claimed the job`, job);
+        }
+      } else if (!landedAs[line.kind]!.includes(a.outcome)) {
+        add("no stale report applied", `${what} accepted, but the attempt ended ${a.outcome}`, job);
+      }
+    }
+  }
+
+  // 4. Downstream: no write accepted after a newer attempt's; the surviving value is the
+  //    succeeded attempt's; the processes' view of their writes matches the table's log.
+  const lastToken = new Map<string, number>();
+  let lateWritesOverwritten = 0;
+  const acceptedWrites = new Set<string>();
+  for (const w of rows.writes) {
+    const prev = lastToken.get(w.job) ?? 0;
+    if (w.token < prev) add("no stale downstream write accepted", `write from attempt ${w.token} accepted after attempt ${prev} had written`, w.job);
+    lastToken.set(w.job, Math.max(prev, w.token));
+    acceptedWrites.add(`${w.job}/${w.token}`);
+    const a = attemptOf(w.job, w.token);
+    if (a && a.ended < w.at - CLOCK_TOLERANCE_MS) lateWritesOverwritten++;
+  }
+  const results = new Map(rows.results.map((r) => [r.job, r]));
+  for (const h of rows.history) {
+    if (h.state !== "succeeded" || !h.write) continue;
+    const r = results.get(h.id);
+    const winner = attemptOf(h.id, h.attempt);
+    if (!r) add("no stale downstream write accepted", `succeeded with attempt ${h.attempt} but no downstream row`, h.id);
+    else if (r.token !== h.attempt || r.worker !== winner?.worker) {
+      add("no stale downstream write accepted", `downstream holds attempt ${r.token} by ${r.worker}; attempt ${h.attempt} by ${winner?.worker} succeeded`, h.id);
+    }
+  }
+  for (const line of input.logs) {
+    if (line.ev !== "write" || line.accepted === null) continue;
+    const inTable = acceptedWrites.has(`${line.job}/${line.attempt}`);
+    if (!line.accepted) staleRefused.downstream++;
+    if (line.accepted && !inTable) add("no stale downstream write accepted", `attempt ${line.attempt} was told its write landed; the table has no such write`, line.job);
+  }
+
+  // 5. Duplicate executions: each explained by a reaped (or released) lease of the run before.
+  const starts = new Map<string, { t: number; w: string }>();
+  const lastSeen = new Map<string, number>();
+  for (const line of input.logs) {
+    if (line.ev === "start") starts.set(`${line.job}/${line.attempt}`, { t: line.t, w: line.w });
+    if (line.ev === "start" || line.ev === "write" || line.ev === "end") {
+      const key = `${line.job}/${line.attempt}`;
+      lastSeen.set(key, Math.max(lastSeen.get(key) ?? 0, line.t));
+    }
+  }
+  const duplicates = { total: 0, afterLeaseExpired: 0, afterRelease: 0, overlapping: 0 };
+  for (const [key, start] of starts) {
+    const [job, n] = [key.split("/")[0]!, Number(key.split("/")[1])];
+    if (n < 2) continue;
+    const before = attemptOf(job, n - 1);
+    if (!starts.has(`${job}/${n - 1}`)) continue; // the earlier claim never reached its handler
+    if (!before) {
+      add("duplicates explained", `attempt ${n} ran but attempt ${n - 1} has no audit row`, job);
+      continue;
+    }
+    if (before.outcome === "failed") continue; // a retry, not a duplicate
+    duplicates.total++;
+    if (before.outcome === "lease_expired") duplicates.afterLeaseExpired++;
+    else if (before.outcome === "released") duplicates.afterRelease++;
+    else add("duplicates explained", `attempt ${n} ran after attempt ${n - 1} ended ${before.outcome}`, job);
+    if ((lastSeen.get(`${job}/${n - 1}`) ?? 0) > start.t) duplicates.overlapping++;
+  }
+
+  // 6. Workers survive what they can survive.
+  for (const e of input.unexpectedExits) {
+    if (e.duringStartup) continue;
+    add("workers survive faults", `${e.name} (pid ${e.pid}) exited by itself (code ${e.code}, signal ${e.signal}): ${e.stderrTail.slice(-500)}`);
+  }
+
+  return {
+    violations,
+    finished,
+    attempts: rows.attempts.length,
+    duplicates,
+    staleRefused,
+    lateWritesOverwritten,
+    recovery: {
+      kill: recoveryFor(input.faults, "kill", attemptOf),
+      zombie: recoveryFor(input.faults, "zombie", attemptOf),
+      partition: recoveryFor(input.faults, "partition", attemptOf),
+    },
+    producerDuplicates,
+  };
+}
+
+/** Time from the fault to the next attempt's claim, for each attempt the worker held. */
+function recoveryFor(faults: FaultRecord[], kind: FaultRecord["kind"], attemptOf: (job: string, n: number) => AttemptRow | undefined): Recovery {
+  const times: number[] = [];
+  let finishedAnyway = 0;
+  for (const f of faults.filter((f) => f.kind === kind)) {
+    for (const h of f.held) {
+      const a = attemptOf(h.job, h.attempt);
+      const next = attemptOf(h.job, h.attempt + 1);
+      if (a && (a.outcome === "lease_expired" || a.outcome === "released") && next) times.push(Math.max(0, next.started - f.at));
+      else finishedAnyway++;
+    }
+  }
+  times.sort((x, y) => x - y);
+  const q = (p: number) => (times.length ? Math.round(times[Math.min(times.length - 1, Math.ceil(p * times.length) - 1)]!) : null);
+  return { n: times.length, p50: q(0.5), p99: q(0.99), max: times.length ? Math.round(times[times.length - 1]!) : null, finishedAnyway };
+}

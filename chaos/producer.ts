@@ -1,0 +1,111 @@
+/**
+ * The producer: enqueues the run's jobs at a steady pace over the fault window, plus bursts
+ * at 1.5x the drain rate when the burst fault asks, and whatever is left at the end.
+ * Enqueues survive restarts and terminated connections: a failed batch is sent again, and
+ * each job's unique key ("chaos-<seq>") keeps a batch that did land from landing twice while
+ * its jobs are unfinished.
+ */
+import type pg from "pg";
+import type { Leasehold } from "../src/index.js";
+import type { ChaosOptions } from "./config.js";
+import { makeJob } from "./workload.js";
+
+const TICK_MS = 100;
+const BATCH = 200;
+/** The share of the jobs paced over the window; the rest feeds bursts and the tail. */
+const STEADY_SHARE = 0.7;
+
+export class Producer {
+  private next = 0;
+  private startedAt = 0;
+  private boostUntil = 0;
+  private boostRate = 0;
+  private boostCredit = 0;
+  private stopped = false;
+  private loop?: Promise<void>;
+  /** Enqueue calls that failed and were sent again. */
+  retries = 0;
+
+  constructor(
+    private readonly lh: Leasehold,
+    private readonly options: ChaosOptions,
+    private readonly random: () => number,
+    private readonly log: (line: string) => void,
+  ) {}
+
+  get enqueued(): number {
+    return this.next;
+  }
+
+  start(): void {
+    this.startedAt = Date.now();
+    this.loop = this.run();
+  }
+
+  /** Enqueues at `rate` jobs/s on top of the steady pace for `ms`; returns how many it will add. */
+  boost(rate: number, ms: number): number {
+    const budget = Math.min(Math.round(rate * (ms / 1000)), Math.round(this.options.jobs * 0.15), this.options.jobs - this.next);
+    this.boostRate = budget / (ms / 1000);
+    this.boostUntil = Date.now() + ms;
+    return Math.max(0, budget);
+  }
+
+  /** Jobs finished per second over the last few seconds, or the workers' capacity estimate if higher. */
+  async drainRate(admin: pg.Pool): Promise<number> {
+    const o = this.options;
+    const meanJobMs = 500; // the workload's mix (workload.ts) averages about half a second
+    const capacity = (o.workers * o.concurrency * 1000) / meanJobMs;
+    try {
+      const { rows } = await admin.query<{ n: number }>(
+        "SELECT count(*)::int AS n FROM job_history WHERE finished_at > now() - interval '5 seconds'",
+      );
+      return Math.max(rows[0]!.n / 5, capacity);
+    } catch {
+      return capacity;
+    }
+  }
+
+  /** Enqueues everything not yet enqueued, then stops. */
+  async finish(): Promise<void> {
+    this.stopped = true;
+    await this.loop;
+    while (this.next < this.options.jobs) await this.send(Math.min(BATCH, this.options.jobs - this.next));
+  }
+
+  private async run(): Promise<void> {
+    const o = this.options;
+    const steady = Math.round(o.jobs * STEADY_SHARE);
+    while (!this.stopped && this.next < o.jobs) {
+      const elapsed = Date.now() - this.startedAt;
+      const steadyDue = Math.max(0, Math.min(steady, Math.ceil((steady * elapsed) / o.faultWindowMs)) - this.steadySent);
+      let boostDue = 0;
+      if (Date.now() < this.boostUntil) {
+        this.boostCredit += (this.boostRate * TICK_MS) / 1000;
+        boostDue = Math.floor(this.boostCredit);
+        this.boostCredit -= boostDue;
+      }
+      this.steadySent += steadyDue;
+      for (let due = Math.min(steadyDue + boostDue, o.jobs - this.next); due > 0; due -= BATCH) {
+        await this.send(Math.min(BATCH, due));
+      }
+      await new Promise((r) => setTimeout(r, TICK_MS));
+    }
+  }
+
+  private steadySent = 0;
+
+  private async send(n: number): Promise<void> {
+    const jobs = Array.from({ length: n }, (_, i) => makeJob(this.next + i, this.random, this.options.leaseMs, this.options.maxAttempts));
+    for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
+      try {
+        await this.lh.enqueueMany(jobs);
+        this.next += n;
+        return;
+      } catch (err) {
+        this.retries++;
+        if (this.retries % 10 === 1) this.log(`producer: enqueue failed, retrying: ${String(err)}`);
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+  }
+}

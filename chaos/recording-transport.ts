@@ -1,0 +1,59 @@
+/**
+ * A WorkerTransport that wraps the real one and logs every report the worker sends and
+ * what the database answered, so the invariant checker can compare each accepted report
+ * with the audit rows afterwards.
+ */
+import type { ClaimedJob, WorkerTransport } from "../src/index.js";
+import type * as store from "../src/store/index.js";
+import type { ProcessLog } from "./process-log.js";
+
+export class RecordingTransport implements WorkerTransport {
+  constructor(
+    private readonly inner: WorkerTransport,
+    private readonly log: ProcessLog,
+    private readonly workerId: () => string,
+  ) {}
+
+  private async record<R>(
+    kind: "heartbeat" | "complete" | "fail" | "release",
+    sent: store.AttemptRef[],
+    call: () => Promise<R>,
+    acceptedOf: (r: R) => string[],
+  ): Promise<R> {
+    const sentAt = Date.now();
+    const pairs = sent.map((s) => [s.id, s.attempt] as [string, number]);
+    try {
+      const result = await call();
+      this.log.write({ ev: "report", kind, t: Date.now(), sentAt, w: this.workerId(), sent: pairs, accepted: acceptedOf(result) });
+      return result;
+    } catch (err) {
+      this.log.write({ ev: "report", kind, t: Date.now(), sentAt, w: this.workerId(), sent: pairs, accepted: null, error: String(err) });
+      throw err;
+    }
+  }
+
+  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+    return this.inner.claim(p);
+  }
+  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+    return this.record("heartbeat", p.beats, () => this.inner.heartbeat(p), (r) => [...r.renewed.keys()]);
+  }
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+    return this.record("complete", p.jobs, () => this.inner.complete(p), (r) => [...r.keys()]);
+  }
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
+    return this.record("fail", p.failures, () => this.inner.fail(p), (r) => [...r.keys()]);
+  }
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
+    return this.record("release", p.jobs, () => this.inner.release(p), (r) => [...r.keys()]);
+  }
+  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
+    return this.inner.describeLost(attempts);
+  }
+  reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
+    return this.inner.reconcile(p);
+  }
+  subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>> {
+    return this.inner.subscribe(queues, wake);
+  }
+}

@@ -1,0 +1,127 @@
+/** The run's report: one JSON object and the same as a Markdown table, written under chaos/results/. */
+import fs from "node:fs";
+import path from "node:path";
+import { FAULT_KINDS, type ChaosOptions } from "./config.js";
+import type { FaultRecord } from "./faults.js";
+import type { CheckResult } from "./invariants.js";
+import type { UnexpectedExit } from "./supervisor.js";
+
+export interface ChaosReport {
+  passed: boolean;
+  startedAt: string;
+  durationS: number;
+  drainS: number;
+  options: Omit<ChaosOptions, "outDir" | "verbose">;
+  jobs: number;
+  finished: Record<string, number>;
+  attempts: number;
+  faults: Record<string, number>;
+  faultsSkipped: number;
+  duplicates: CheckResult["duplicates"];
+  staleRefused: CheckResult["staleRefused"];
+  lateWritesOverwritten: number;
+  recoveryMs: CheckResult["recovery"];
+  processRestarts: number;
+  startupFailures: number;
+  producerRetries: number;
+  producerDuplicates: number;
+  pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
+  violations: CheckResult["violations"];
+  faultLog: FaultRecord[];
+}
+
+export function buildReport(p: {
+  options: ChaosOptions;
+  startedAt: number;
+  drainMs: number;
+  check: CheckResult;
+  faults: FaultRecord[];
+  restarts: number;
+  exits: UnexpectedExit[];
+  producerRetries: number;
+  pressure: ChaosReport["pressure"];
+}): ChaosReport {
+  const { outDir: _o, verbose: _v, ...options } = p.options;
+  const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, p.faults.filter((f) => f.kind === k && !f.skipped).length]));
+  return {
+    passed: p.check.violations.length === 0,
+    startedAt: new Date(p.startedAt).toISOString(),
+    durationS: Math.round((Date.now() - p.startedAt) / 100) / 10,
+    drainS: Math.round(p.drainMs / 100) / 10,
+    options,
+    jobs: p.options.jobs,
+    finished: p.check.finished,
+    attempts: p.check.attempts,
+    faults,
+    faultsSkipped: p.faults.filter((f) => f.skipped).length,
+    duplicates: p.check.duplicates,
+    staleRefused: p.check.staleRefused,
+    lateWritesOverwritten: p.check.lateWritesOverwritten,
+    recoveryMs: p.check.recovery,
+    processRestarts: p.restarts,
+    startupFailures: p.exits.filter((e) => e.duringStartup).length,
+    producerRetries: p.producerRetries,
+    producerDuplicates: p.check.producerDuplicates,
+    pressure: p.pressure,
+    violations: p.check.violations,
+    faultLog: p.faults,
+  };
+}
+
+const ms = (v: number | null) => (v === null ? "–" : `${(v / 1000).toFixed(2)} s`);
+
+export function toMarkdown(r: ChaosReport): string {
+  const o = r.options;
+  const lines = [
+    `## Chaos run ${r.startedAt}: ${r.passed ? "PASSED" : `FAILED (${r.violations.length} violations)`}`,
+    "",
+    `${r.jobs} jobs, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
+      `beat ${o.heartbeatMs} ms, watchdog every ${o.watchdogIntervalMs} ms, seed ${o.seed}. ` +
+      `Run ${r.durationS} s, of which drain after the last fault ${r.drainS} s.`,
+    "",
+    "| measure | value |",
+    "|---|---|",
+    `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
+    `| attempts (audit rows) | ${r.attempts} |`,
+    ...FAULT_KINDS.map((k) => `| faults: ${k} | ${r.faults[k]} |`),
+    `| faults skipped (no free target) | ${r.faultsSkipped} |`,
+    `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
+    `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,
+    `| stale downstream writes refused by the fence | ${r.staleRefused.downstream} |`,
+    `| late downstream writes accepted before the newer attempt wrote (all overwritten) | ${r.lateWritesOverwritten} |`,
+    `| process restarts (supervisor) / failed start-ups | ${r.processRestarts} / ${r.startupFailures} |`,
+    `| producer retries / jobs enqueued twice by a retry | ${r.producerRetries} / ${r.producerDuplicates} |`,
+    `| throughput during idle transaction / otherwise | ${fmtRate(r.pressure.idleTxnThroughputPerS)} / ${fmtRate(r.pressure.otherThroughputPerS)} |`,
+    "",
+    "Time from worker death to the job running again:",
+    "",
+    "| fault | jobs measured | p50 | p99 | max | not recovered by a new claim (report landed, or dead) |",
+    "|---|---|---|---|---|---|",
+    ...(["kill", "zombie", "partition"] as const).map((k) => {
+      const x = r.recoveryMs[k];
+      return `| ${k} | ${x.n} | ${ms(x.p50)} | ${ms(x.p99)} | ${ms(x.max)} | ${x.finishedAnyway} |`;
+    }),
+    "",
+  ];
+  if (r.violations.length) {
+    lines.push("### Violations", "", "| invariant | job | detail |", "|---|---|---|");
+    for (const v of r.violations.slice(0, 50)) lines.push(`| ${v.invariant} | ${v.job ?? ""} | ${v.detail.replace(/\|/g, "\\|").replace(/\n/g, " ")} |`);
+    if (r.violations.length > 50) lines.push(`| … | | ${r.violations.length - 50} more in the JSON report |`);
+    lines.push("");
+  }
+  return lines.join("\n");
+}
+
+function fmtRate(v: number | null): string {
+  return v === null ? "–" : `${v.toFixed(1)} jobs/s`;
+}
+
+export function writeReport(outDir: string, r: ChaosReport): { json: string; markdown: string } {
+  fs.mkdirSync(outDir, { recursive: true });
+  const stamp = r.startedAt.replace(/[:.]/g, "-");
+  const json = path.join(outDir, `chaos-${stamp}.json`);
+  const markdown = path.join(outDir, `chaos-${stamp}.md`);
+  fs.writeFileSync(json, JSON.stringify(r, null, 2));
+  fs.writeFileSync(markdown, toMarkdown(r));
+  return { json, markdown };
+}

@@ -1,0 +1,64 @@
+/**
+ * One chaos worker: a separate OS process running the library as users do
+ * (Leasehold.connect + a Worker), reaching PostgreSQL through the harness's proxy.
+ * Every report it sends and every downstream write is logged (process-log.ts).
+ *
+ * Environment: CHAOS_DATABASE_URL, CHAOS_SCHEMA, CHAOS_NAME, CHAOS_LOG, CHAOS_LEASE_MS,
+ * CHAOS_HEARTBEAT_MS, CHAOS_CONCURRENCY. Sends {type: "ready", workerId} over IPC once it runs.
+ * SIGTERM: graceful stop.
+ */
+import pino from "pino";
+import { DatabaseTransport, Leasehold, Worker, isConnectionError } from "../src/index.js";
+import { ProcessLog } from "./process-log.js";
+import { RecordingTransport } from "./recording-transport.js";
+import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
+import { QUEUE, TASK, chaosHandler } from "./workload.js";
+
+const logger = pino({ level: process.env.CHAOS_LOG_LEVEL ?? "error" }, pino.destination(2));
+const log = new ProcessLog(env("CHAOS_LOG"));
+const lh = await Leasehold.connect({
+  databaseUrl: env("CHAOS_DATABASE_URL"),
+  schema: env("CHAOS_SCHEMA"),
+  migrate: false,
+  poolSize: 6,
+  logger,
+});
+await waitForDatabase(lh.pool);
+
+let workerId = "";
+const transport = new RecordingTransport(new DatabaseTransport(lh.pool, lh.databaseUrl, lh.schema), log, () => workerId);
+const worker = new Worker({
+  transport,
+  logger,
+  name: env("CHAOS_NAME"),
+  queues: [QUEUE],
+  concurrency: Number(env("CHAOS_CONCURRENCY")),
+  leaseMs: Number(env("CHAOS_LEASE_MS")),
+  heartbeatMs: Number(env("CHAOS_HEARTBEAT_MS")),
+  pollIntervalMs: 500,
+  backoff: CHAOS_BACKOFF,
+  handlers: { [TASK]: chaosHandler(lh.pool, log, () => workerId) },
+});
+workerId = worker.id;
+log.write({ ev: "hello", t: Date.now(), w: workerId, pid: process.pid });
+worker.on("job:end", (job: { id: string; attempt: number }, outcome: { state: string; reason?: string; error?: unknown }) => {
+  const reason = outcome.reason ?? (outcome.error ? String((outcome.error as Error).message ?? outcome.error) : undefined);
+  log.write({ ev: "end", t: Date.now(), w: workerId, job: job.id, attempt: job.attempt, outcome: outcome.state, reason });
+});
+
+try {
+  await worker.start();
+} catch (err) {
+  // Startup needs the database once (reconciliation); a supervisor restarts us.
+  process.stderr.write(`worker start failed${isConnectionError(err) ? " (database unreachable)" : ""}: ${String(err)}\n`);
+  process.exit(3);
+}
+process.send?.({ type: "ready", workerId });
+
+process.on("SIGTERM", () => {
+  void (async () => {
+    await worker.stop(3_000);
+    await lh.close().catch(() => {});
+    process.exit(0);
+  })();
+});

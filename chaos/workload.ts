@@ -1,0 +1,98 @@
+/**
+ * The chaos workload: what the producer enqueues and what the handlers do with it.
+ * Handlers take random time (a few far longer than the lease, kept alive by heartbeats),
+ * some attempts fail and retry, a few jobs always fail (poison, they end dead), and most
+ * write a result downstream with a fenced write, half-way through their work.
+ */
+import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../src/index.js";
+import { RESULTS_TABLE } from "./config.js";
+import type { ProcessLog } from "./process-log.js";
+
+export const TASK = "chaos";
+export const QUEUE = "chaos";
+
+export interface ChaosPayload {
+  seq: number;
+  /** Work before and after the downstream write, in ms. */
+  beforeMs: number;
+  afterMs: number;
+  write: boolean;
+  /** Chance that an attempt throws. */
+  failRate: number;
+  poison: boolean;
+  /** A careless handler ignores ctx.signal and goes on writing after its lease is gone. */
+  honorsSignal: boolean;
+}
+
+/** The job for sequence number `seq`; `random` makes the mix. */
+export function makeJob(seq: number, random: () => number, leaseMs: number, maxAttempts: number): NewJob {
+  const r = random();
+  // ~70% short, ~20% medium, ~8% around the lease, ~2% far longer than the lease.
+  const total =
+    r < 0.7 ? 20 + random() * 180 : r < 0.9 ? 200 + random() * 800 : r < 0.98 ? 1_000 + random() * leaseMs : leaseMs * (1.5 + random() * 1.5);
+  const split = random();
+  const poison = random() < 0.005;
+  const payload: ChaosPayload = {
+    seq,
+    beforeMs: Math.round(total * split),
+    afterMs: Math.round(total * (1 - split)),
+    write: random() < 0.7,
+    failRate: 0.08,
+    poison,
+    honorsSignal: random() < 0.5,
+  };
+  return { task: TASK, queue: QUEUE, payload, maxAttempts: poison ? 3 : maxAttempts, uniqueKey: `chaos-${seq}` };
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () => string) {
+  return async (p: ChaosPayload, ctx: JobContext): Promise<void> => {
+    const w = workerId();
+    log.write({ ev: "start", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
+    const signal = p.honorsSignal ? ctx.signal : undefined;
+    await sleep(p.beforeMs, signal);
+    if (p.write) {
+      let accepted: boolean;
+      try {
+        accepted = await fencedWrite(db, {
+          table: RESULTS_TABLE,
+          key: { job_id: ctx.jobId },
+          token: ctx.attempt,
+          values: { worker_id: w },
+        });
+      } catch (err) {
+        log.write({ ev: "write", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt, accepted: null, error: String(err) });
+        throw err;
+      }
+      log.write({ ev: "write", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt, accepted });
+      // The downstream itself refused us: a newer attempt owns the job. Stop here.
+      if (!accepted) throw new Error("downstream refused a stale write");
+    }
+    await sleep(p.afterMs, signal);
+    if (p.poison) throw new Error("chaos: poison job always fails");
+    if (attemptFails(p.seq, ctx.attempt, p.failRate)) throw new Error("chaos: injected failure");
+  };
+}
+
+/** Deterministic per (job, attempt), so a rerun of the same attempt decides the same way. */
+function attemptFails(seq: number, attempt: number, rate: number): boolean {
+  let h = (seq * 2654435761 + attempt * 40503) >>> 0;
+  h ^= h >>> 16;
+  h = Math.imul(h, 0x45d9f3b) >>> 0;
+  h ^= h >>> 16;
+  return h / 4294967296 < rate;
+}
