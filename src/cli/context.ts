@@ -46,7 +46,7 @@ export class Cli {
   }
 
   /** Connects by the rule above; the connection is closed when the command ends. */
-  async connect(options: { logger?: Logger; poolSize?: number } = {}): Promise<Leasehold> {
+  async connect(options: { logger?: Logger; poolSize?: number; quiet?: boolean } = {}): Promise<Leasehold> {
     let url = this.options.databaseUrl ?? process.env.DATABASE_URL;
     let schema = this.options.schema ?? process.env.LEASEHOLD_SCHEMA;
     if (!url) {
@@ -54,7 +54,7 @@ export class Cli {
       if (dev) {
         url = dev.databaseUrl;
         schema ??= dev.schema;
-      } else {
+      } else if (!options.quiet) {
         this.note(`No database given and no \`leasehold dev\` running: starting the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} for this command.`);
       }
     }

@@ -5,7 +5,7 @@
  *
  * Every route but /healthz needs `Authorization: Bearer <token>`.
  */
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import swagger from "@fastify/swagger";
 import type { Leasehold } from "../client.js";
 import * as store from "../store/index.js";
@@ -32,7 +32,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
   const authorized = bearerMatcher(checkToken(options.token));
   const app = Fastify({
     loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
-    disableRequestLogging: !options.logRequests,
+    logController: new LogController({ disableRequestLogging: !options.logRequests }),
     bodyLimit: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     // Long polls hold requests open; answers from a stopping server should not wait on them.
     return503OnClosing: true,

@@ -45,7 +45,7 @@ export function registerDev(program: Command, run: Run): void {
         const logger = pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
         say("Starting Leasehold dev…");
         const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
-        const lh = await cli.connect({ logger, poolSize: 20 });
+        const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
         const token = opts.token ?? process.env.LEASEHOLD_TOKEN ?? randomBytes(18).toString("base64url");
         const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger };
         let apiUrl: string;
@@ -63,7 +63,7 @@ export function registerDev(program: Command, run: Run): void {
         await worker.start();
 
         const taskNames = Object.keys(handlers);
-        const rel = (p: string) => path.relative(process.cwd(), p) || ".";
+        const rel = (p: string) => (p.startsWith(process.cwd() + path.sep) ? path.relative(process.cwd(), p) : p);
         say("");
         say("Leasehold dev is running.");
         say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
