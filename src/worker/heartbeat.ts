@@ -36,6 +36,7 @@ export class Heartbeater {
   private deadlineTimer?: NodeJS.Timeout;
   private beating?: Promise<void>;
   private stopped = false;
+  private nextBeatAt = Infinity;
 
   constructor(
     private readonly inFlight: Map<string, InFlight>,
@@ -78,7 +79,17 @@ export class Heartbeater {
   private schedule(ms: number): void {
     if (this.stopped) return;
     clearTimeout(this.timer);
+    this.nextBeatAt = performance.now() + ms;
     this.timer = setTimeout(() => void this.tick(), ms);
+  }
+
+  /**
+   * A job just started: if its own lease needs a beat before the one scheduled (the timer was
+   * set for longer leases), beat sooner, or its lease would run out before the first beat.
+   */
+  jobStarted(leaseMs: number): void {
+    const within = Math.floor(leaseMs / 3);
+    if (performance.now() + within < this.nextBeatAt) this.schedule(within);
   }
 
   private tick(): Promise<void> {

@@ -226,6 +226,7 @@ export class Worker extends EventEmitter {
   private runJob(job: ClaimedJob, sentAt: number): void {
     const entry: InFlight = { job, controller: new AbortController(), renewedAt: sentAt, phase: "running" };
     this.inFlight.set(job.id, entry);
+    this.heartbeater.jobStarted(job.leaseMs);
     this.running++;
     this.metrics.jobsClaimed.inc({ queue: job.queue });
     this.emit("job:start", job);
