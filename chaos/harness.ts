@@ -9,7 +9,8 @@ import path from "node:path";
 import pg from "pg";
 import pino from "pino";
 import { EmbeddedPostgres, Leasehold } from "../src/index.js";
-import { CHAOS_SCHEMA, RESULTS_TABLE, seededRandom, type ChaosOptions } from "./config.js";
+import { CHAOS_SCHEMA, seededRandom, type ChaosOptions } from "./config.js";
+import { DOWNSTREAM_SQL } from "./downstream.js";
 import { INJECTORS, faultPlan, type FaultContext, type FaultRecord } from "./faults.js";
 import { checkInvariants } from "./invariants.js";
 import { readLogs } from "./process-log.js";
@@ -17,29 +18,6 @@ import { Producer } from "./producer.js";
 import { TcpProxy } from "./proxy.js";
 import { buildReport, toMarkdown, writeReport, type ChaosReport } from "./report.js";
 import { REPO_ROOT, Supervised, type UnexpectedExit } from "./supervisor.js";
-
-/** The downstream table handlers write with fencedWrite, and a trigger-kept log of every write it accepted. */
-const DOWNSTREAM_SQL = `
-CREATE TABLE ${RESULTS_TABLE} (
-  job_id    bigint  PRIMARY KEY,
-  token     integer NOT NULL,
-  worker_id text    NOT NULL
-);
-CREATE TABLE downstream_log (
-  n         bigserial   PRIMARY KEY,
-  job_id    bigint      NOT NULL,
-  token     integer     NOT NULL,
-  worker_id text        NOT NULL,
-  at        timestamptz NOT NULL DEFAULT clock_timestamp()
-);
-CREATE FUNCTION log_downstream_write() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO downstream_log (job_id, token, worker_id) VALUES (NEW.job_id, NEW.token, NEW.worker_id);
-  RETURN NULL;
-END;
-$$;
-CREATE TRIGGER downstream_write_log AFTER INSERT OR UPDATE ON ${RESULTS_TABLE}
-  FOR EACH ROW EXECUTE FUNCTION log_downstream_write();`;
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 

@@ -5,6 +5,7 @@
  * and what was seen; the run fails if there is any.
  */
 import type pg from "pg";
+import { RESULTS_TABLE } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { LogLine } from "./process-log.js";
 import type { UnexpectedExit } from "./supervisor.js";
@@ -43,11 +44,18 @@ export interface CheckInput {
   unexpectedExits: UnexpectedExit[];
 }
 
-export interface Recovery {
-  n: number;
+export interface Percentiles {
   p50: number | null;
   p99: number | null;
   max: number | null;
+}
+
+export interface Recovery {
+  n: number;
+  /** Fault to the lease given back (reaped by a watchdog, or released by the restarted worker). */
+  toLeaseEnded: Percentiles;
+  /** Fault to the job's next attempt claimed: the number users ask about (includes retry backoff and any backlog). */
+  toRunningAgain: Percentiles;
   /** Attempts the fault caught that were not recovered by a new claim: a report in flight landed, or the job went dead. */
   finishedAnyway: number;
 }
@@ -82,7 +90,7 @@ export async function loadRows(admin: pg.Pool) {
               extract(epoch FROM started_at) * 1000 AS started, extract(epoch FROM ended_at) * 1000 AS ended
          FROM job_attempts ORDER BY job_id, attempt`,
     ),
-    admin.query<{ job: string; token: number; worker: string }>("SELECT job_id::text AS job, token, worker_id AS worker FROM downstream_results"),
+    admin.query<{ job: string; token: number; worker: string }>(`SELECT job_id::text AS job, token, worker_id AS worker FROM ${RESULTS_TABLE}`),
     admin.query<{ job: string; token: number; worker: string; at: number }>(
       "SELECT job_id::text AS job, token, worker_id AS worker, extract(epoch FROM at) * 1000 AS at FROM downstream_log ORDER BY n",
     ),
@@ -247,17 +255,24 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
 
 /** Time from the fault to the next attempt's claim, for each attempt the worker held. */
 function recoveryFor(faults: FaultRecord[], kind: FaultRecord["kind"], attemptOf: (job: string, n: number) => AttemptRow | undefined): Recovery {
-  const times: number[] = [];
+  const ended: number[] = [];
+  const running: number[] = [];
   let finishedAnyway = 0;
   for (const f of faults.filter((f) => f.kind === kind)) {
     for (const h of f.held) {
       const a = attemptOf(h.job, h.attempt);
       const next = attemptOf(h.job, h.attempt + 1);
-      if (a && (a.outcome === "lease_expired" || a.outcome === "released") && next) times.push(Math.max(0, next.started - f.at));
-      else finishedAnyway++;
+      if (a && (a.outcome === "lease_expired" || a.outcome === "released") && next) {
+        ended.push(Math.max(0, a.ended - f.at));
+        running.push(Math.max(0, next.started - f.at));
+      } else finishedAnyway++;
     }
   }
-  times.sort((x, y) => x - y);
-  const q = (p: number) => (times.length ? Math.round(times[Math.min(times.length - 1, Math.ceil(p * times.length) - 1)]!) : null);
-  return { n: times.length, p50: q(0.5), p99: q(0.99), max: times.length ? Math.round(times[times.length - 1]!) : null, finishedAnyway };
+  return { n: running.length, toLeaseEnded: percentiles(ended), toRunningAgain: percentiles(running), finishedAnyway };
+}
+
+function percentiles(values: number[]): Percentiles {
+  const v = [...values].sort((x, y) => x - y);
+  const q = (p: number) => (v.length ? Math.round(v[Math.min(v.length - 1, Math.ceil(p * v.length) - 1)]!) : null);
+  return { p50: q(0.5), p99: q(0.99), max: v.length ? Math.round(v[v.length - 1]!) : null };
 }

@@ -53,7 +53,7 @@ export class Producer {
   /** Jobs finished per second over the last few seconds, or the workers' capacity estimate if higher. */
   async drainRate(admin: pg.Pool): Promise<number> {
     const o = this.options;
-    const meanJobMs = 500; // the workload's mix (workload.ts) averages about half a second
+    const meanJobMs = 300; // the workload's mix (workload.ts) averages about 0.3 s
     const capacity = (o.workers * o.concurrency * 1000) / meanJobMs;
     try {
       const { rows } = await admin.query<{ n: number }>(

@@ -93,13 +93,16 @@ export function toMarkdown(r: ChaosReport): string {
     `| producer retries / jobs enqueued twice by a retry | ${r.producerRetries} / ${r.producerDuplicates} |`,
     `| throughput during idle transaction / otherwise | ${fmtRate(r.pressure.idleTxnThroughputPerS)} / ${fmtRate(r.pressure.otherThroughputPerS)} |`,
     "",
-    "Time from worker death to the job running again:",
+    "Time from worker death (kill, SIGSTOP, partition) to the job running again, and to its lease being given back " +
+      "(reaped by a watchdog or released by the restarted worker); running again adds retry backoff and any backlog:",
     "",
-    "| fault | jobs measured | p50 | p99 | max | not recovered by a new claim (report landed, or dead) |",
-    "|---|---|---|---|---|---|",
+    "| fault | jobs measured | running again p50 | p99 | max | lease given back p50 | p99 | max | not recovered by a new claim (report landed, or dead) |",
+    "|---|---|---|---|---|---|---|---|---|",
     ...(["kill", "zombie", "partition"] as const).map((k) => {
       const x = r.recoveryMs[k];
-      return `| ${k} | ${x.n} | ${ms(x.p50)} | ${ms(x.p99)} | ${ms(x.max)} | ${x.finishedAnyway} |`;
+      const a = x.toRunningAgain;
+      const b = x.toLeaseEnded;
+      return `| ${k} | ${x.n} | ${ms(a.p50)} | ${ms(a.p99)} | ${ms(a.max)} | ${ms(b.p50)} | ${ms(b.p99)} | ${ms(b.max)} | ${x.finishedAnyway} |`;
     }),
     "",
   ];

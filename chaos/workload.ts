@@ -27,9 +27,10 @@ export interface ChaosPayload {
 /** The job for sequence number `seq`; `random` makes the mix. */
 export function makeJob(seq: number, random: () => number, leaseMs: number, maxAttempts: number): NewJob {
   const r = random();
-  // ~70% short, ~20% medium, ~8% around the lease, ~2% far longer than the lease.
+  // ~75% short, ~20% medium, ~4% around the lease, ~1% far longer than the lease (kept
+  // alive by heartbeats): a mean of about 0.3 s.
   const total =
-    r < 0.7 ? 20 + random() * 180 : r < 0.9 ? 200 + random() * 800 : r < 0.98 ? 1_000 + random() * leaseMs : leaseMs * (1.5 + random() * 1.5);
+    r < 0.75 ? 20 + random() * 180 : r < 0.95 ? 200 + random() * 400 : r < 0.99 ? 1_000 + random() * leaseMs : leaseMs * (1.5 + random() * 1.5);
   const split = random();
   const poison = random() < 0.005;
   const payload: ChaosPayload = {

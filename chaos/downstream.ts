@@ -1,0 +1,26 @@
+/** The downstream side of the chaos run: what handlers write to, fenced by the attempt token. */
+import { RESULTS_TABLE } from "./config.js";
+
+/** The downstream table handlers write with fencedWrite, and a trigger-kept log of every write it accepted. */
+export const DOWNSTREAM_SQL = `
+CREATE TABLE ${RESULTS_TABLE} (
+  job_id    bigint  PRIMARY KEY,
+  token     integer NOT NULL,
+  worker_id text    NOT NULL
+);
+CREATE TABLE downstream_log (
+  n         bigserial   PRIMARY KEY,
+  job_id    bigint      NOT NULL,
+  token     integer     NOT NULL,
+  worker_id text        NOT NULL,
+  at        timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+CREATE FUNCTION log_downstream_write() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO downstream_log (job_id, token, worker_id) VALUES (NEW.job_id, NEW.token, NEW.worker_id);
+  RETURN NULL;
+END;
+$$;
+CREATE TRIGGER downstream_write_log AFTER INSERT OR UPDATE ON ${RESULTS_TABLE}
+  FOR EACH ROW EXECUTE FUNCTION log_downstream_write();`;
+
