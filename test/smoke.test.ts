@@ -2,8 +2,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { freshLeasehold, waitForEvent } from "./helpers/db.js";
 
-test("a job enqueued is run by a worker and recorded as succeeded", async () => {
-  const lh = await freshLeasehold();
+test("a job enqueued is run by a worker and recorded as succeeded", async (t) => {
+  const lh = await freshLeasehold(t);
   const seen: unknown[] = [];
   const worker = lh.worker({ handlers: { greet: async (p: { name: string }) => void seen.push(p.name) } });
   await worker.start();
@@ -15,5 +15,4 @@ test("a job enqueued is run by a worker and recorded as succeeded", async () => 
   assert.equal(job.state, "succeeded");
   assert.equal(attempts.length, 1);
   assert.equal(attempts[0]!.outcome, "succeeded");
-  await lh.dispose();
 });

@@ -83,7 +83,7 @@ export function failJobs(db: Queryable, p: { workerId: string; failures: Failure
     JOIN unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[])
          AS f(id, attempt, error, retry_delay_ms, give_up)
       ON j.id = f.id AND j.attempt = f.attempt
-   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $6 AND j.state = 'running'
+   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $6
      FOR UPDATE OF j
 )`,
     [
@@ -151,7 +151,7 @@ export function releaseJobs(
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts
     FROM jobs AS j
     JOIN unnest($1::bigint[], $2::int[]) AS r(id, attempt) ON j.id = r.id AND j.attempt = r.attempt
-   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $3 AND j.state = 'running'
+   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $3
      FOR UPDATE OF j
 )`,
     [p.jobs.map((j) => j.id), p.jobs.map((j) => j.attempt), p.workerId, p.reason],

@@ -11,7 +11,7 @@ WITH done AS (
   DELETE FROM jobs AS j
    USING unnest($1::bigint[], $2::int[]) AS r(id, attempt)
    WHERE j.id = ANY($1::bigint[])
-     AND j.id = r.id AND j.attempt = r.attempt AND j.locked_by = $3 AND j.state = 'running'
+     AND j.id = r.id AND j.attempt = r.attempt AND j.locked_by = $3
   RETURNING j.*,
             CASE WHEN j.cancel_requested_at IS NULL THEN 'succeeded' ELSE 'cancelled' END AS final_state
 ), history AS (

@@ -6,8 +6,12 @@ import type { LostLeaseReason } from "../errors.js";
  * One heartbeat for all of a worker's in-flight jobs. Each row is fenced by
  * (id, attempt, worker): a job that was reaped, re-claimed or finished matches nothing,
  * and its absence from the result tells the worker the lease is lost. A beat may carry
- * progress and a checkpoint (null leaves the stored value alone). `id = ANY($1)` keeps
- * the plan on the primary key whatever the statistics say.
+ * progress and a checkpoint (null leaves the stored value alone).
+ *
+ * Plan notes, shared by every fenced statement: `id = ANY($1)` keeps the plan on the
+ * primary key whatever the statistics say. The fence has no `state = 'running'`: a CHECK
+ * makes locked_by non-null only while running, and with that predicate a generic plan
+ * walked the whole partial lease index (every running job) instead (test/claim.test.ts).
  */
 const EXTEND_LEASES = `
 UPDATE jobs AS j
@@ -17,7 +21,7 @@ UPDATE jobs AS j
        checkpoint = coalesce(b.checkpoint, j.checkpoint)
   FROM unnest($1::bigint[], $2::int[], $3::jsonb[], $4::jsonb[]) AS b(id, attempt, progress, checkpoint)
  WHERE j.id = ANY($1::bigint[])
-   AND j.id = b.id AND j.attempt = b.attempt AND j.locked_by = $5 AND j.state = 'running'
+   AND j.id = b.id AND j.attempt = b.attempt AND j.locked_by = $5
 RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested`;
 
 export interface Beat {

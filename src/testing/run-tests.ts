@@ -29,7 +29,7 @@ if (!url) {
   console.log(`# test PostgreSQL (${server.binaries?.source}) at ${url}`);
 }
 
-const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", ...files], {
+const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", "--test-timeout=180000", ...files], {
   stdio: "inherit",
   env: { ...process.env, DATABASE_URL: url, LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? "") },
 });

@@ -21,16 +21,24 @@ export function uniqueSchema(prefix = "t"): string {
   return `${prefix}_${randomBytes(5).toString("hex")}`;
 }
 
-/** A Leasehold client on a fresh schema; close it (and drop the schema) with `dispose()`. */
-export async function freshLeasehold(): Promise<Leasehold & { dispose(): Promise<void> }> {
+/**
+ * A Leasehold client on a fresh schema, closed (and its schema dropped) when the test ends,
+ * pass or fail: an open pool would keep the test file's process alive.
+ */
+export async function freshLeasehold(t?: { after(fn: () => Promise<void>): void }): Promise<Leasehold & { dispose(): Promise<void> }> {
   const schema = uniqueSchema();
   const lh = await Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent, metricsRegistry: new Registry(), poolSize: 20 });
-  return Object.assign(lh, {
+  let disposed = false;
+  const handle = Object.assign(lh, {
     async dispose() {
+      if (disposed) return;
+      disposed = true;
       await lh.pool.query(`DROP SCHEMA ${schema} CASCADE`).catch(() => {});
       await lh.close();
     },
   });
+  t?.after(() => handle.dispose());
+  return handle;
 }
 
 /** A plain client with search_path on the schema, for tests that look at rows directly. */

@@ -1,0 +1,152 @@
+/** The fence: every heartbeat, completion and failure is guarded by (id, attempt, worker). */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import * as store from "../src/store/index.js";
+import { DEFAULT_BACKOFF } from "../src/worker/backoff.js";
+import { freshLeasehold, databaseUrl } from "./helpers/db.js";
+
+const LEASE = 30_000;
+const claimAs = (lh: { pool: store.Queryable }, workerId: string, limit = 10) =>
+  store.claimJobs(lh.pool, { queues: ["default"], limit, workerId, leaseMs: LEASE, tasks: ["t"] });
+const expireAll = (lh: { pool: store.Queryable }) => lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE state = 'running'");
+const reap = (lh: { pool: store.Queryable }) => store.reapExpiredLeases(lh.pool, { limit: 1000, backoff: { ...DEFAULT_BACKOFF, baseMs: 0 } });
+
+test("a heartbeat extends the lease; a missed one lets it expire and the watchdog reaps it", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t", {}, { leaseMs: 2_000 });
+  const [job] = await claimAs(lh, "w1");
+  const leaseUntil = async () => (await lh.pool.query("SELECT lease_until FROM jobs WHERE id = $1", [id])).rows[0]?.lease_until as Date;
+  const before = await leaseUntil();
+  await new Promise((r) => setTimeout(r, 50));
+  const beat = await store.extendLeases(lh.pool, { workerId: "w1", leaseMs: LEASE, beats: [{ id, attempt: job!.attempt }] });
+  assert.deepEqual(beat.lost, []);
+  assert.ok((await leaseUntil()).getTime() > before.getTime(), "the beat should move lease_until forward");
+  // No more beats: the 2 s lease runs out and the watchdog reaps it.
+  assert.equal((await reap(lh)).size, 0, "a live lease is not reaped");
+  await new Promise((r) => setTimeout(r, 2_100));
+  assert.equal((await reap(lh)).get(id), "waiting");
+  const { job: after, attempts } = await lh.getJob(id);
+  assert.equal(after.state, "waiting");
+  assert.equal(after.lastError, "lease expired");
+  assert.equal(after.spentAttempts, 1, "a reaped attempt spends the retry budget");
+  assert.deepEqual(attempts.map((a) => [a.attempt, a.workerId, a.outcome]), [[1, "w1", "lease_expired"]]);
+});
+
+test("the self-zombie: after its lease was reaped and it re-claimed the job, a worker cannot beat or finish the old attempt", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t");
+  const [first] = await claimAs(lh, "w1");
+  await expireAll(lh);
+  await reap(lh);
+  const [second] = await claimAs(lh, "w1"); // the same worker id claims it again
+  assert.equal(second!.id, id);
+  assert.equal(second!.attempt, first!.attempt + 1);
+  const old = { id, attempt: first!.attempt };
+
+  const beat = await store.extendLeases(lh.pool, { workerId: "w1", leaseMs: LEASE, beats: [old] });
+  assert.deepEqual(beat.lost, [id]);
+  assert.equal((await store.completeJobs(lh.pool, { workerId: "w1", jobs: [old] })).size, 0);
+  assert.equal((await store.failJobs(lh.pool, { workerId: "w1", failures: [{ ...old, error: "late", retryDelayMs: 0 }] })).size, 0);
+  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [old], reason: "late" })).size, 0);
+  const lost = await store.describeLostLeases(lh.pool, [old]);
+  assert.equal(lost.get(id)!.reason, "reclaimed");
+
+  // Nothing changed: the current attempt still holds its lease and can finish.
+  const { job } = await lh.getJob(id);
+  assert.equal(job.state, "running");
+  assert.equal(job.attempt, second!.attempt);
+  assert.equal((await store.completeJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: second!.attempt }] })).get(id), "succeeded");
+});
+
+test("a report from another worker with the right attempt number is refused too", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t");
+  const [job] = await claimAs(lh, "w1");
+  assert.equal((await store.completeJobs(lh.pool, { workerId: "w2", jobs: [{ id, attempt: job!.attempt }] })).size, 0);
+  assert.equal((await lh.getJob(id)).job.state, "running");
+});
+
+test("N concurrent watchdogs reap each expired job exactly once", async (t) => {
+  const lh = await freshLeasehold(t);
+  const n = 600;
+  await lh.enqueueMany(Array.from({ length: n }, () => ({ task: "t" })));
+  await claimAs(lh, "dead-worker", n);
+  await expireAll(lh);
+  const pools = Array.from({ length: 6 }, () => store.createPool({ connectionString: databaseUrl(), schema: lh.schema, max: 1 }));
+  t.after(() => Promise.all(pools.map((p) => p.end())).then(() => {}));
+  const results = await Promise.all(
+    pools.map(async (pool) => {
+      const mine: string[] = [];
+      for (;;) {
+        const reaped = await store.reapExpiredLeases(pool, { limit: 50, backoff: DEFAULT_BACKOFF });
+        if (reaped.size === 0) return mine;
+        mine.push(...reaped.keys());
+      }
+    }),
+  );
+  const all = results.flat();
+  assert.equal(all.length, n);
+  assert.equal(new Set(all).size, n, "a job was reaped twice");
+  const audit = await lh.pool.query("SELECT count(*)::int AS rows, count(DISTINCT job_id)::int AS jobs FROM job_attempts WHERE outcome = 'lease_expired'");
+  assert.deepEqual(audit.rows[0], { rows: n, jobs: n });
+});
+
+test("a job that kills its worker every time ends in the dead letter after its budget (poison pill)", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t", {}, { maxAttempts: 3 });
+  for (let i = 1; i <= 3; i++) {
+    const [job] = await claimAs(lh, `w${i}`);
+    assert.equal(job!.attempt, i);
+    await expireAll(lh);
+    await reap(lh);
+  }
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.state, "dead");
+  assert.equal(job.spentAttempts, 3);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["lease_expired", "lease_expired", "lease_expired"]);
+  assert.deepEqual(await claimAs(lh, "w4"), []);
+});
+
+test("the fencing token never goes backwards: release and manual retry keep attempt growing", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t", {}, { maxAttempts: 1 });
+  const [a1] = await claimAs(lh, "w1");
+  // Graceful release: back to waiting without spending budget, token kept.
+  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: a1!.attempt }], reason: "shutdown" })).get(id), "waiting");
+  let { job } = await lh.getJob(id);
+  assert.equal(job.spentAttempts, 0);
+  const [a2] = await claimAs(lh, "w2");
+  assert.equal(a2!.attempt, 2, "the claim after a release is a new token");
+  // Fail it: the budget of 1 is spent, so it is dead.
+  assert.equal((await store.failJobs(lh.pool, { workerId: "w2", failures: [{ id, attempt: 2, error: "boom", retryDelayMs: 0 }] })).get(id), "dead");
+  // Manual retry: fresh budget, token kept; the next claim is attempt 3.
+  await lh.retry(id);
+  ({ job } = await lh.getJob(id));
+  assert.equal(job.state, "waiting");
+  assert.equal(job.spentAttempts, 0);
+  assert.equal(job.attempt, 2);
+  const [a3] = await claimAs(lh, "w3");
+  assert.equal(a3!.attempt, 3);
+  // Every older attempt's report is refused against the new lease.
+  for (const [worker, attempt] of [["w1", 1], ["w2", 2]] as const) {
+    assert.equal((await store.completeJobs(lh.pool, { workerId: worker, jobs: [{ id, attempt }] })).size, 0);
+  }
+  const { attempts } = await lh.getJob(id);
+  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "released"], [2, "failed"]]);
+});
+
+test("after an ambiguous commit, the audit row tells a landed completion from a stale one", async (t) => {
+  const lh = await freshLeasehold(t);
+  const a = await lh.enqueue("t");
+  const b = await lh.enqueue("t");
+  const jobs = await claimAs(lh, "w1");
+  const refs = jobs.map((j) => ({ id: j.id, attempt: j.attempt }));
+  // a's completion commits; b's lease is reaped and b is re-claimed by someone else.
+  await store.completeJobs(lh.pool, { workerId: "w1", jobs: refs.filter((r) => r.id === a.id) });
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [b.id]);
+  await reap(lh);
+  await claimAs(lh, "w2");
+  const lost = await store.describeLostLeases(lh.pool, refs);
+  assert.deepEqual(lost.get(a.id), { reason: "finished", endedAs: "succeeded" });
+  assert.deepEqual(lost.get(b.id), { reason: "reclaimed", endedAs: "lease_expired" });
+});

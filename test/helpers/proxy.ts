@@ -1,0 +1,66 @@
+/**
+ * A TCP proxy on 127.0.0.1 in front of the test PostgreSQL, so a test can cut a client's
+ * connections for real (and refuse new ones) while the client process lives on.
+ */
+import net from "node:net";
+
+export class TcpProxy {
+  private server?: net.Server;
+  private readonly sockets = new Set<net.Socket>();
+  private blocked = false;
+  port = 0;
+
+  constructor(
+    private readonly targetHost: string,
+    private readonly targetPort: number,
+  ) {}
+
+  static forUrl(url: string): { proxy: TcpProxy; proxiedUrl: () => string } {
+    const u = new URL(url);
+    const proxy = new TcpProxy(u.hostname, Number(u.port || 5432));
+    return {
+      proxy,
+      proxiedUrl: () => {
+        const v = new URL(url);
+        v.port = String(proxy.port);
+        return v.toString();
+      },
+    };
+  }
+
+  async start(): Promise<void> {
+    this.server = net.createServer((client) => {
+      if (this.blocked) return client.destroy();
+      const upstream = net.connect(this.targetPort, this.targetHost);
+      this.sockets.add(client).add(upstream);
+      const close = () => {
+        client.destroy();
+        upstream.destroy();
+        this.sockets.delete(client);
+        this.sockets.delete(upstream);
+      };
+      client.on("error", close).on("close", close);
+      upstream.on("error", close).on("close", close);
+      client.pipe(upstream);
+      upstream.pipe(client);
+    });
+    await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
+    this.port = (this.server!.address() as net.AddressInfo).port;
+  }
+
+  /** Drops every open connection and refuses new ones until `restore()`. */
+  cut(): void {
+    this.blocked = true;
+    for (const s of this.sockets) s.destroy();
+    this.sockets.clear();
+  }
+
+  restore(): void {
+    this.blocked = false;
+  }
+
+  async stop(): Promise<void> {
+    this.cut();
+    await new Promise<void>((resolve) => this.server?.close(() => resolve()) ?? resolve());
+  }
+}
