@@ -94,6 +94,6 @@ function attemptFails(seq: number, attempt: number, rate: number): boolean {
   let h = (seq * 2654435761 + attempt * 40503) >>> 0;
   h ^= h >>> 16;
   h = Math.imul(h, 0x45d9f3b) >>> 0;
-  h ^= h >>> 16;
+  h = (h ^ (h >>> 16)) >>> 0;
   return h / 4294967296 < rate;
 }

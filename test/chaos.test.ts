@@ -1,0 +1,39 @@
+/**
+ * The short chaos run inside `npm test`: separate worker and watchdog processes against a
+ * PostgreSQL of the run's own (it gets restarted), every fault kind injected several times,
+ * and the invariants checked afterwards. The long run is `npm run chaos -- --jobs 100000`.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import path from "node:path";
+import { optionsFor, FAULT_KINDS } from "../chaos/config.js";
+import { runChaos } from "../chaos/harness.js";
+import { REPO_ROOT } from "../chaos/supervisor.js";
+
+test("under kills, zombies, partitions, restarts and storms no job is lost and no stale report lands", async (t) => {
+  const options = optionsFor({
+    outDir: path.join(REPO_ROOT, "chaos", "results"),
+    jobs: 2_000,
+    faultWindowMs: 40_000,
+    faultEveryMs: 1_600,
+    idleTxnMs: 15_000,
+    drainTimeoutMs: 120_000,
+    verbose: process.env.CHAOS_VERBOSE === "1",
+  });
+  const { report, markdown, files } = await runChaos(options);
+  for (const line of markdown.split("\n")) t.diagnostic(line);
+  t.diagnostic(`report: ${files.markdown}`);
+
+  assert.deepEqual(report.violations, [], `invariants broke; see ${files.markdown}`);
+  assert.equal((report.finished.succeeded ?? 0) + (report.finished.dead ?? 0), options.jobs);
+  for (const kind of FAULT_KINDS) assert.ok(report.faults[kind]! >= 1, `fault ${kind} was never injected`);
+  for (const kind of ["kill", "zombie", "partition"] as const) {
+    assert.ok(report.faults[kind]! >= 2, `fault ${kind} injected only ${report.faults[kind]} times`);
+  }
+  // The faults must have bitten: leases were lost and recovered, and zombies were refused.
+  const recovered = report.recoveryMs.kill.n + report.recoveryMs.zombie.n + report.recoveryMs.partition.n;
+  assert.ok(recovered > 0, "no job held by a faulted worker was recovered: the faults did nothing");
+  assert.ok(report.duplicates.total > 0, "no duplicate execution: no lease was ever taken away from a live handler");
+  const refused = report.staleRefused.heartbeat + report.staleRefused.complete + report.staleRefused.fail;
+  assert.ok(refused > 0, "no stale report was refused: the zombies never came back to report");
+});
