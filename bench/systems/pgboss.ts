@@ -33,8 +33,9 @@ function boss(url: string, profile: Profile, worker: boolean): PgBoss {
     // as often as pg-boss allows where the workload depends on it.
     supervise: worker,
     schedule: false,
-    ...(profile === "recovery" || profile === "heartbeat" ? { superviseIntervalSeconds: SUPERVISE_SECONDS } : {}),
-    ...(profile === "steady" ? { superviseIntervalSeconds: 2, maintenanceIntervalSeconds: 2 } : {}),
+    // The monitor (which fails jobs whose heartbeat lapsed) runs at most every monitorIntervalSeconds.
+    ...(profile === "recovery" || profile === "heartbeat" ? { superviseIntervalSeconds: SUPERVISE_SECONDS, monitorIntervalSeconds: SUPERVISE_SECONDS } : {}),
+    ...(profile === "steady" ? { superviseIntervalSeconds: 2, monitorIntervalSeconds: 2, maintenanceIntervalSeconds: 2 } : {}),
   });
   b.on("error", () => {});
   return b;
@@ -47,7 +48,7 @@ export const pgboss: BenchSystem = {
   schema: SCHEMA,
   settings: {
     throughput: "10 work loops (localConcurrency 10), batchSize 50, burstWhenBatchFull, useListenNotify + queue notify, pollingIntervalSeconds 0.5",
-    recovery: `queue heartbeatSeconds ${HEARTBEAT_SECONDS} (the minimum), superviseIntervalSeconds ${SUPERVISE_SECONDS}, retryDelay 0`,
+    recovery: `queue heartbeatSeconds ${HEARTBEAT_SECONDS} (the minimum), superviseIntervalSeconds and monitorIntervalSeconds ${SUPERVISE_SECONDS}, retryDelay 0, polling every 0.5 s`,
     heartbeat: `25 loops x batchSize 10 per process, heartbeatSeconds ${HEARTBEAT_SECONDS} (refresh every 5 s)`,
     steady: "as throughput; queue deleteAfterSeconds 5, supervise and maintenance every 2 s",
   },
@@ -90,7 +91,8 @@ export const pgboss: BenchSystem = {
     await b.start();
     const options =
       spec.profile === "recovery"
-        ? { localConcurrency: 1, batchSize: 1, pollingIntervalSeconds: 0.5 }
+        ? // A retried job sends no NOTIFY: poll as often as pg-boss allows.
+          { localConcurrency: 1, batchSize: 1, pollingIntervalSeconds: 0.5, notifyPollingIntervalSeconds: 0.5 }
         : spec.profile === "heartbeat"
           ? { localConcurrency: Math.max(1, Math.round((spec.concurrency ?? 250) / 10)), batchSize: 10, pollingIntervalSeconds: 0.5 }
           : THROUGHPUT;

@@ -14,7 +14,7 @@ import { payloads, urlOf, withClient, type BenchContext, type Metrics } from "./
 const STEADY_BATCH = 2_000;
 /** The producer keeps about this many jobs waiting, so workers never starve nor the queue balloon. */
 const STEADY_BACKLOG = 20_000;
-const SAMPLE_MS = 500;
+const SAMPLE_MS = 200;
 
 /**
  * `steadyJobs` jobs through one worker process while a producer keeps a backlog. Throughput
