@@ -1,0 +1,288 @@
+/** The worker runtime against the real server: handlers, aborts, retries, shutdown. */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { Leasehold } from "../src/client.js";
+import { ConfigError, StaleLeaseError } from "../src/errors.js";
+import { JobAbortedError, PermanentJobError, type JobContext } from "../src/worker/context.js";
+import type { Worker } from "../src/worker/worker.js";
+import * as store from "../src/store/index.js";
+import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent } from "./helpers/db.js";
+import { TcpProxy } from "./helpers/proxy.js";
+
+type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
+const endOf = (worker: Worker, id: string, timeoutMs?: number) =>
+  waitForEvent<Ended>(worker, "job:end", (job) => job.id === id, timeoutMs).then(([, outcome]) => outcome);
+
+/** A handler that runs until its signal aborts, and records the abort reason. */
+function untilAborted(reasons: unknown[]) {
+  return (_: unknown, ctx: JobContext) =>
+    new Promise((_, reject) =>
+      ctx.signal.addEventListener("abort", () => {
+        reasons.push((ctx.signal.reason as JobAbortedError).reason);
+        reject(ctx.signal.reason);
+      }),
+    );
+}
+
+test("a failing job retries with backoff, then goes to the dead letter; manual retry revives it", async (t) => {
+  const lh = await freshLeasehold(t);
+  let calls = 0;
+  const worker = lh.worker({
+    handlers: { flaky: { handler: () => { calls++; throw new Error(`boom ${calls}`); }, backoff: { baseMs: 50, maxMs: 50, jitter: 0 } } },
+    pollIntervalMs: 20,
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("flaky", {}, { maxAttempts: 3 });
+  const states: string[] = [];
+  worker.on("job:end", (job: { id: string }, o: { state: string }) => job.id === id && states.push(o.state));
+  await eventually(async () => (await lh.getJob(id)).job.state === "dead", "job dead");
+  assert.deepEqual(states, ["waiting", "waiting", "dead"]);
+  const { job, attempts } = await lh.getJob(id);
+  assert.match(job.lastError!, /boom 3/);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["failed", "failed", "failed"]);
+  // Backoff: each retry waited at least the policy's delay, by the database clock.
+  for (let i = 1; i < attempts.length; i++) {
+    assert.ok(attempts[i]!.startedAt.getTime() - attempts[i - 1]!.endedAt.getTime() >= 45, "retry came before its backoff");
+  }
+  // A manual retry gives a fresh budget of three attempts.
+  await lh.retry(id);
+  await eventually(async () => (await lh.getJob(id)).attempts.length === 6, "three more attempts after the manual retry");
+  const revived = await lh.getJob(id);
+  assert.equal(revived.job.state, "dead");
+  assert.equal(revived.job.attempt, 6, "the token kept growing through the manual retry");
+});
+
+test("a handler that throws PermanentJobError goes to the dead letter at once", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({ handlers: { bad: () => { throw new PermanentJobError("invalid address"); } } });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("bad", {}, { maxAttempts: 10 });
+  assert.equal((await endOf(worker, id)).state, "dead");
+  assert.equal((await lh.getJob(id)).job.spentAttempts, 1);
+});
+
+test("cancelling a running job aborts its handler at the next beat, and its late success is refused", async (t) => {
+  const lh = await freshLeasehold(t);
+  let release!: () => void;
+  const aborted: unknown[] = [];
+  const worker = lh.worker({
+    heartbeatMs: 200,
+    leaseMs: 2_000,
+    handlers: {
+      // Notices the abort but finishes "successfully" anyway, late.
+      stubborn: (_: unknown, ctx: JobContext) =>
+        new Promise<void>((resolve) => {
+          release = resolve;
+          ctx.signal.addEventListener("abort", () => {
+            aborted.push((ctx.signal.reason as JobAbortedError).reason);
+            setTimeout(resolve, 50);
+          });
+        }),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("stubborn");
+  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  assert.equal(await lh.cancel(id), "cancel_requested");
+  const outcome = await endOf(worker, id);
+  assert.deepEqual(aborted, ["cancelled"]);
+  assert.equal(outcome.state, "cancelled", "the late success ends the job as cancelled, not succeeded");
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.state, "cancelled");
+  assert.deepEqual(attempts.map((a) => a.outcome), ["cancelled"]);
+  void release;
+});
+
+test("cancelling a waiting job ends it at once; cancelling a finished one is a clear error", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("nobody-handles-this");
+  assert.equal(await lh.cancel(id), "cancelled");
+  assert.equal((await lh.getJob(id)).job.state, "cancelled");
+  await assert.rejects(lh.cancel(id), { code: "invalid_state", message: /already finished \(cancelled\)/ });
+  await assert.rejects(lh.cancel("999999"), { code: "job_not_found" });
+  await assert.rejects(lh.cancel("abc"), { code: "invalid_input" });
+});
+
+test("a lease reaped under a running handler aborts it (reason lease_expired) and its late report is refused and counted", async (t) => {
+  const lh = await freshLeasehold(t);
+  const aborted: unknown[] = [];
+  const worker = lh.worker({ heartbeatMs: 300, leaseMs: 3_000, watchdog: false, handlers: { slow: untilAborted(aborted) } });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("slow");
+  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  // Another watchdog reaps it as if the lease had run out (the worker hung, say).
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
+  await lh.watchdog().runOnce();
+  const outcome = await endOf(worker, id);
+  assert.deepEqual(aborted, ["lease_expired"]);
+  assert.equal(outcome.state, "lost");
+  const stale = await lh.metrics.staleReports.get();
+  assert.equal(stale.values.find((v) => v.labels.kind === "heartbeat")?.value, 1);
+});
+
+test("a stale completion (the job was reaped and re-claimed while the handler ran) is refused with StaleLeaseError", async (t) => {
+  const lh = await freshLeasehold(t);
+  let finish!: () => void;
+  const worker = lh.worker({
+    heartbeatMs: 60_000, // no beat will notice before the handler finishes
+    leaseMs: 180_000,
+    watchdog: false,
+    handlers: { t: () => new Promise<void>((resolve) => (finish = resolve)) },
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("t");
+  const [job] = await waitForEvent<[{ id: string; attempt: number }]>(worker, "job:start", (j) => j.id === id);
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
+  await lh.watchdog({ backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } }).runOnce();
+  const [reclaimed] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "other", leaseMs: 30_000, tasks: ["t"] });
+  assert.equal(reclaimed!.attempt, job.attempt + 1);
+  const stale = waitForEvent<[unknown, StaleLeaseError]>(worker, "job:stale");
+  finish();
+  const [, error] = await stale;
+  assert.ok(error instanceof StaleLeaseError);
+  assert.equal(error.code, "stale_lease");
+  assert.equal(error.reason, "reclaimed");
+  const { job: now } = await lh.getJob(id);
+  assert.equal(now.state, "running");
+  assert.equal(now.lockedBy, "other");
+});
+
+test("progress and checkpoints ride on heartbeats; a retry resumes from the checkpoint", async (t) => {
+  const lh = await freshLeasehold(t);
+  const seen: unknown[] = [];
+  const worker = lh.worker({
+    heartbeatMs: 100,
+    leaseMs: 1_000,
+    pollIntervalMs: 20,
+    handlers: {
+      resumable: {
+        backoff: { baseMs: 10, jitter: 0 },
+        handler: async (_: unknown, ctx: JobContext) => {
+          seen.push(ctx.previousCheckpoint);
+          if (ctx.previousCheckpoint === null) {
+            ctx.progress({ done: 40 });
+            ctx.checkpoint({ page: 4 });
+            await new Promise((r) => setTimeout(r, 300)); // long enough for a beat to carry them
+            throw new Error("interrupted");
+          }
+        },
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("resumable");
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "job succeeded");
+  assert.deepEqual(seen, [null, { page: 4 }]);
+  assert.deepEqual((await lh.getJob(id)).job.progress, { done: 40 });
+});
+
+test("graceful shutdown lets short jobs finish and releases long ones without spending an attempt", async (t) => {
+  const lh = await freshLeasehold(t);
+  const aborted: unknown[] = [];
+  const worker = lh.worker({
+    concurrency: 4,
+    handlers: { quick: () => new Promise((r) => setTimeout(r, 200)), endless: untilAborted(aborted) },
+  });
+  await worker.start();
+  const quick = await lh.enqueue("quick");
+  const endless = await lh.enqueue("endless");
+  await eventually(async () => worker.inFlightCount === 2, "both jobs running");
+  await worker.stop(1_000);
+  assert.deepEqual(aborted, ["shutdown"]);
+  assert.equal((await lh.getJob(quick.id)).job.state, "succeeded");
+  const { job, attempts } = await lh.getJob(endless.id);
+  assert.equal(job.state, "waiting");
+  assert.equal(job.spentAttempts, 0, "a release spends no attempt");
+  assert.deepEqual(attempts.map((a) => a.outcome), ["released"]);
+  // Released to run at once: another worker picks it up without waiting for a lease.
+  const next = lh.worker({ handlers: { endless: () => undefined } });
+  await next.start();
+  t.after(() => next.stop());
+  await eventually(async () => (await lh.getJob(endless.id)).job.state === "succeeded", "released job runs again");
+});
+
+test("a worker with a stable name releases at start-up the jobs its previous process held", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("t");
+  // The previous process of "pod-7" claimed it and died (no stop, no release).
+  await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "pod-7/host-1-abc", leaseMs: 3_600_000, tasks: ["t"] });
+  const other = await lh.enqueue("t");
+  await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "pod-8/host-1-def", leaseMs: 3_600_000, tasks: ["t"] });
+  const worker = lh.worker({ name: "pod-7", handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop());
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "reconciled job ran again");
+  const { attempts } = await lh.getJob(id);
+  assert.deepEqual(attempts.map((a) => [a.outcome, a.workerId.split("/")[0]]), [["released", "pod-7"], ["succeeded", "pod-7"]]);
+  assert.equal((await lh.getJob(other.id)).job.state, "running", "another name's job is left alone");
+});
+
+test("a worker cut off from the database aborts its handlers before their leases can run out", async (t) => {
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  const schema = `t_cut_${process.pid}`;
+  const lh = await Leasehold.connect({ databaseUrl: proxiedUrl(), schema, logger: silent });
+  const admin = await Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent });
+  t.after(async () => {
+    await admin.pool.query(`DROP SCHEMA ${schema} CASCADE`);
+    await admin.close();
+  });
+  const aborted: unknown[] = [];
+  const worker = lh.worker({ leaseMs: 3_000, heartbeatMs: 500, watchdog: false, handlers: { long: untilAborted(aborted) } });
+  await worker.start();
+  const { id } = await admin.enqueue("long");
+  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  const cutAt = Date.now();
+  proxy.cut();
+  await waitForEvent(worker, "job:aborted", (job: { id: string }) => job.id === id, 10_000);
+  const abortedAfter = Date.now() - cutAt;
+  assert.deepEqual(aborted, ["renewal_failed"]);
+  const { rows } = await admin.pool.query("SELECT lease_until > now() AS live FROM jobs WHERE id = $1", [id]);
+  assert.equal(rows[0].live, true, `the handler should stop while the lease is still live (aborted ${abortedAfter} ms after the cut)`);
+  // Back online: the aborted handler's failure is reported, fenced, while the lease is still
+  // live, so the job goes straight back to waiting for a retry; nothing is lost or stuck.
+  proxy.restore();
+  await eventually(async () => (await admin.getJob(id)).job.state === "waiting", "job back to waiting", 10_000);
+  const { attempts } = await admin.getJob(id);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["failed"]);
+  assert.match(attempts[0]!.error!, /lease could not be renewed/);
+  await worker.stop(0);
+  await lh.close();
+});
+
+test("a sleeping worker wakes on NOTIFY, and listens again after its connection is killed", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({ pollIntervalMs: 3_600_000, handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop());
+  await waitForEvent(worker, "idle");
+  const first = await lh.enqueue("t");
+  await endOf(worker, first.id, 5_000); // far sooner than the hour-long poll
+  // Kill the LISTEN connection; the worker must reconnect, LISTEN again and poll at once.
+  await lh.pool.query("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'leasehold-listen' AND query LIKE $1", [
+    `LISTEN "leasehold:${lh.schema}"`,
+  ]);
+  await new Promise((r) => setTimeout(r, 500));
+  const second = await lh.enqueue("t");
+  await endOf(worker, second.id, 5_000);
+});
+
+test("bad worker settings are refused at construction with a clear error", async (t) => {
+  const lh = await freshLeasehold(t);
+  const handlers = { t: () => undefined };
+  assert.throws(() => lh.worker({ handlers, leaseMs: 30_000, heartbeatMs: 15_000 }), {
+    name: "ConfigError",
+    message: /heartbeatMs \(15000\) must be at most a third of leaseMs \(30000\)/,
+  });
+  assert.throws(() => lh.worker({ handlers, concurrency: 0 }), ConfigError);
+  assert.throws(() => lh.worker({ handlers: {} }), /at least one task handler/);
+  assert.throws(() => lh.worker({ handlers, concurency: 5 } as never), /unknown worker option "concurency" \(did you mean "concurrency"\?\)/);
+  assert.throws(() => lh.worker({ handlers: { t: "nope" } } as never), /handler for task "t" is not a function/);
+});
