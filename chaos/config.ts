@@ -60,7 +60,7 @@ export function optionsFor(partial: Partial<ChaosOptions> & { outDir: string }):
   return {
     ...SHORT_RUN,
     faultWindowMs: Math.round(SHORT_RUN.faultWindowMs * scale),
-    idleTxnMs: scale > 1 ? 180_000 : SHORT_RUN.idleTxnMs,
+    idleTxnMs: scale > 1 ? 120_000 : SHORT_RUN.idleTxnMs,
     drainTimeoutMs: Math.round(SHORT_RUN.drainTimeoutMs * Math.sqrt(scale)),
     seed: Date.now() % 1_000_000,
     ...partial,

@@ -40,6 +40,8 @@ export interface FaultContext {
   databaseUrl: string;
   schema: string;
   producer: Producer;
+  /** No new idle transaction before this moment. */
+  idleTxnFreeAt: number;
   /** Restores and background parts of faults still under way; awaited before the drain. */
   pending: Promise<unknown>[];
   log: (line: string) => void;
@@ -70,8 +72,12 @@ async function heldBy(ctx: FaultContext, workerId: string | undefined): Promise<
   }
 }
 
-/** A lease-and-a-bit: long enough that the watchdog reaps what the worker held. */
-const pastTheLease = (ctx: FaultContext) => between(ctx.random, ctx.options.leaseMs * 1.3, ctx.options.leaseMs * 2.5);
+/**
+ * Longer than the lease, so the watchdog reaps what the worker held: sometimes the worker
+ * comes back before the new attempt has written downstream, sometimes after (then the
+ * downstream fence must refuse its late write).
+ */
+const pastTheLease = (ctx: FaultContext) => between(ctx.random, ctx.options.leaseMs * 1.3, ctx.options.leaseMs * 4);
 
 async function kill(ctx: FaultContext): Promise<FaultRecord> {
   const w = pickFree(ctx, ctx.workers);
@@ -163,6 +169,9 @@ async function watchdogKill(ctx: FaultContext): Promise<FaultRecord> {
 async function idleTransaction(ctx: FaultContext): Promise<FaultRecord> {
   const at = Date.now();
   const durationMs = ctx.options.idleTxnMs;
+  // One at a time, with as long a gap after each, so the report can compare throughput with and without.
+  if (at < ctx.idleTxnFreeAt) return { kind: "idle_txn", at, held: [], skipped: "an idle transaction was open recently" };
+  ctx.idleTxnFreeAt = at + 2 * durationMs;
   const client = new pg.Client({ connectionString: ctx.databaseUrl, application_name: "chaos-idle-txn" });
   client.on("error", () => {});
   const held = (async () => {

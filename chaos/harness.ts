@@ -127,6 +127,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       databaseUrl: url,
       schema: CHAOS_SCHEMA,
       producer,
+      idleTxnFreeAt: 0,
       pending: [],
       log: say,
     };
