@@ -15,18 +15,23 @@ export const EXAMPLE_TASKS = path.resolve(path.dirname(fileURLToPath(import.meta
 export async function loadTasks(file: string): Promise<{ file: string; handlers: TaskHandlers }> {
   const abs = path.resolve(file);
   if (!fs.existsSync(abs)) throw new CliError(`--tasks: no such file ${file}`);
-  if (/\.[mc]?tsx?$/.test(abs)) {
-    const { register } = await import("tsx/esm/api");
-    register();
-  }
   let mod: { default?: unknown };
   try {
-    mod = (await import(pathToFileURL(abs).href)) as { default?: unknown };
+    if (/\.[mc]?tsx?$/.test(abs)) {
+      const { tsImport } = await import("tsx/esm/api");
+      mod = (await tsImport(pathToFileURL(abs).href, import.meta.url)) as { default?: unknown };
+    } else {
+      mod = (await import(pathToFileURL(abs).href)) as { default?: unknown };
+    }
   } catch (err) {
     const message = ((err as Error).message ?? String(err)).split("\n")[0];
     throw new CliError(`cannot load tasks module ${file}: ${message}`);
   }
-  const handlers = mod.default;
+  let handlers = mod.default;
+  // A .ts file outside an ESM package is compiled as CommonJS: its exports arrive wrapped once more.
+  if (handlers && typeof handlers === "object" && Object.keys(handlers).length === 1 && "default" in handlers) {
+    handlers = (handlers as { default: unknown }).default;
+  }
   if (!handlers || typeof handlers !== "object" || Object.keys(handlers).length === 0) {
     throw new CliError(`tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`);
   }
