@@ -4,7 +4,9 @@ import assert from "node:assert/strict";
 import { Leasehold } from "../src/client.js";
 import { ConfigError, StaleLeaseError } from "../src/errors.js";
 import { JobAbortedError, PermanentJobError, type JobContext } from "../src/worker/context.js";
-import type { Worker } from "../src/worker/worker.js";
+import { Worker } from "../src/worker/worker.js";
+import { DatabaseTransport } from "../src/worker/transport.js";
+import { Registry } from "prom-client";
 import * as store from "../src/store/index.js";
 import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
@@ -285,4 +287,25 @@ test("bad worker settings are refused at construction with a clear error", async
   assert.throws(() => lh.worker({ handlers: {} }), /at least one task handler/);
   assert.throws(() => lh.worker({ handlers, concurency: 5 } as never), /unknown worker option "concurency" \(did you mean "concurrency"\?\)/);
   assert.throws(() => lh.worker({ handlers: { t: "nope" } } as never), /handler for task "t" is not a function/);
+});
+
+test("a completion whose commit is ambiguous (connection lost after commit) is retried and known to have landed", async (t) => {
+  const lh = await freshLeasehold(t);
+  const transport = new DatabaseTransport(lh.pool, databaseUrl(), lh.schema);
+  let dropped = 0;
+  const realComplete = transport.complete.bind(transport);
+  // The statement commits on the real server; then the reply is "lost" on the way back.
+  transport.complete = async (p) => {
+    const applied = await realComplete(p);
+    if (dropped++ === 0) throw Object.assign(new Error("Connection terminated unexpectedly"), { code: "ECONNRESET" });
+    return applied;
+  };
+  const worker = new Worker({ transport, logger: silent, metricsRegistry: new Registry(), handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop());
+  const { id } = await lh.enqueue("t");
+  const outcome = await endOf(worker, id);
+  assert.equal(dropped, 2, "the completion was sent again after the ambiguous failure");
+  assert.deepEqual(outcome, { state: "succeeded" }, "the retry matched nothing, and the audit row showed our success");
+  assert.equal((await lh.getJob(id)).job.state, "succeeded");
 });
