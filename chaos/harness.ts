@@ -50,6 +50,16 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   const proxies = new Map<string, TcpProxy>();
   let lh: Leasehold | undefined;
   let admin: pg.Pool | undefined;
+  // Ctrl-C: leave no worker, watchdog or PostgreSQL behind.
+  const interrupted = (signal: NodeJS.Signals) => {
+    shuttingDown = true;
+    for (const c of children) c.child?.kill("SIGKILL");
+    void server.stop().finally(() => {
+      fs.rmSync(dataRoot, { recursive: true, force: true });
+      process.exit(signal === "SIGINT" ? 130 : 143);
+    });
+  };
+  process.once("SIGINT", interrupted).once("SIGTERM", interrupted);
   try {
     const url = await server.start();
     const pgPort = Number(new URL(url).port);
@@ -171,6 +181,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const files = writeReport(options.outDir, report);
     return { report, markdown: toMarkdown(report), files: { ...files, logs: logDir } };
   } finally {
+    process.off("SIGINT", interrupted).off("SIGTERM", interrupted);
     shuttingDown = true;
     await Promise.all(children.map((c) => c.stop(2_000).catch(() => {})));
     for (const p of proxies.values()) await p.close();
