@@ -1,0 +1,298 @@
+/**
+ * `leasehold serve` as a real process: auth, validation, fencing over HTTP, the remote worker
+ * (the same Worker runtime over RemoteTransport), a claim whose response is lost, and two
+ * replicas on one database.
+ */
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import http from "node:http";
+import net from "node:net";
+import { Registry } from "prom-client";
+import { createServer } from "../src/server/app.js";
+import { RemoteTransport } from "../src/worker/remote-transport.js";
+import { Worker } from "../src/worker/worker.js";
+import type { JobContext } from "../src/worker/context.js";
+import { eventually, freshLeasehold, rawClient, silent, waitForEvent } from "./helpers/db.js";
+import { startCli } from "./helpers/cli.js";
+
+const TOKEN = "test-token-0123456789abcdef";
+let lh: Awaited<ReturnType<typeof freshLeasehold>>;
+let serve: Awaited<ReturnType<typeof startCli>>;
+let base: string;
+
+async function api(method: string, path: string, body?: unknown, headers: Record<string, string> = { authorization: `Bearer ${TOKEN}` }) {
+  const res = await fetch(base + path, {
+    method,
+    headers: { ...headers, ...(body !== undefined && { "content-type": "application/json" }) },
+    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
+  });
+  const text = await res.text();
+  let json: any;
+  try {
+    json = JSON.parse(text);
+  } catch {
+    json = undefined;
+  }
+  return { status: res.status, json, text };
+}
+
+/**
+ * Announces a body of `bytes` and sends only its headers: the server must refuse on the
+ * announced length (a real client that kept writing could see its connection reset instead).
+ */
+function postAnnouncing(path: string, bytes: number): Promise<{ status: number; text: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(base + path, {
+      method: "POST",
+      headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json", "content-length": String(bytes) },
+    });
+    req.on("response", (res) => {
+      let text = "";
+      res.on("data", (b: Buffer) => (text += b.toString()));
+      res.on("end", () => {
+        req.destroy();
+        resolve({ status: res.statusCode!, text });
+      });
+    });
+    req.on("error", reject);
+    req.flushHeaders();
+  });
+}
+
+function remoteWorker(serverUrl: string, handlers: Record<string, (p: any, ctx: JobContext) => unknown>, extra: { leaseMs?: number; concurrency?: number; requestTimeoutMs?: number } = {}) {
+  return new Worker({
+    handlers,
+    leaseMs: extra.leaseMs ?? 3_000,
+    concurrency: extra.concurrency ?? 5,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    transport: new RemoteTransport({ serverUrl, token: TOKEN, waitMs: 500, requestTimeoutMs: extra.requestTimeoutMs ?? 5_000 }),
+  });
+}
+
+function startServe(extra: string[] = []) {
+  return startCli(["serve", "--port", "0", "--watchdog-interval", "200", ...extra], {
+    schema: lh.schema,
+    env: { LEASEHOLD_TOKEN: TOKEN, LEASEHOLD_LOG_LEVEL: "warn" },
+    ready: /listening on (http:\/\/[^\s]+)/,
+  });
+}
+
+before(async () => {
+  lh = await freshLeasehold();
+  serve = await startServe();
+  base = serve.match[1]!;
+});
+
+after(async () => {
+  const stopped = await serve.stop("SIGTERM");
+  assert.equal(stopped.code, 0, stopped.stderr);
+  await lh.dispose();
+});
+
+test("every call but /healthz needs the bearer token: missing or wrong is 401 with a typed body", async () => {
+  for (const headers of [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }]) {
+    for (const [method, path] of [["GET", "/v1/stats"], ["POST", "/v1/worker/claim"], ["GET", "/metrics"], ["GET", "/openapi.json"], ["GET", "/v1/jobs/1"]] as const) {
+      const r = await api(method, path, method === "POST" ? {} : undefined, headers);
+      assert.equal(r.status, 401, `${method} ${path} with ${JSON.stringify(headers)}`);
+      assert.equal(r.json.error.code, "unauthorized");
+    }
+  }
+  assert.equal((await api("GET", "/healthz", undefined, {})).status, 200);
+  const metrics = await api("GET", "/metrics");
+  assert.equal(metrics.status, 200);
+  assert.match(metrics.text, /leasehold_jobs_claimed_total/);
+});
+
+test("bad inputs: schema-invalid bodies are 400 naming the problem, oversized bodies 413, unknown jobs 404; nothing leaks", async () => {
+  const cases: [string, string, unknown, number, RegExp][] = [
+    ["POST", "/v1/jobs", { payload: {} }, 400, /must have required property 'task'/],
+    ["POST", "/v1/jobs", { task: "t", colour: "red" }, 400, /must NOT have additional properties/],
+    ["POST", "/v1/jobs", { task: "t", priority: "high" }, 400, /priority must be integer/],
+    ["POST", "/v1/jobs", "{not json", 400, /not valid JSON/],
+    ["POST", "/v1/jobs", { task: "t", payload: "\u0000" }, 400, /NUL character/],
+    ["POST", "/v1/jobs/batch", { jobs: [] }, 400, /must NOT have fewer than 1 items/],
+    ["POST", "/v1/worker/claim", { workerId: "w", queues: ["default"], tasks: ["t"], limit: 5000, leaseMs: 5000 }, 400, /limit must be <= 500/],
+    ["POST", "/v1/worker/heartbeat", { workerId: "w", leaseMs: 5000, beats: [{ id: "1; DROP TABLE jobs", attempt: 1 }] }, 400, /must match pattern/],
+    ["GET", "/v1/jobs?limit=lots", undefined, 400, /limit must match pattern/],
+    ["GET", "/v1/jobs?limit=0", undefined, 400, /limit must be an integer from 1 to 10000/],
+    ["GET", "/v1/jobs/99999999", undefined, 404, /job 99999999 does not exist/],
+    ["GET", "/v1/nothing", undefined, 404, /no route GET \/v1\/nothing/],
+  ];
+  for (const [method, path, body, status, message] of cases) {
+    const r = await api(method, path, body);
+    assert.equal(r.status, status, `${method} ${path}: ${r.text.slice(0, 300)}`);
+    assert.match(r.json.error.message, message, `${method} ${path}`);
+    assert.equal(typeof r.json.error.code, "string");
+    assert.doesNotMatch(r.text, /SELECT|UPDATE |INSERT|\n\s+at |node_modules/, `${method} ${path} leaks internals`);
+  }
+  // Over the body limit (4 MiB by default): 413 before the body is read.
+  const tooBig = await postAnnouncing("/v1/jobs", 5 * 1024 * 1024);
+  assert.equal(tooBig.status, 413);
+  assert.equal(JSON.parse(tooBig.text).error.code, "payload_too_large");
+  // Nothing was enqueued by any of the refused requests.
+  assert.deepEqual((await api("GET", "/v1/stats")).json.counts, []);
+});
+
+test("the OpenAPI document describes every route the server has, with its methods", async () => {
+  const probe = await freshLeasehold();
+  const app = createServer({ leasehold: probe, token: TOKEN });
+  const registered: string[] = [];
+  app.addHook("onRoute", (route) => {
+    for (const method of [route.method].flat()) if (method !== "HEAD") registered.push(`${method} ${route.url.replace(/:(\w+)/g, "{$1}")}`);
+  });
+  await app.ready();
+  const doc = app.swagger() as { paths: Record<string, Record<string, unknown>> };
+  const described = Object.entries(doc.paths).flatMap(([path, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${path}`));
+  assert.ok(registered.length >= 15, `routes: ${registered.join(", ")}`);
+  assert.deepEqual([...described].sort(), [...registered].sort());
+  await app.close();
+  await probe.dispose();
+  // The running server serves the same document.
+  const served = await api("GET", "/openapi.json");
+  assert.deepEqual(Object.keys(served.json.paths).sort(), Object.keys(doc.paths).sort());
+  assert.ok(served.json.components.securitySchemes.bearerAuth);
+});
+
+test("a stale heartbeat or report is 409 stale_lease and changes nothing", async () => {
+  const { json: job } = await api("POST", "/v1/jobs", { task: "fenced", payload: { n: 1 } });
+  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-a", queues: ["default"], tasks: ["fenced"], limit: 1, leaseMs: 60_000 });
+  assert.equal(claim.status, 200);
+  assert.equal(claim.json.jobs[0].id, job.id);
+  const attempt = claim.json.jobs[0].attempt as number;
+  const db = await rawClient(lh.schema);
+  const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [job.id])).rows[0];
+  try {
+    const before = await row();
+    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-a", leaseMs: 60_000, beats: [{ id: job.id, attempt: attempt + 1, progress: { evil: true } }] });
+    assert.equal(beat.status, 409);
+    assert.equal(beat.json.error.code, "stale_lease");
+    assert.deepEqual(beat.json.error.jobs.map((j: { id: string }) => j.id), [job.id]);
+    const otherWorker = await api("POST", "/v1/worker/succeed", { workerId: "w-b", jobs: [{ id: job.id, attempt }] });
+    assert.equal(otherWorker.status, 409);
+    assert.equal(otherWorker.json.error.code, "stale_lease");
+    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ id: job.id, attempt: attempt + 1, error: "late", retryDelayMs: 0 }] });
+    assert.equal(staleFail.status, 409);
+    assert.deepEqual(await row(), before);
+
+    const good = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    assert.equal(good.status, 200);
+    assert.deepEqual(good.json.applied, [{ id: job.id, state: "succeeded" }]);
+    const late = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    assert.equal(late.status, 409);
+    assert.equal(late.json.error.jobs[0].reason, "finished");
+  } finally {
+    await db.end();
+  }
+});
+
+test("a remote worker runs the same runtime over the server: progress rides heartbeats, failures retry, cancel aborts", async () => {
+  let cancelReason: unknown;
+  const worker = remoteWorker(base, {
+    report: async (p: { pct: number }, ctx) => {
+      ctx.progress({ pct: p.pct });
+      await eventually(async () => ((await lh.getJob(ctx.jobId)).job.progress as { pct?: number } | null)?.pct === p.pct, "progress stored");
+    },
+    flaky: { handler: async (_p: unknown, ctx) => { if (ctx.spentAttempts === 0) throw new Error("first try fails"); }, backoff: { baseMs: 100, jitter: 0 } },
+    endless: (_p: unknown, ctx) =>
+      new Promise((_resolve, reject) => ctx.signal.addEventListener("abort", () => { cancelReason = (ctx.signal.reason as { reason?: string }).reason; reject(ctx.signal.reason); })),
+  });
+  const ended = (task: string, state: string) => waitForEvent(worker, "job:end", (job: { task: string }, o: { state: string }) => job.task === task && o.state === state);
+  const reportEnded = ended("report", "succeeded");
+  const flakyEnded = ended("flaky", "succeeded");
+  const endlessStarted = waitForEvent(worker, "job:start", (job: { task: string }) => job.task === "endless");
+  const endlessEnded = ended("endless", "cancelled");
+  await worker.start();
+  try {
+    const report = await lh.enqueue("report", { pct: 40 });
+    const flaky = await lh.enqueue("flaky");
+    const endless = await lh.enqueue("endless");
+    await Promise.all([reportEnded, flakyEnded, endlessStarted]);
+    assert.equal((await api("POST", `/v1/jobs/${endless.id}/cancel`)).json.result, "cancel_requested");
+    await endlessEnded;
+    assert.equal(cancelReason, "cancelled");
+
+    const r = await lh.getJob(report.id);
+    assert.equal(r.job.state, "succeeded");
+    assert.deepEqual(r.job.progress, { pct: 40 });
+    const f = await lh.getJob(flaky.id);
+    assert.deepEqual(f.attempts.map((a) => a.outcome), ["failed", "succeeded"]);
+    assert.equal((await lh.getJob(endless.id)).job.state, "cancelled");
+  } finally {
+    await worker.stop();
+  }
+});
+
+/** A TCP proxy that loses the first claim response carrying jobs: the server sent it, the worker never gets it. */
+async function claimDroppingProxy(port: number) {
+  let dropped = 0;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(port, "127.0.0.1");
+    sockets.add(client).add(upstream);
+    let dropping = false;
+    client.on("data", (d) => upstream.write(d));
+    upstream.on("data", (d) => {
+      if (dropped === 0 && d.toString().includes('"jobs":[{')) {
+        dropping = true;
+        dropped++;
+      }
+      if (!dropping) client.write(d);
+    });
+    client.on("error", () => upstream.destroy());
+    upstream.on("error", () => client.destroy());
+    client.on("close", () => upstream.destroy());
+    upstream.on("close", () => client.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, dropped: () => dropped, close: () => {
+      for (const socket of sockets) socket.destroy();
+      return new Promise((r) => server.close(r));
+    } };
+}
+
+test("a claim whose response never reaches the worker is not lost: the lease expires and the watchdog recovers the job", async () => {
+  const proxy = await claimDroppingProxy(Number(new URL(base).port));
+  const runs: number[] = [];
+  const worker = remoteWorker(proxy.url, { once: (_p: unknown, ctx) => void runs.push(ctx.attempt) }, { requestTimeoutMs: 1_000 });
+  const { id } = await lh.enqueue("once", {}, { leaseMs: 1_000 });
+  await worker.start();
+  try {
+    await waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id, 20_000);
+  } finally {
+    await worker.stop();
+    await proxy.close();
+  }
+  assert.equal(proxy.dropped(), 1);
+  assert.deepEqual(runs, [2], "the handler never saw attempt 1, whose claim response was lost");
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.state, "succeeded");
+  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
+});
+
+test("two server replicas on one database: remote workers on each run every job exactly once", async () => {
+  const second = await startServe(["--no-watchdog"]);
+  const runs = new Map<string, number>();
+  const perWorker = [0, 0];
+  const handler = (i: number) => async (_p: unknown, ctx: JobContext) => {
+    runs.set(ctx.jobId, (runs.get(ctx.jobId) ?? 0) + 1);
+    perWorker[i]!++;
+    await new Promise((r) => setTimeout(r, 20));
+  };
+  const workers = [remoteWorker(base, { spread: handler(0) }), remoteWorker(second.match[1]!, { spread: handler(1) })];
+  try {
+    await Promise.all(workers.map((w) => w.start()));
+    const { json } = await api("POST", "/v1/jobs/batch", { jobs: Array.from({ length: 100 }, (_, n) => ({ task: "spread", payload: { n } })) });
+    assert.equal(json.jobs.length, 100);
+    await eventually(async () => {
+      const stats = (await api("GET", "/v1/stats")).json as { counts: { queue: string; state: string; count: number }[] };
+      return stats.counts.some((c) => c.state === "succeeded" && c.count >= 100 + 0) && runs.size === 100;
+    }, "all 100 jobs succeeded", 30_000);
+  } finally {
+    await Promise.all(workers.map((w) => w.stop()));
+    await second.stop("SIGTERM");
+  }
+  assert.equal(runs.size, 100);
+  assert.ok([...runs.values()].every((n) => n === 1), "no job ran twice");
+  assert.ok(perWorker[0]! > 0 && perWorker[1]! > 0, `both replicas served jobs: ${perWorker}`);
+});
