@@ -5,8 +5,11 @@
  */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import http from "node:http";
 import net from "node:net";
+import os from "node:os";
+import path from "node:path";
 import { Registry } from "prom-client";
 import { createServer } from "../src/server/app.js";
 import { RemoteTransport } from "../src/worker/remote-transport.js";
@@ -295,4 +298,21 @@ test("two server replicas on one database: remote workers on each run every job 
   assert.equal(runs.size, 100);
   assert.ok([...runs.values()].every((n) => n === 1), "no job ran twice");
   assert.ok(perWorker[0]! > 0 && perWorker[1]! > 0, `both replicas served jobs: ${perWorker}`);
+});
+
+test("leasehold worker --server runs a tasks module against the server, with no database connection", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-remote-"));
+  const tasksFile = path.join(dir, "tasks.mjs");
+  fs.writeFileSync(tasksFile, `export default { "remote.echo": async (payload, ctx) => { ctx.progress({ echoed: payload.word }); } };\n`);
+  const { json: job } = await api("POST", "/v1/jobs", { task: "remote.echo", payload: { word: "hello" } });
+  // DATABASE_URL points nowhere: everything must go through the server.
+  const worker = await startCli(["worker", "--server", base, "--tasks", tasksFile], {
+    schema: lh.schema,
+    env: { LEASEHOLD_TOKEN: TOKEN, DATABASE_URL: "postgres://nobody@127.0.0.1:1/none" },
+    ready: new RegExp(`✔ job ${job.id} remote\\.echo succeeded`),
+  });
+  const stopped = await worker.stop("SIGINT");
+  assert.equal(stopped.code, 0, stopped.stderr);
+  assert.equal((await lh.getJob(job.id)).job.state, "succeeded");
+  fs.rmSync(dir, { recursive: true, force: true });
 });
