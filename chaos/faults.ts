@@ -111,11 +111,13 @@ async function partition(ctx: FaultContext): Promise<FaultRecord> {
   if (!w) return { kind: "partition", at: Date.now(), held: [], skipped: "no worker free" };
   const proxy = ctx.proxies.get(w.spec.name)!;
   const durationMs = pastTheLease(ctx);
-  const mode = ctx.random() < 0.5 ? "cut" : "stall";
+  const modes = ["cut", "stall", "half_open"] as const;
+  const mode = modes[Math.floor(ctx.random() * modes.length)]!;
   w.busy = true;
   const at = Date.now();
   if (mode === "cut") proxy.cut();
-  else proxy.stall();
+  else if (mode === "stall") proxy.stall();
+  else proxy.stallExisting();
   const held = await heldBy(ctx, w.workerId);
   ctx.pending.push(
     sleep(durationMs).then(() => {

@@ -70,6 +70,12 @@ export interface CheckResult {
   /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
   lateWritesOverwritten: number;
   recovery: Record<"kill" | "zombie" | "partition", Recovery>;
+  /**
+   * Half-open partitions (open connections silent, new ones fine): how long until the worker
+   * next got an answer from the database, next to how long the fault lasted. Equal means the
+   * worker sat on its dead connections until the network came back.
+   */
+  halfOpen: { n: number; backAfter: Percentiles; faultLasted: Percentiles };
   producerDuplicates: number;
 }
 
@@ -250,7 +256,21 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       partition: recoveryFor(input.faults, "partition", attemptOf),
     },
     producerDuplicates,
+    halfOpen: halfOpenLiveness(input.faults, input.logs),
   };
+}
+
+function halfOpenLiveness(faults: FaultRecord[], logs: LogLine[]): CheckResult["halfOpen"] {
+  const back: number[] = [];
+  const lasted: number[] = [];
+  for (const f of faults.filter((f) => f.kind === "partition" && f.detail === "half_open")) {
+    const answered = logs
+      .filter((l): l is Extract<LogLine, { ev: "report" }> => l.ev === "report" && l.accepted !== null && l.sentAt >= f.at && l.w.startsWith(`${f.target}/`))
+      .map((l) => l.t);
+    lasted.push(f.durationMs ?? 0);
+    back.push(answered.length ? Math.min(...answered) - f.at : f.durationMs ?? 0);
+  }
+  return { n: back.length, backAfter: percentiles(back), faultLasted: percentiles(lasted) };
 }
 
 /** Time from the fault to the next attempt's claim, for each attempt the worker held. */

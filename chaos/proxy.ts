@@ -3,7 +3,8 @@
  * partition one process from the database while the process stays alive:
  *   - cut:   every open connection is reset and new ones are dropped at once;
  *   - stall: bytes stop flowing both ways (a black hole), new connections hang; on restore the
- *            buffered bytes flow again, as after a network that came back.
+ *            buffered bytes flow again, as after a network that came back;
+ *   - half-open: the open connections go silent, new ones work (a NAT that forgot its flows).
  */
 import net from "node:net";
 
@@ -49,6 +50,7 @@ export class TcpProxy {
     this.pairs.add(pair);
     const close = () => {
       this.pairs.delete(pair);
+      this.paused.delete(pair);
       client.destroy();
       server.destroy();
     };
@@ -60,7 +62,11 @@ export class TcpProxy {
     if (this.mode === "stall") this.pause(pair);
   }
 
+  private readonly paused = new Set<Pair>();
+
   private pause(p: Pair): void {
+    if (this.paused.has(p)) return;
+    this.paused.add(p);
     p.client.unpipe(p.server);
     p.server.unpipe(p.client);
     p.client.pause();
@@ -68,6 +74,7 @@ export class TcpProxy {
   }
 
   private resume(p: Pair): void {
+    if (!this.paused.delete(p)) return;
     p.client.pipe(p.server);
     p.server.pipe(p.client);
   }
@@ -80,6 +87,7 @@ export class TcpProxy {
       p.server.destroy();
     }
     this.pairs.clear();
+    this.paused.clear();
   }
 
   /** Stops all traffic without closing anything until `restore()`. */
@@ -88,10 +96,17 @@ export class TcpProxy {
     for (const p of this.pairs) this.pause(p);
   }
 
+  /**
+   * A half-open network: the connections open now go silent (as after a NAT or firewall
+   * forgot them), while new connections work. Nothing tells the client its sockets are dead.
+   */
+  stallExisting(): void {
+    for (const p of this.pairs) this.pause(p);
+  }
+
   restore(): void {
-    const was = this.mode;
     this.mode = "open";
-    if (was === "stall") for (const p of this.pairs) this.resume(p);
+    for (const p of this.pairs) this.resume(p);
   }
 
   async close(): Promise<void> {

@@ -21,6 +21,7 @@ export interface ChaosReport {
   staleRefused: CheckResult["staleRefused"];
   lateWritesOverwritten: number;
   recoveryMs: CheckResult["recovery"];
+  halfOpen: CheckResult["halfOpen"];
   processRestarts: number;
   startupFailures: number;
   producerRetries: number;
@@ -58,6 +59,7 @@ export function buildReport(p: {
     staleRefused: p.check.staleRefused,
     lateWritesOverwritten: p.check.lateWritesOverwritten,
     recoveryMs: p.check.recovery,
+    halfOpen: p.check.halfOpen,
     processRestarts: p.restarts,
     startupFailures: p.exits.filter((e) => e.duringStartup).length,
     producerRetries: p.producerRetries,
@@ -104,6 +106,9 @@ export function toMarkdown(r: ChaosReport): string {
       const b = x.toLeaseEnded;
       return `| ${k} | ${x.n} | ${ms(a.p50)} | ${ms(a.p99)} | ${ms(a.max)} | ${ms(b.p50)} | ${ms(b.p99)} | ${ms(b.max)} | ${x.finishedAnyway} |`;
     }),
+    "",
+    `Half-open partitions (${r.halfOpen.n}; open connections go silent, new ones work): the worker next got an answer from the database ` +
+      `after p50 ${ms(r.halfOpen.backAfter.p50)} / max ${ms(r.halfOpen.backAfter.max)}, while the faults lasted p50 ${ms(r.halfOpen.faultLasted.p50)} / max ${ms(r.halfOpen.faultLasted.max)}.`,
     "",
   ];
   if (r.violations.length) {
