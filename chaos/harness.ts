@@ -144,6 +144,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const faults: FaultRecord[] = [];
     const plan = faultPlan(options, random);
     const spacing = options.faultWindowMs / plan.length;
+    producer.burstsPlanned = plan.filter((k) => k === "burst").length;
     producer.start();
     for (const kind of plan) {
       await sleep(spacing * (0.5 + random()));

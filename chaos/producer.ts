@@ -25,6 +25,8 @@ export class Producer {
   private loop?: Promise<void>;
   /** Enqueue calls that failed and were sent again. */
   retries = 0;
+  /** Bursts in the fault plan: they share the jobs the steady pace leaves. */
+  burstsPlanned = 1;
 
   constructor(
     private readonly lh: Leasehold,
@@ -44,7 +46,8 @@ export class Producer {
 
   /** Enqueues at `rate` jobs/s on top of the steady pace for `ms`; returns how many it will add. */
   boost(rate: number, ms: number): number {
-    const budget = Math.min(Math.round(rate * (ms / 1000)), Math.round(this.options.jobs * 0.15), this.options.jobs - this.next);
+    const share = Math.round((this.options.jobs * (1 - STEADY_SHARE)) / Math.max(1, this.burstsPlanned));
+    const budget = Math.min(Math.round(rate * (ms / 1000)), share, this.options.jobs - this.next);
     this.boostRate = budget / (ms / 1000);
     this.boostUntil = Date.now() + ms;
     return Math.max(0, budget);
