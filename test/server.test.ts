@@ -316,3 +316,21 @@ test("leasehold worker --server runs a tasks module against the server, with no 
   assert.equal((await lh.getJob(job.id)).job.state, "succeeded");
   fs.rmSync(dir, { recursive: true, force: true });
 });
+
+test("a job whose own lease is shorter than the worker's beat interval is kept alive by heartbeats over HTTP", async () => {
+  // Worker lease 30 s (a beat every 10 s); this job's lease is 1.5 s and its handler runs 3 s.
+  const worker = remoteWorker(base, { slow: (_p: unknown, ctx) => new Promise((r, reject) => {
+    const t = setTimeout(r, 3_000);
+    ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(ctx.signal.reason); });
+  }) }, { leaseMs: 30_000 });
+  const { id } = await lh.enqueue("slow", {}, { leaseMs: 1_500 });
+  const ended = waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
+  await worker.start();
+  try {
+    const [, outcome] = (await ended) as [unknown, { state: string }];
+    assert.equal(outcome.state, "succeeded");
+  } finally {
+    await worker.stop();
+  }
+  assert.deepEqual((await lh.getJob(id)).attempts.map((a) => a.outcome), ["succeeded"]);
+});
