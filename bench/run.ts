@@ -146,6 +146,13 @@ const systems = pick(Object.values(SYSTEMS), o.systems, (s) => s.name, "system")
 const log = (m: string) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
 const server = await startServer(o.databaseUrl);
 log(`PostgreSQL ${server.version} (${o.databaseUrl ? "given" : "embedded, started for this run"})`);
+// Ctrl-C: stop the server we started instead of leaving it running.
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, () => {
+    log(`${signal}: stopping PostgreSQL`);
+    void server.stop().finally(() => process.exit(130));
+  });
+}
 const ctx: BenchContext = { server, options, log };
 const startedAt = new Date();
 const results: BenchResults = {
