@@ -16,7 +16,7 @@ import { RemoteTransport } from "../src/worker/remote-transport.js";
 import { Worker } from "../src/worker/worker.js";
 import type { JobContext } from "../src/worker/context.js";
 import { eventually, freshLeasehold, rawClient, silent, waitForEvent } from "./helpers/db.js";
-import { startCli } from "./helpers/cli.js";
+import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 
 const TOKEN = "test-token-0123456789abcdef";
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
@@ -314,6 +314,11 @@ test("leasehold worker --server runs a tasks module against the server, with no 
   const stopped = await worker.stop("SIGINT");
   assert.equal(stopped.code, 0, stopped.stderr);
   assert.equal((await lh.getJob(job.id)).job.state, "succeeded");
+  // A wrong token fails at start with one line, instead of retrying claims forever.
+  const refused = await runCli(["worker", "--server", base, "--token", "not-the-token-0123456789", "--tasks", tasksFile], { schema: lh.schema });
+  assert.equal(refused.code, 2, refused.stderr);
+  assert.match(refused.stderr, /401.*missing or wrong bearer token/);
+  assert.ok(isOneLineError(refused.stderr), refused.stderr);
   fs.rmSync(dir, { recursive: true, force: true });
 });
 

@@ -142,6 +142,11 @@ export class RemoteTransport implements WorkerTransport {
     };
   }
 
+  /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
+  async check(): Promise<void> {
+    await this.request("GET", "/v1/stats", undefined, this.timeoutMs);
+  }
+
   interrupt(): void {
     this.claiming?.abort();
   }
@@ -154,7 +159,12 @@ export class RemoteTransport implements WorkerTransport {
     return new Map(res.body.applied.map((a) => [a.id, a.state]));
   }
 
-  private async post<T>(
+  private post<T>(path: string, body: unknown, timeoutMs: number, signal?: AbortSignal, accept: number[] = []): Promise<{ status: number; body: T }> {
+    return this.request("POST", path, body, timeoutMs, signal, accept);
+  }
+
+  private async request<T>(
+    method: "GET" | "POST",
     path: string,
     body: unknown,
     timeoutMs: number,
@@ -167,9 +177,9 @@ export class RemoteTransport implements WorkerTransport {
     let text: string;
     try {
       response = await fetch(url, {
-        method: "POST",
-        headers: { authorization: `Bearer ${this.options.token}`, "content-type": "application/json" },
-        body: JSON.stringify(body),
+        method,
+        headers: { authorization: `Bearer ${this.options.token}`, ...(body !== undefined && { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
         signal: AbortSignal.any(signals),
       });
       text = await response.text();

@@ -76,7 +76,9 @@ export function registerRunCommands(program: Command, run: Run): void {
         if (serverUrl) {
           const token = opts.token ?? process.env.LEASEHOLD_TOKEN;
           if (!token) throw new CliError("a remote worker needs the server's token: set LEASEHOLD_TOKEN or pass --token");
-          worker = new Worker({ ...settings, logger, transport: new RemoteTransport({ serverUrl, token }) });
+          const transport = new RemoteTransport({ serverUrl, token });
+          await transport.check();
+          worker = new Worker({ ...settings, logger, transport });
         } else {
           const lh = await cli.connect({ logger });
           worker = lh.worker({ ...settings, watchdog: opts.watchdog });
