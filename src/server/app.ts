@@ -34,9 +34,10 @@ export function createServer(options: ServerOptions): FastifyInstance {
     loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: !options.logRequests }),
     bodyLimit: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
-    // Long polls hold requests open; answers from a stopping server should not wait on them.
+    // On close: idle keep-alive connections are dropped, requests in flight are answered
+    // (long polls are woken first, below), and new requests get 503.
     return503OnClosing: true,
-    forceCloseConnections: true,
+    forceCloseConnections: "idle",
     ajv: {
       // Refuse what the schema does not describe instead of silently dropping or converting it.
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
@@ -67,7 +68,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
       return reply.status(401).header("www-authenticate", "Bearer").send(errorBody("unauthorized", "missing or wrong bearer token"));
     }
   });
-  app.addHook("onClose", async () => waiter.close());
+  app.addHook("preClose", async () => waiter.close());
 
   app.register(async (api) => {
     registerWorkerRoutes(api, { leasehold: lh, waiter });

@@ -18,6 +18,8 @@ export class ClaimWaiter {
   private readonly waiters = new Set<Waiter>();
   private listener?: Listener;
   private starting?: Promise<void>;
+  /** Set when the server stops: long polls answer at once with what they have. */
+  closed = false;
 
   constructor(
     private readonly connectionString: string,
@@ -27,7 +29,7 @@ export class ClaimWaiter {
   /** Resolves after `ms`, on a notification for one of `queues`, or when `signal` aborts. */
   async wait(queues: string[], ms: number, signal: AbortSignal): Promise<void> {
     await this.ensureListening();
-    if (signal.aborted) return;
+    if (signal.aborted || this.closed) return;
     await new Promise<void>((resolve) => {
       const waiter: Waiter = { queues: new Set(queues), wake: () => done() };
       const timer = setTimeout(() => done(), Math.min(ms, LONG_POLL_RECHECK_MS));
@@ -43,6 +45,7 @@ export class ClaimWaiter {
   }
 
   async close(): Promise<void> {
+    this.closed = true;
     for (const w of this.waiters) w.wake();
     await this.listener?.stop();
   }

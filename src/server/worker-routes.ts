@@ -32,7 +32,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, wait
     for (;;) {
       if (gone.signal.aborted) return clientGone(reply); // claim nothing for a client that left
       jobs = await store.claimJobs(pool, params);
-      if (jobs.length > 0 || Date.now() >= deadline) break;
+      if (jobs.length > 0 || Date.now() >= deadline || waiter.closed) break;
       await waiter.wait(params.queues, deadline - Date.now(), gone.signal);
     }
     if (jobs.length > 0 && gone.signal.aborted) {
