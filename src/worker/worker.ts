@@ -22,7 +22,7 @@ import { resolveWorkerSettings, MAX_CLAIM_BATCH, type WorkerSettings, type Worke
 import { Reporter, type ReportOutcome } from "./reporter.js";
 import { retryDelayMs } from "./backoff.js";
 import { serializePayload } from "../jobs/validate.js";
-import type { WorkerTransport } from "./transport.js";
+import { isConnectionError, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 
 export interface WorkerOptions extends WorkerSettingsInput {
@@ -40,6 +40,8 @@ export type JobOutcome =
   | { state: "report_failed"; error: unknown };
 
 const CLAIM_ERROR_BACKOFF_MAX_MS = 5_000;
+/** Start-up reconciliation retries connection errors for about 30 s in all. */
+const RECONCILE_RETRY_MAX_MS = 16_000;
 const MAX_ERROR_LENGTH = 4_000;
 
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
@@ -98,7 +100,7 @@ export class Worker extends EventEmitter {
     if (this.state !== "new") throw new Error("a worker can be started once");
     this.state = "started";
     if (this.settings.name) {
-      const released = await this.transport.reconcile({ workerName: this.settings.name, currentWorkerId: this.id });
+      const released = await this.reconcile(this.settings.name);
       if (released > 0) {
         this.metrics.released.inc({ cause: "reconciliation" }, released);
         this.logger.info({ released }, "released jobs still held by an earlier process of this worker name");
@@ -110,6 +112,22 @@ export class Worker extends EventEmitter {
     for (const service of this.services) service.start();
     this.logger.info({ queues: this.settings.queues, concurrency: this.settings.concurrency, tasks: this.tasks }, "worker started");
     return this;
+  }
+
+  /**
+   * Releases the jobs an earlier process of this name still holds. A database that is
+   * restarting or a terminated connection should not end the worker: retry for a while.
+   */
+  private async reconcile(name: string): Promise<number> {
+    for (let delay = 200; ; delay *= 2) {
+      try {
+        return await this.transport.reconcile({ workerName: name, currentWorkerId: this.id });
+      } catch (err) {
+        if (!isConnectionError(err) || delay > RECONCILE_RETRY_MAX_MS) throw err;
+        this.logger.warn({ err: String(err) }, "start-up reconciliation failed; retrying");
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
   }
 
   /** Beat now, outside the schedule (tests, or before a known pause). */
