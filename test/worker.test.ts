@@ -133,6 +133,7 @@ test("a stale completion (the job was reaped and re-claimed while the handler ra
     heartbeatMs: 60_000, // no beat will notice before the handler finishes
     leaseMs: 180_000,
     watchdog: false,
+    concurrency: 1, // its one slot stays busy, so this worker cannot re-claim the job itself
     handlers: { t: () => new Promise<void>((resolve) => (finish = resolve)) },
   });
   await worker.start();
