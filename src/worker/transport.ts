@@ -38,9 +38,24 @@ export function isConnectionError(err: unknown): boolean {
     // the remote transport: the server could not be reached, or could not reach the database
     if (e.code === "server_unavailable") return true;
   }
-  return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed/i.test(
+  return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed|Query read timeout/i.test(
     e.message ?? "",
   );
+}
+
+/** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
+const REPORT_TIMEOUT_MS = 10_000;
+
+/**
+ * Statements that give up after `ms`. pg then drops the connection from the pool, so a
+ * connection that went silent (a half-open TCP flow) cannot hang the worker: the retry
+ * runs on a fresh one. The statement may still have committed: callers treat the timeout
+ * as an ambiguous connection error (isConnectionError) and repeat the fenced call.
+ */
+function withQueryTimeout(pool: pg.Pool, ms: number): store.Queryable {
+  return {
+    query: (text, values) => pool.query({ text, values, query_timeout: ms } as pg.QueryConfig),
+  };
 }
 
 export class DatabaseTransport implements WorkerTransport {
@@ -51,16 +66,17 @@ export class DatabaseTransport implements WorkerTransport {
   ) {}
 
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
-    return store.claimJobs(this.pool, p);
+    return store.claimJobs(withQueryTimeout(this.pool, p.leaseMs), p);
   }
   heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
-    return store.extendLeases(this.pool, p);
+    // A beat that cannot answer within a third of the lease is retried on a fresh connection.
+    return store.extendLeases(withQueryTimeout(this.pool, Math.max(1_000, Math.floor(p.leaseMs / 3))), p);
   }
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
-    return store.completeJobs(this.pool, p);
+    return store.completeJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
-    return store.failJobs(this.pool, p);
+    return store.failJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
     return store.releaseJobs(this.pool, p);
