@@ -49,7 +49,15 @@ export class EmbeddedPostgres {
     this.port = options.port ?? 0;
     this.settings = options.settings ?? {};
     const logFile = `${this.dataDir}.log`;
-    this.onLog = options.onLog ?? ((line) => fs.appendFileSync(logFile, line));
+    this.onLog =
+      options.onLog ??
+      ((line) => {
+        try {
+          fs.appendFileSync(logFile, line);
+        } catch {
+          // The server's chatter is not worth crashing for (e.g. its folder was removed).
+        }
+      });
   }
 
   get url(): string {
