@@ -9,7 +9,10 @@ import { fileURLToPath } from "node:url";
 import type { WorkerSpec } from "../systems/types.js";
 import type { FromWorker, ToWorker } from "../worker-process.js";
 
-const ENTRY = path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "worker-process.ts");
+// Compiled (npm run bench): plain JS. Run from source (tsx): the same through tsx.
+const HERE = fileURLToPath(import.meta.url);
+const COMPILED = HERE.endsWith(".js");
+const ENTRY = path.join(path.dirname(HERE), "..", COMPILED ? "worker-process.js" : "worker-process.ts");
 const READY_TIMEOUT_MS = 60_000;
 
 interface Child {
@@ -75,7 +78,7 @@ export class WorkerGroup extends EventEmitter {
 
   async spawn(system: string, url: string, spec: WorkerSpec): Promise<ChildProcess> {
     const proc = fork(ENTRY, [], {
-      execArgv: ["--import", "tsx"],
+      execArgv: COMPILED ? [] : ["--import", "tsx"],
       stdio: ["ignore", "ignore", "pipe", "ipc"],
       env: { ...process.env, LEASEHOLD_LOG_LEVEL: "silent" },
     });
