@@ -66,7 +66,7 @@ export interface CheckResult {
   attempts: number;
   /** Jobs whose handler ran again after an execution whose lease was reaped or released. */
   duplicates: { total: number; afterLeaseExpired: number; afterRelease: number; overlapping: number };
-  staleRefused: { heartbeat: number; complete: number; fail: number; release: number; downstream: number };
+  staleRefused: { claim: number; heartbeat: number; complete: number; fail: number; release: number; downstream: number };
   /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
   lateWritesOverwritten: number;
   recovery: Record<"kill" | "zombie" | "partition", Recovery>;
@@ -148,10 +148,10 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   }
 
   // 3. Every report the database accepted came from the attempt that held the lease then.
-  const staleRefused = { heartbeat: 0, complete: 0, fail: 0, release: 0, downstream: 0 };
+  const staleRefused = { claim: 0, heartbeat: 0, complete: 0, fail: 0, release: 0, downstream: 0 };
   const landedAs: Record<string, string[]> = { complete: ["succeeded", "cancelled"], fail: ["failed", "cancelled"], release: ["released", "cancelled"] };
   for (const line of input.logs) {
-    if (line.ev !== "report" || line.accepted === null) continue;
+    if (line.ev !== "report" || line.kind === "claim" || line.accepted === null) continue;
     const accepted = new Set(line.accepted);
     for (const [job, attempt] of line.sent) {
       if (!accepted.has(job)) {

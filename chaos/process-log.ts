@@ -10,7 +10,8 @@ export type LogLine =
   | { ev: "write"; t: number; w: string; job: string; attempt: number; accepted: boolean | null; error?: string }
   | {
       ev: "report";
-      kind: "heartbeat" | "complete" | "fail" | "release";
+      /** A claim sends no attempts; its accepted ids are the jobs it got. */
+      kind: "claim" | "heartbeat" | "complete" | "fail" | "release";
       t: number;
       /** When the request was sent (ms since epoch): the report cannot have landed earlier. */
       sentAt: number;

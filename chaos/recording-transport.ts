@@ -1,6 +1,6 @@
 /**
- * A WorkerTransport that wraps the real one and logs every report the worker sends and
- * what the database answered, so the invariant checker can compare each accepted report
+ * A WorkerTransport that wraps the real one and logs every claim and report the worker
+ * sends and what the database answered, so the invariant checker can compare each accepted report
  * with the audit rows afterwards.
  */
 import type { ClaimedJob, WorkerTransport } from "../src/index.js";
@@ -15,7 +15,7 @@ export class RecordingTransport implements WorkerTransport {
   ) {}
 
   private async record<R>(
-    kind: "heartbeat" | "complete" | "fail" | "release",
+    kind: "claim" | "heartbeat" | "complete" | "fail" | "release",
     sent: store.AttemptRef[],
     call: () => Promise<R>,
     acceptedOf: (r: R) => string[],
@@ -33,7 +33,7 @@ export class RecordingTransport implements WorkerTransport {
   }
 
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
-    return this.inner.claim(p);
+    return this.record("claim", [], () => this.inner.claim(p), (jobs) => jobs.map((j) => j.id));
   }
   heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
     return this.record("heartbeat", p.beats, () => this.inner.heartbeat(p), (r) => [...r.renewed.keys()]);
