@@ -66,12 +66,14 @@ export async function drainWorkload(ctx: BenchContext, system: BenchSystem, proc
       const clientBefore = await group.stats();
       const dbBefore = await readDb(db, ctx.server.pid);
       await group.go();
+      const waits = sampleWaits(url);
       const handled = await waitUntil(() => group.ended >= jobs, DRAIN_TIMEOUT_MS, 10);
       if (!handled) throw new Error(`${system.name}: only ${group.ended} of ${jobs} jobs handled in time`);
       await waitUntil(async () => (await producer.pending()) === 0, 60_000, 10);
       const doneAt = nowMs();
       const dbAfter = await readDb(db, ctx.server.pid);
       const clientAfter = await group.stats();
+      const w = await waits.stop();
       const seconds = (doneAt - group.firstStartAt!) / 1000;
       if (group.errors.length) ctx.log(`  ${system.name} worker errors: ${group.errors.slice(0, 3).join(" | ")}`);
       return {
@@ -80,10 +82,44 @@ export async function drainWorkload(ctx: BenchContext, system: BenchSystem, proc
         clientCpuMsPerKJob: ((clientAfter.cpuMs - clientBefore.cpuMs) / jobs) * 1000,
         statementsPerKJob: ((clientAfter.statements - clientBefore.statements) / jobs) * 1000,
         walBytesPerJob: Number(dbAfter.walBytes - dbBefore.walBytes) / jobs,
+        activeBackends: w.activeAvg,
+        lockWaitPct: w.lockPct,
+        lwlockWaitPct: w.lwlockPct,
+        ioWaitPct: w.ioPct,
       };
     });
   } finally {
     await group.stop();
     await producer.close();
   }
+}
+
+/**
+ * Samples the system's backends every 50 ms while a drain runs: how many are active, and
+ * which share of those samples waits on a heavyweight lock (row locks), an LWLock (buffer
+ * and WAL internals) or IO (WAL flush, data files).
+ */
+function sampleWaits(url: string): { stop(): Promise<{ activeAvg: number; lockPct: number; lwlockPct: number; ioPct: number }> } {
+  let running = true;
+  const totals = { samples: 0, active: 0, Lock: 0, LWLock: 0, IO: 0 };
+  const done = withClient(url, async (db) => {
+    while (running) {
+      const { rows } = await db.query<{ wait: string | null }>(
+        `SELECT wait_event_type AS wait FROM pg_stat_activity
+          WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'`,
+      );
+      totals.samples++;
+      totals.active += rows.length;
+      for (const r of rows) if (r.wait === "Lock" || r.wait === "LWLock" || r.wait === "IO") totals[r.wait]++;
+      await sleep(50);
+    }
+  });
+  return {
+    async stop() {
+      running = false;
+      await done;
+      const pct = (n: number) => (totals.active ? (n / totals.active) * 100 : 0);
+      return { activeAvg: totals.samples ? totals.active / totals.samples : 0, lockPct: pct(totals.Lock), lwlockPct: pct(totals.LWLock), ioPct: pct(totals.IO) };
+    },
+  };
 }
