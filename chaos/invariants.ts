@@ -222,19 +222,21 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   const duplicates = { total: 0, afterLeaseExpired: 0, afterRelease: 0, overlapping: 0 };
   for (const [key, start] of starts) {
     const [job, n] = [key.split("/")[0]!, Number(key.split("/")[1])];
-    if (n < 2) continue;
-    const before = attemptOf(job, n - 1);
-    if (!starts.has(`${job}/${n - 1}`)) continue; // the earlier claim never reached its handler
+    // The execution before this one: claims whose process died before the handler started do not count.
+    let m = n - 1;
+    while (m >= 1 && !starts.has(`${job}/${m}`)) m--;
+    if (m < 1) continue;
+    const before = attemptOf(job, m);
     if (!before) {
-      add("duplicates explained", `attempt ${n} ran but attempt ${n - 1} has no audit row`, job);
+      add("duplicates explained", `attempt ${n} ran but attempt ${m} has no audit row`, job);
       continue;
     }
     if (before.outcome === "failed") continue; // a retry, not a duplicate
     duplicates.total++;
     if (before.outcome === "lease_expired") duplicates.afterLeaseExpired++;
     else if (before.outcome === "released") duplicates.afterRelease++;
-    else add("duplicates explained", `attempt ${n} ran after attempt ${n - 1} ended ${before.outcome}`, job);
-    if ((lastSeen.get(`${job}/${n - 1}`) ?? 0) > start.t) duplicates.overlapping++;
+    else add("duplicates explained", `attempt ${n} ran after attempt ${m} ended ${before.outcome}`, job);
+    if ((lastSeen.get(`${job}/${m}`) ?? 0) > start.t) duplicates.overlapping++;
   }
 
   // 6. Workers survive what they can survive.
