@@ -168,6 +168,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
 
     const check = await checkInvariants({ admin, jobs: options.jobs, logs: readLogs(logDir), faults, unexpectedExits: exits });
     const pressure = await idleTxnThroughput(admin, faults, startedAt);
+    if (pressure.idleTxnThroughputPerS === 0) {
+      check.violations.push({ invariant: "the queue keeps working under pressure", detail: "no job finished while an idle transaction was open" });
+    }
     const report = buildReport({
       options,
       startedAt,
