@@ -11,8 +11,12 @@ import { QUEUE, type BenchSystem, type Payload, type Producer, type Profile } fr
 const silent = pino({ level: "silent" });
 const SCHEMA = "leasehold";
 
-/** Jobs in flight per worker process when draining: measured best of 100/500/1,000 (docs/benchmarks.md). */
-export const THROUGHPUT_CONCURRENCY = 500;
+/**
+ * Jobs in flight per worker process when draining. Twice the claim batch (500) lets the
+ * next claim be in flight while the previous batch's handlers end and report
+ * (docs/benchmarks.md); BENCH_LEASEHOLD_CONCURRENCY overrides it for experiments.
+ */
+export const THROUGHPUT_CONCURRENCY = Number(process.env.BENCH_LEASEHOLD_CONCURRENCY ?? 1_000);
 /** The shortest lease the worker accepts (1 s), heartbeat at a third, watchdog 5 times a second. */
 export const RECOVERY_LEASE_MS = 1_000;
 const RECOVERY_WATCHDOG_MS = 200;
@@ -29,7 +33,7 @@ export const leasehold: BenchSystem = {
   database: "bench_leasehold",
   schema: SCHEMA,
   settings: {
-    throughput: `concurrency ${THROUGHPUT_CONCURRENCY} (claims up to 500 per statement), lease 30 s, heartbeat 10 s, batched completions, NOTIFY wake-up`,
+    throughput: `concurrency ${THROUGHPUT_CONCURRENCY} (claims up to 500 per statement, so one claim can be in flight while a batch ends), lease 30 s, heartbeat 10 s, batched completions, NOTIFY wake-up`,
     recovery: `lease ${RECOVERY_LEASE_MS} ms (the minimum), heartbeat ${Math.floor(RECOVERY_LEASE_MS / 3)} ms, watchdog every ${RECOVERY_WATCHDOG_MS} ms, no retry backoff`,
     heartbeat: "250 jobs per process, lease 30 s / heartbeat 10 s (default) and lease 3 s / heartbeat 1 s",
     steady: `as throughput; retention every 2 s deletes finished jobs older than 5 s`,
