@@ -6,6 +6,7 @@ import path from "node:path";
 import { Command, InvalidArgumentError } from "commander";
 import { optionsFor, type ChaosOptions } from "./config.js";
 import { runChaos } from "./harness.js";
+import { resolveWorkerSettings } from "../src/index.js";
 import { REPO_ROOT } from "./supervisor.js";
 
 function positiveInt(name: string) {
@@ -54,7 +55,19 @@ if (o.faultWindowS) partial.faultWindowMs = o.faultWindowS * 1000;
 if (o.seed) partial.seed = o.seed;
 
 const options = optionsFor(partial);
-const result = await runChaos(options);
+try {
+  // The workers' own validation, up front: a bad lease is one clear line, not a restart loop.
+  resolveWorkerSettings({ handlers: { chaos: () => {} }, leaseMs: options.leaseMs, heartbeatMs: options.heartbeatMs, concurrency: options.concurrency });
+} catch (err) {
+  program.error(`error: ${(err as Error).message}`);
+}
+let result;
+try {
+  result = await runChaos(options);
+} catch (err) {
+  console.error(`chaos run could not complete: ${(err as Error).message}`);
+  process.exit(2);
+}
 console.log(result.markdown);
 console.log(`Report: ${result.files.markdown} and ${result.files.json}; process logs in ${result.files.logs}`);
 process.exit(result.report.passed ? 0 : 1);

@@ -59,7 +59,6 @@ export class Supervised {
     this.ready = false;
     this.workerId = undefined;
     this.starts++;
-    this.stderrTail = "";
     child.stderr!.on("data", (b: Buffer) => {
       fs.appendFileSync(this.spec.stderrFile, b);
       this.stderrTail = (this.stderrTail + b.toString()).slice(-STDERR_TAIL);
