@@ -38,7 +38,7 @@ type Column = [key: string, header: string, digits: number];
 
 /** Which metrics each workload's table shows (the JSON has them all). */
 const COLUMNS: Record<string, Column[]> = {
-  enqueue: [["jobsPerSecond", "jobs/s", 0], ["walBytesPerJob", "WAL B/job", 0], ["serverCpuPct", "server CPU %", 0]],
+  enqueue: [["jobsPerSecond", "jobs/s", 0], ["walBytesPerJob", "WAL B/job", 0], ["serverCpuPct", "server CPU %", 0], ["clientCpuPct", "producer CPU %", 0]],
   drain: [
     ["jobsPerSecond", "jobs/s", 0],
     ["serverCpuMsPerKJob", "server CPU ms/1k jobs", 0],

@@ -21,14 +21,18 @@ export async function enqueueWorkload(ctx: BenchContext, system: BenchSystem): P
   try {
     return await withClient(url, async (db) => {
       const before = await readDb(db, ctx.server.pid);
+      const cpuBefore = process.cpuUsage();
       const started = performance.now();
       for (let i = 0; i < jobs; i += batch) {
         await producer.enqueue(payloads(Math.min(batch, jobs - i), () => ({})));
       }
       const seconds = (performance.now() - started) / 1000;
+      const cpu = process.cpuUsage(cpuBefore);
       const after = await readDb(db, ctx.server.pid);
       return {
         jobsPerSecond: jobs / seconds,
+        // The producer runs in this process: validation, serialisation, the driver.
+        clientCpuPct: ((cpu.user + cpu.system) / 1000 / (seconds * 1000)) * 100,
         walBytesPerJob: Number(after.walBytes - before.walBytes) / jobs,
         serverCpuPct: ((after.cpuMs - before.cpuMs) / (seconds * 1000)) * 100,
       };
