@@ -18,6 +18,8 @@ import { registerWorkerRoutes } from "./worker-routes.js";
 
 /** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
 export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
+/** How long a stopping server lets requests in flight finish. */
+export const CLOSE_GRACE_MS = 3_000;
 
 export interface ServerOptions {
   leasehold: Leasehold;
@@ -68,7 +70,17 @@ export function createServer(options: ServerOptions): FastifyInstance {
       return reply.status(401).header("www-authenticate", "Bearer").send(errorBody("unauthorized", "missing or wrong bearer token"));
     }
   });
-  app.addHook("preClose", async () => waiter.close());
+  app.addHook("preClose", async () => {
+    await waiter.close();
+    // Requests still open after a grace period (a client that went silent) are cut: their
+    // clients treat that as an ambiguous answer and retry, which the fence makes safe.
+    setTimeout(() => app.server.closeAllConnections(), CLOSE_GRACE_MS).unref();
+  });
+  // Answers given while closing end their connection, or a keep-alive socket freed after
+  // close began would hold the server open until its keep-alive timeout.
+  app.addHook("onSend", async (_request, reply) => {
+    if (waiter.closed) reply.header("connection", "close");
+  });
 
   app.register(async (api) => {
     registerWorkerRoutes(api, { leasehold: lh, waiter });
