@@ -51,6 +51,8 @@ export async function steadyWorkload(ctx: BenchContext, system: BenchSystem): Pr
       await waitUntil(() => group.ended >= total, 15 * 60_000, 50);
       sampling = false;
       await sampler;
+      const last = await readTables(db, system.schema);
+      samples.push({ t: performance.now(), ended: group.ended, bytes: last.bytes, dead: last.deadTuples });
     });
     const rateBetween = (from: number, to: number) => {
       const a = samples.find((s) => s.ended >= from * total);
