@@ -339,3 +339,39 @@ test("a job whose own lease is shorter than the worker's beat interval is kept a
   }
   assert.deepEqual((await lh.getJob(id)).attempts.map((a) => a.outcome), ["succeeded"]);
 });
+
+test("job commands go through the server with --server, without a database: enqueue, bulk, list, show, cancel, retry, stats", async () => {
+  const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
+  const cli = (args: string[], input?: string) => runCli(["--server", base, ...args], { schema: lh.schema, env, input });
+
+  const enq = await cli(["enqueue", "via.server", "--payload", '{"k":1}', "--queue", "remote-ops", "--delay", "1h", "--json"]);
+  assert.equal(enq.code, 0, enq.stderr);
+  const { id } = JSON.parse(enq.stdout) as { id: string };
+  const shown = JSON.parse((await cli(["jobs", "show", id, "--json"])).stdout) as { job: { state: string; payload: unknown; queue: string } };
+  assert.deepEqual([shown.job.state, shown.job.payload, shown.job.queue], ["waiting", { k: 1 }, "remote-ops"]);
+  assert.match((await cli(["jobs", "show", id])).stdout, /attempt history:/);
+
+  const bulk = await cli(["enqueue", "via.server", "--queue", "remote-ops", "--delay", "1h", "--payloads", "-", "--json"], Array.from({ length: 2_500 }, (_, n) => `{"n":${n}}`).join("\n"));
+  assert.equal(bulk.code, 0, bulk.stderr);
+  assert.deepEqual(JSON.parse(bulk.stdout), { enqueued: 2_500, created: 2_500 });
+  const badLine = await cli(["enqueue", "via.server", "--payloads", "-"], '{"n":1}\nnope\n');
+  assert.equal(badLine.code, 2);
+  assert.match(badLine.stderr, /line 2: invalid JSON/);
+
+  const list = JSON.parse((await cli(["jobs", "list", "--queue", "remote-ops", "--limit", "3000", "--json"])).stdout) as unknown[];
+  assert.equal(list.length, 2_501);
+  assert.equal((await cli(["jobs", "cancel", id])).stdout, `job ${id} cancelled\n`);
+  assert.equal((await cli(["jobs", "retry", id])).code, 0);
+  const retryWaiting = await cli(["jobs", "retry", id]);
+  assert.equal(retryWaiting.code, 4);
+  assert.ok(isOneLineError(retryWaiting.stderr), retryWaiting.stderr);
+  const missing = await cli(["jobs", "show", "99999999"]);
+  assert.equal(missing.code, 3);
+  assert.match(missing.stderr, /job 99999999 does not exist/);
+  const stats = JSON.parse((await cli(["stats", "--json"])).stdout) as { counts: { queue: string; state: string; count: number }[] };
+  assert.ok(stats.counts.some((c) => c.queue === "remote-ops" && c.state === "waiting" && c.count === 2_501));
+  assert.match((await cli(["stats"])).stdout, /remote-ops/);
+  const wrongToken = await runCli(["--server", base, "--token", "wrong-token-0123456789", "stats"], { schema: lh.schema, env });
+  assert.equal(wrongToken.code, 2);
+  assert.match(wrongToken.stderr, /401.*missing or wrong bearer token/);
+});

@@ -10,12 +10,16 @@ import path from "node:path";
 import pino, { type Logger } from "pino";
 import { Leasehold } from "../client.js";
 import { readDevState } from "./dev-state.js";
+import { CliError } from "./errors.js";
+import { RemoteOperations, type JobOperations } from "./remote-operations.js";
 
 export interface GlobalOptions {
   databaseUrl?: string;
   schema?: string;
   dataDir: string;
   json?: boolean;
+  server?: string;
+  token?: string;
 }
 
 export class Cli {
@@ -67,6 +71,24 @@ export class Cli {
     });
     this.closers.push(() => lh.close());
     return lh;
+  }
+
+  /** The server to use instead of the database: --server, else LEASEHOLD_SERVER_URL. */
+  get serverUrl(): string | undefined {
+    return this.options.server ?? process.env.LEASEHOLD_SERVER_URL;
+  }
+
+  get token(): string | undefined {
+    return this.options.token ?? process.env.LEASEHOLD_TOKEN;
+  }
+
+  /** Job operations: through the server when one is given, else on the database. */
+  async operations(): Promise<JobOperations> {
+    const server = this.serverUrl;
+    if (!server) return this.connect();
+    const token = this.token;
+    if (!token) throw new CliError("--server needs the server's API token: set LEASEHOLD_TOKEN or pass --token");
+    return new RemoteOperations(server, token);
   }
 
   onClose(fn: () => Promise<void>): void {

@@ -19,6 +19,8 @@ const program = new Command("leasehold")
   .addOption(new Option("--schema <name>", "schema of Leasehold's tables (default: LEASEHOLD_SCHEMA or leasehold)"))
   .addOption(new Option("--data-dir <dir>", "where the embedded PostgreSQL and dev state live").env("LEASEHOLD_DATA_DIR").default(".leasehold"))
   .option("--json", "machine-readable output (one JSON value per line)")
+  .option("--server <url>", "job commands and workers go through this `leasehold serve` instead of the database (default: LEASEHOLD_SERVER_URL)")
+  .option("--token <token>", "the server's API token (default: LEASEHOLD_TOKEN)")
   .showSuggestionAfterError(true)
   .exitOverride()
   .configureOutput({

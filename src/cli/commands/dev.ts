@@ -46,7 +46,7 @@ export function registerDev(program: Command, run: Run): void {
         say("Starting Leasehold dev…");
         const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
         const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
-        const token = opts.token ?? process.env.LEASEHOLD_TOKEN ?? randomBytes(18).toString("base64url");
+        const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
         const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger };
         let apiUrl: string;
         try {

@@ -1,17 +1,19 @@
 /**
  * `leasehold enqueue TASK`: one job, or with --payloads a JSON-lines file (or `-` for stdin)
- * of payloads, one job per line, inserted in batches of ENQUEUE_CHUNK. Each batch is one
+ * of payloads, one job per line, inserted in batches of ENQUEUE_CHUNK (REMOTE_ENQUEUE_BATCH
+ * through a server). Each batch is one
  * INSERT and every line of it is checked before it is sent, so a bad line stops the import
  * with its line number and nothing of its batch is written (earlier batches are).
  */
 import fs from "node:fs";
 import readline from "node:readline";
 import type { Command } from "commander";
-import { ENQUEUE_CHUNK, type Leasehold } from "../../client.js";
+import { ENQUEUE_CHUNK } from "../../client.js";
 import { LeaseholdError } from "../../errors.js";
 import type { EnqueueOptions, NewJob } from "../../jobs/types.js";
 import { checkName, serializePayload } from "../../jobs/validate.js";
 import type { Cli } from "../context.js";
+import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError } from "../errors.js";
 import { duration, int, isoDate, json, readFile } from "../parse.js";
 
@@ -68,7 +70,7 @@ export function registerEnqueue(program: Command, run: Run): void {
             : flags.payloadFile !== undefined
               ? json(readFile(flags.payloadFile, "--payload-file"), `--payload-file ${flags.payloadFile}`)
               : {};
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         const job = await lh.enqueue(task, payload, options);
         cli.result(job, () =>
           job.created ? `enqueued job ${job.id} (${task})` : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
@@ -84,8 +86,10 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
     if (!fs.existsSync(file)) throw new CliError(`--payloads: cannot read ${file} (ENOENT)`);
     input = fs.createReadStream(file, "utf8");
   }
+  const lh = await cli.operations();
+  // One batch is one INSERT (or one API request), so it is written whole or not at all.
+  const batchSize = lh instanceof RemoteOperations ? REMOTE_ENQUEUE_BATCH : ENQUEUE_CHUNK;
   const lines = readline.createInterface({ input, crlfDelay: Infinity });
-  let lh: Leasehold | undefined;
   let batch: NewJob[] = [];
   let batchFirstLine = 0;
   let enqueued = 0;
@@ -93,7 +97,6 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
   let lineNo = 0;
   const flush = async () => {
     if (batch.length === 0) return;
-    lh ??= await cli.connect();
     let jobs;
     try {
       jobs = await lh.enqueueMany(batch);
@@ -122,7 +125,7 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
         );
       }
       batch.push({ ...options, task, payload });
-      if (batch.length >= ENQUEUE_CHUNK) await flush();
+      if (batch.length >= batchSize) await flush();
     }
     await flush();
   } finally {

@@ -22,7 +22,7 @@ export function registerJobCommands(program: Command, run: Run): void {
     .option("--limit <n>", "at most this many (default 50)", int("--limit", 1, 10_000))
     .action(
       run(async (cli, opts: { state?: string; queue?: string; limit?: number }) => {
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         const list = await lh.listJobs(opts);
         cli.result(list, () => jobsTable(list));
       }),
@@ -33,7 +33,7 @@ export function registerJobCommands(program: Command, run: Run): void {
     .description("a job's record and its attempt history")
     .action(
       run(async (cli, id: string) => {
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         const { job, attempts } = await lh.getJob(id);
         cli.result({ job, attempts }, () => jobDetails(job, attempts));
       }),
@@ -44,7 +44,7 @@ export function registerJobCommands(program: Command, run: Run): void {
     .description("cancel a job: a waiting one ends now, a running one is aborted at its next heartbeat")
     .action(
       run(async (cli, id: string) => {
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         const result = await lh.cancel(id);
         cli.result({ id, result }, () =>
           result === "cancelled" ? `job ${id} cancelled` : `cancel requested for running job ${id}: its handler is aborted at its next heartbeat`,
@@ -57,7 +57,7 @@ export function registerJobCommands(program: Command, run: Run): void {
     .description("move a dead or cancelled job back to waiting with a fresh retry budget")
     .action(
       run(async (cli, id: string) => {
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         await lh.retry(id);
         cli.result({ id, result: "retried" }, () => `job ${id} is waiting again with a fresh retry budget`);
       }),
@@ -68,7 +68,7 @@ export function registerJobCommands(program: Command, run: Run): void {
     .description("job counts by queue and state, active leases, the oldest waiting job")
     .action(
       run(async (cli) => {
-        const lh = await cli.connect();
+        const lh = await cli.operations();
         const stats = await lh.stats();
         cli.result(stats, () => statsText(stats));
       }),

@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import type { Logger } from "pino";
 import type { Leasehold } from "../../client.js";
 import { DEFAULT_WATCHDOG_INTERVAL_MS } from "../../maintenance/watchdog.js";
-import { createServer } from "../../server/app.js";
+import { checkToken } from "../../server/auth.js";
 import { RemoteTransport } from "../../worker/remote-transport.js";
 import { Worker } from "../../worker/worker.js";
 import type { Cli } from "../context.js";
@@ -39,8 +39,9 @@ export function registerRunCommands(program: Command, run: Run): void {
     .option("--watchdog-interval <ms>", "how often the watchdog looks for expired leases", int("--watchdog-interval", 100, 3_600_000))
     .action(
       run(async (cli, opts: { host: string; port: number; token?: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number }) => {
-        const token = opts.token ?? process.env.LEASEHOLD_TOKEN;
+        const token = opts.token ?? cli.token;
         if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
+        checkToken(token); // before connecting: a bad token should not cost a database start
         const logger = cli.logger("info");
         const lh = await cli.connect({ logger, poolSize: 20 });
         const url = await startServer(cli, lh, { ...opts, token, logger });
@@ -71,10 +72,10 @@ export function registerRunCommands(program: Command, run: Run): void {
           ...(opts.lease !== undefined && { leaseMs: opts.lease }),
         };
         const logger = cli.logger("info");
-        const serverUrl = opts.server ?? process.env.LEASEHOLD_SERVER_URL;
+        const serverUrl = opts.server ?? cli.serverUrl;
         let worker: Worker;
         if (serverUrl) {
-          const token = opts.token ?? process.env.LEASEHOLD_TOKEN;
+          const token = opts.token ?? cli.token;
           if (!token) throw new CliError("a remote worker needs the server's token: set LEASEHOLD_TOKEN or pass --token");
           const transport = new RemoteTransport({ serverUrl, token });
           await transport.check();
@@ -121,6 +122,8 @@ export async function startServer(
   lh: Leasehold,
   opts: { host: string; port: number; token: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number; logger: Logger },
 ): Promise<string> {
+  // Loaded here, not at the top: the other commands should not pay for fastify's start-up.
+  const { createServer } = await import("../../server/app.js");
   const app = createServer({ leasehold: lh, token: opts.token, bodyLimitBytes: opts.bodyLimit });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
   try {

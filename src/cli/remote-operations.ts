@@ -1,0 +1,118 @@
+/**
+ * The CLI's job operations over a `leasehold serve` API instead of a database connection
+ * (`--server URL --token T`), for operators who can reach the server but not the database.
+ * Same shapes and the same typed errors as the `Leasehold` client's methods.
+ */
+import type { Leasehold } from "../client.js";
+import { JobNotFoundError, JobStateError, ValidationError } from "../errors.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "../jobs/types.js";
+import type { QueueStats } from "../store/index.js";
+import { ServerError, ServerUnavailableError } from "../worker/remote-transport.js";
+
+/** What the job commands need: the `Leasehold` client has it, and so does this API client. */
+export type JobOperations = Pick<Leasehold, "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats">;
+
+/** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
+export const REMOTE_ENQUEUE_BATCH = 1_000;
+const TIMEOUT_MS = 30_000;
+
+type Wire<T> = { [K in keyof T]: T[K] extends Date ? string : T[K] extends Date | null ? string | null : T[K] };
+
+export class RemoteOperations implements JobOperations {
+  private readonly base: URL;
+
+  constructor(
+    serverUrl: string,
+    private readonly token: string,
+  ) {
+    try {
+      this.base = new URL(serverUrl);
+    } catch {
+      throw new ValidationError(`server URL ${JSON.stringify(serverUrl)} is not a URL`);
+    }
+  }
+
+  async enqueue(task: string, payload?: unknown, options: EnqueueOptions = {}): Promise<EnqueuedJob> {
+    return this.call<EnqueuedJob>("POST", "/v1/jobs", { ...options, task, payload });
+  }
+
+  async enqueueMany(jobs: NewJob[]): Promise<EnqueuedJob[]> {
+    const out: EnqueuedJob[] = [];
+    for (let i = 0; i < jobs.length; i += REMOTE_ENQUEUE_BATCH) {
+      const { jobs: created } = await this.call<{ jobs: EnqueuedJob[] }>("POST", "/v1/jobs/batch", { jobs: jobs.slice(i, i + REMOTE_ENQUEUE_BATCH) });
+      out.push(...created);
+    }
+    return out;
+  }
+
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+    if (!/^[1-9]\d{0,18}$/.test(id)) throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
+    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
+    return { job: jobFromWire(r.job), attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })) };
+  }
+
+  async listJobs(filter: { state?: string; queue?: string; limit?: number } = {}): Promise<JobRecord[]> {
+    const query = new URLSearchParams();
+    for (const [k, v] of Object.entries(filter)) if (v !== undefined) query.set(k, String(v));
+    const r = await this.call<{ jobs: Wire<JobRecord>[] }>("GET", `/v1/jobs?${query}`);
+    return r.jobs.map(jobFromWire);
+  }
+
+  async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
+    return (await this.call<{ result: "cancelled" | "cancel_requested" }>("POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, undefined, id)).result;
+  }
+
+  async retry(id: string): Promise<void> {
+    await this.call("POST", `/v1/jobs/${encodeURIComponent(id)}/retry`, undefined, id);
+  }
+
+  async stats(): Promise<QueueStats> {
+    const s = await this.call<Wire<QueueStats>>("GET", "/v1/stats");
+    return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
+  }
+
+  private async call<T>(method: "GET" | "POST", path: string, body?: unknown, jobId?: string): Promise<T> {
+    let response: Response;
+    let text: string;
+    try {
+      response = await fetch(new URL(path, this.base), {
+        method,
+        headers: { authorization: `Bearer ${this.token}`, ...(body !== undefined && { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(TIMEOUT_MS),
+      });
+      text = await response.text();
+    } catch (err) {
+      const cause = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).message;
+      throw new ServerUnavailableError(`cannot reach the Leasehold server at ${this.base.origin} (${cause})`);
+    }
+    let parsed: { error?: { code?: string; message?: string } } = {};
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      // not JSON: described by the status below
+    }
+    if (response.ok) return parsed as T;
+    const code = parsed.error?.code ?? "server_error";
+    const message = parsed.error?.message ?? `server answered ${response.status}`;
+    if (code === "job_not_found" && jobId) throw new JobNotFoundError(jobId);
+    if (code === "invalid_state") throw new JobStateError(message);
+    if (response.status === 400) throw new ValidationError(message);
+    if (response.status >= 502 && response.status <= 504) throw new ServerUnavailableError(`server answered ${response.status}: ${message}`);
+    throw new ServerError(code, `server answered ${response.status}: ${message}`, response.status);
+  }
+}
+
+function jobFromWire(j: Wire<JobRecord>): JobRecord {
+  const date = (v: string | null) => (v === null ? null : new Date(v));
+  return {
+    ...j,
+    runAt: date(j.runAt),
+    leaseUntil: date(j.leaseUntil),
+    heartbeatAt: date(j.heartbeatAt),
+    cancelRequestedAt: date(j.cancelRequestedAt),
+    createdAt: new Date(j.createdAt),
+    startedAt: date(j.startedAt),
+    finishedAt: date(j.finishedAt),
+  };
+}
