@@ -105,6 +105,7 @@ test("every call but /healthz needs the bearer token: missing or wrong is 401 wi
   const metrics = await api("GET", "/metrics");
   assert.equal(metrics.status, 200);
   assert.match(metrics.text, /leasehold_jobs_claimed_total/);
+  assert.match(metrics.text, /leasehold_http_requests_total\{route="\/v1\/stats",method="GET",status="401"\} [1-9]/);
 });
 
 test("bad inputs: schema-invalid bodies are 400 naming the problem, oversized bodies 413, unknown jobs 404; nothing leaks", async () => {

@@ -12,6 +12,7 @@ import * as store from "../store/index.js";
 import { bearerMatcher, checkToken } from "./auth.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
+import { recordRequests } from "./http-metrics.js";
 import { registerJobRoutes } from "./job-routes.js";
 import { routes } from "./schemas.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
@@ -61,6 +62,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     },
   });
   app.setErrorHandler(handleError);
+  recordRequests(app, lh.metrics.registry);
   app.setNotFoundHandler((request, reply) => {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });
