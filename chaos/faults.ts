@@ -195,10 +195,10 @@ async function idleTransaction(ctx: FaultContext): Promise<FaultRecord> {
 
 async function burst(ctx: FaultContext): Promise<FaultRecord> {
   const at = Date.now();
-  const durationMs = between(ctx.random, 4_000, 8_000) * Math.max(1, Math.round(ctx.options.faultWindowMs / 100_000));
   const drainRate = await ctx.producer.drainRate(ctx.admin);
   const rate = drainRate * 1.5;
-  const jobs = ctx.producer.boost(rate, durationMs);
+  // 4-8 s at that rate, or shorter if this burst's share of the jobs runs out first.
+  const { jobs, durationMs } = ctx.producer.boost(rate, between(ctx.random, 4_000, 8_000));
   return { kind: "burst", at, durationMs, detail: `${jobs} jobs at ${rate.toFixed(0)}/s (1.5x drain ${drainRate.toFixed(0)}/s)`, held: [] };
 }
 

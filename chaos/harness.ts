@@ -196,16 +196,24 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   }
 }
 
-/** Waits until no job is waiting or running; a timeout leaves them for the checker to report. */
+/**
+ * Waits until no job is waiting or running. Gives up when nothing has finished for a while
+ * (a stuck job) or at the overall limit; the checker then reports what is left.
+ */
 async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) => void): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   let lastSaid = 0;
-  while (Date.now() < deadline) {
+  let last = -1;
+  let progressAt = Date.now();
+  while (Date.now() < deadline && Date.now() - progressAt < NO_PROGRESS_MS) {
     try {
       const { rows } = await admin.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
-      if (rows[0]!.n === 0) return;
+      const n = rows[0]!.n;
+      if (n === 0) return;
+      if (n !== last) progressAt = Date.now();
+      last = n;
       if (Date.now() - lastSaid > 5_000) {
-        say(`${rows[0]!.n} jobs unfinished`);
+        say(`${n} jobs unfinished`);
         lastSaid = Date.now();
       }
     } catch {
@@ -213,8 +221,11 @@ async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) 
     }
     await sleep(200);
   }
-  say(`queue did not drain within ${timeoutMs} ms`);
+  say(`queue did not drain (${last} jobs left)`);
 }
+
+/** Retries back off 2 s at most and leases are seconds long: a minute without a change is a stuck job. */
+const NO_PROGRESS_MS = 60_000;
 
 /** Jobs finished per second while an idle transaction was open, and the rest of the run. */
 async function idleTxnThroughput(admin: pg.Pool, faults: FaultRecord[], startedAt: number): Promise<ChaosReport["pressure"]> {

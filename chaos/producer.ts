@@ -21,6 +21,8 @@ export class Producer {
   private boostUntil = 0;
   private boostRate = 0;
   private boostCredit = 0;
+  private boostLeft = 0;
+  private lastTick = Date.now();
   private stopped = false;
   private loop?: Promise<void>;
   /** Enqueue calls that failed and were sent again. */
@@ -44,13 +46,18 @@ export class Producer {
     this.loop = this.run();
   }
 
-  /** Enqueues at `rate` jobs/s on top of the steady pace for `ms`; returns how many it will add. */
-  boost(rate: number, ms: number): number {
+  /**
+   * Enqueues at `rate` jobs/s on top of the steady pace for up to `ms`, within this burst's
+   * share of the jobs; returns how many jobs and for how long.
+   */
+  boost(rate: number, ms: number): { jobs: number; durationMs: number } {
     const share = Math.round((this.options.jobs * (1 - STEADY_SHARE)) / Math.max(1, this.burstsPlanned));
-    const budget = Math.min(Math.round(rate * (ms / 1000)), share, this.options.jobs - this.next);
-    this.boostRate = budget / (ms / 1000);
-    this.boostUntil = Date.now() + ms;
-    return Math.max(0, budget);
+    const jobs = Math.max(0, Math.min(Math.round(rate * (ms / 1000)), share, this.options.jobs - this.next));
+    const durationMs = Math.max(TICK_MS, Math.round((jobs / rate) * 1000));
+    this.boostRate = rate;
+    this.boostLeft += jobs;
+    this.boostUntil = Date.now() + durationMs;
+    return { jobs, durationMs };
   }
 
   /** Jobs finished per second over the last few seconds, or the workers' capacity estimate if higher. */
@@ -81,12 +88,17 @@ export class Producer {
     while (!this.stopped && this.next < o.jobs) {
       const elapsed = Date.now() - this.startedAt;
       const steadyDue = Math.max(0, Math.min(steady, Math.ceil((steady * elapsed) / o.faultWindowMs)) - this.steadySent);
+      // A burst's jobs go out at its rate by the clock (an enqueue may take longer than a tick);
+      // whatever is left when its time is up goes at once.
+      const now = Date.now();
       let boostDue = 0;
-      if (Date.now() < this.boostUntil) {
-        this.boostCredit += (this.boostRate * TICK_MS) / 1000;
-        boostDue = Math.floor(this.boostCredit);
-        this.boostCredit -= boostDue;
-      }
+      if (this.boostLeft > 0) {
+        const owed = now >= this.boostUntil ? this.boostLeft : (this.boostRate * (now - this.lastTick)) / 1000 + this.boostCredit;
+        boostDue = Math.min(this.boostLeft, Math.floor(owed));
+        this.boostCredit = owed - boostDue;
+        this.boostLeft -= boostDue;
+      } else this.boostCredit = 0;
+      this.lastTick = now;
       this.steadySent += steadyDue;
       for (let due = Math.min(steadyDue + boostDue, o.jobs - this.next); due > 0; due -= BATCH) {
         await this.send(Math.min(BATCH, due));
