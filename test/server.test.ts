@@ -307,11 +307,13 @@ test("leasehold worker --server runs a tasks module against the server, with no 
   fs.writeFileSync(tasksFile, `export default { "remote.echo": async (payload, ctx) => { ctx.progress({ echoed: payload.word }); } };\n`);
   const { json: job } = await api("POST", "/v1/jobs", { task: "remote.echo", payload: { word: "hello" } });
   // DATABASE_URL points nowhere: everything must go through the server.
-  const worker = await startCli(["worker", "--server", base, "--tasks", tasksFile], {
+  const worker = await startCli(["worker", "--server", base, "--tasks", tasksFile, "--json"], {
     schema: lh.schema,
     env: { LEASEHOLD_TOKEN: TOKEN, DATABASE_URL: "postgres://nobody@127.0.0.1:1/none" },
-    ready: new RegExp(`✔ job ${job.id} remote\\.echo succeeded`),
+    ready: /"event":"job:end".*\n/,
   });
+  const events = worker.output().trim().split("\n").map((l) => JSON.parse(l) as { event?: string; id?: string; state?: string });
+  assert.deepEqual(events.filter((e) => e.event === "job:end").map((e) => [e.id, e.state]), [[job.id, "succeeded"]]);
   const stopped = await worker.stop("SIGINT");
   assert.equal(stopped.code, 0, stopped.stderr);
   assert.equal((await lh.getJob(job.id)).job.state, "succeeded");

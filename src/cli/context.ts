@@ -100,6 +100,9 @@ export class Cli {
   }
 }
 
+/** Wraps a command's action: builds its Cli from the global and local options, closes it after. */
+export type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
+
 /** A URL safe to print: the password is masked. */
 export function redactUrl(url: string): string {
   try {

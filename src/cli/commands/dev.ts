@@ -9,7 +9,8 @@ import { randomBytes } from "node:crypto";
 import path from "node:path";
 import type { Command } from "commander";
 import pino from "pino";
-import type { Cli } from "../context.js";
+import type { Leasehold } from "../../client.js";
+import type { Cli, Run } from "../context.js";
 import { redactUrl } from "../context.js";
 import { readDevState, removeDevState, writeDevState } from "../dev-state.js";
 import { CliError } from "../errors.js";
@@ -18,8 +19,6 @@ import { int } from "../parse.js";
 import { untilSignal } from "../signals.js";
 import { EXAMPLE_TASKS, loadTasks } from "../tasks.js";
 import { DEFAULT_PORT, startServer } from "./run.js";
-
-type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
 
 /** The bundled examples' jobs, enqueued at start so there is something to watch. */
 const EXAMPLE_JOBS = [
@@ -42,8 +41,11 @@ export function registerDev(program: Command, run: Run): void {
         const running = readDevState(cli.dataDir);
         if (running) throw new CliError(`leasehold dev is already running here (pid ${running.pid}, API ${running.apiUrl}); stop it first or use another --data-dir`);
         const say = (line: string) => process.stdout.write(line + "\n");
-        const logger = pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
-        say("Starting Leasehold dev…");
+        // Readable log lines among the job lines; with --json, pino's own lines on stderr.
+        const logger = cli.json
+          ? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, pino.destination({ fd: 2, sync: true }))
+          : pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
+        if (!cli.json) say("Starting Leasehold dev…");
         const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
         const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
         const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
@@ -59,33 +61,46 @@ export function registerDev(program: Command, run: Run): void {
         cli.onClose(async () => removeDevState(cli.dataDir));
 
         const worker = lh.worker({ handlers, concurrency: opts.concurrency, logger, watchdog: { intervalMs: 1_000 } });
-        printJobEvents(worker, (line) => say(`${clock()} ${line}`));
+        printJobEvents(worker, (line) => say(cli.json ? line : `${clock()} ${line}`), cli.json);
         await worker.start();
 
         const taskNames = Object.keys(handlers);
         const rel = (p: string) => (p.startsWith(process.cwd() + path.sep) ? path.relative(process.cwd(), p) : p);
-        say("");
-        say("Leasehold dev is running.");
-        say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
-        say(`  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` + (process.env.DATABASE_URL || cli.options.databaseUrl ? "" : `  (embedded, data in ${rel(path.join(cli.dataDir, "pgdata"))})`));
-        say(`  Tasks      ${taskNames.join(", ")}  from ${rel(file)}`);
-        say("");
-        say("From another terminal in this folder (commands find this dev session through " + `${rel(path.join(cli.dataDir, "dev.json"))}):`);
-        say(`  npx leasehold enqueue ${taskNames[0]} --payload '${JSON.stringify(EXAMPLE_JOBS.find((j) => j.task === taskNames[0])?.payload ?? {})}'`);
-        say("  npx leasehold jobs list        npx leasehold jobs show <id>        npx leasehold stats");
-        say(`  curl -H 'Authorization: Bearer ${token}' ${apiUrl}/v1/stats`);
-        say("Press Ctrl-C to stop (running jobs get a few seconds to finish; the rest are released).");
-        say("");
+        if (cli.json) {
+          say(JSON.stringify({ event: "ready", api: apiUrl, token, database: redactUrl(lh.databaseUrl), schema: lh.schema, tasks: taskNames, tasksFile: file }));
+        } else {
+          printBanner(say, { apiUrl, token, lh, cli, taskNames, file: rel(file), stateFile: rel(path.join(cli.dataDir, "dev.json")), pgdata: rel(path.join(cli.dataDir, "pgdata")) });
+        }
         if (!opts.tasks && opts.examples) {
           const jobs = await lh.enqueueMany(EXAMPLE_JOBS);
-          say(`${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` + EXAMPLE_JOBS.map((j, i) => `#${jobs[i]!.id} ${j.task}`).join(", "));
+          const ids = jobs.map((j) => j.id);
+          say(cli.json ? JSON.stringify({ event: "examples_enqueued", ids }) : `${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` + EXAMPLE_JOBS.map((j, i) => `#${ids[i]} ${j.task}`).join(", "));
         }
 
         await untilSignal(cli, "stopping");
         await worker.stop(5_000);
-        say("Leasehold dev stopped.");
+        say(cli.json ? JSON.stringify({ event: "stopped" }) : "Leasehold dev stopped.");
       }),
     );
+}
+
+function printBanner(
+  say: (line: string) => void,
+  b: { apiUrl: string; token: string; lh: Leasehold; cli: Cli; taskNames: string[]; file: string; stateFile: string; pgdata: string },
+): void {
+  const { apiUrl, token, lh, cli, taskNames } = b;
+  say("");
+  say("Leasehold dev is running.");
+  say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
+  say(`  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` + (process.env.DATABASE_URL || cli.options.databaseUrl ? "" : `  (embedded, data in ${b.pgdata})`));
+  say(`  Tasks      ${taskNames.join(", ")}  from ${b.file}`);
+  say("");
+  say(`From another terminal in this folder (commands find this dev session through ${b.stateFile}):`);
+  say(`  npx leasehold enqueue ${taskNames[0]} --payload '${JSON.stringify(EXAMPLE_JOBS.find((j) => j.task === taskNames[0])?.payload ?? {})}'`);
+  say("  npx leasehold jobs list        npx leasehold jobs show <id>        npx leasehold stats");
+  say(`  curl -H 'Authorization: Bearer ${token}' ${apiUrl}/v1/stats`);
+  say("Press Ctrl-C to stop (running jobs get a few seconds to finish; the rest are released).");
+  say("");
 }
 
 function clock(): string {

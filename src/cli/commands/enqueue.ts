@@ -12,7 +12,7 @@ import { ENQUEUE_CHUNK } from "../../client.js";
 import { LeaseholdError } from "../../errors.js";
 import type { EnqueueOptions, NewJob } from "../../jobs/types.js";
 import { checkName, serializePayload } from "../../jobs/validate.js";
-import type { Cli } from "../context.js";
+import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError } from "../errors.js";
 import { duration, int, isoDate, json, readFile } from "../parse.js";
@@ -29,8 +29,6 @@ interface EnqueueFlags {
   uniqueKey?: string;
   lease?: number;
 }
-
-type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
 
 export function registerEnqueue(program: Command, run: Run): void {
   program

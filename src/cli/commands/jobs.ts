@@ -1,12 +1,10 @@
 /** `leasehold jobs list|show|cancel|retry` and `leasehold stats`. */
 import type { Command } from "commander";
 import { JOB_STATES } from "../../jobs/types.js";
-import type { Cli } from "../context.js";
+import type { Cli, Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { jobDetails, jobsTable, statsText } from "../format.js";
 import { int } from "../parse.js";
-
-type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
 
 export function registerJobCommands(program: Command, run: Run): void {
   const jobs = program.command("jobs").description("list, inspect, cancel and retry jobs");

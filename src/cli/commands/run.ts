@@ -6,14 +6,12 @@ import { DEFAULT_WATCHDOG_INTERVAL_MS } from "../../maintenance/watchdog.js";
 import { checkToken } from "../../server/auth.js";
 import { RemoteTransport } from "../../worker/remote-transport.js";
 import { Worker } from "../../worker/worker.js";
-import type { Cli } from "../context.js";
+import type { Cli, Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { printJobEvents } from "../job-events.js";
 import { int, list } from "../parse.js";
 import { loadTasks } from "../tasks.js";
 import { untilSignal } from "../signals.js";
-
-type Run = (fn: (cli: Cli, ...args: any[]) => Promise<void>) => (...args: any[]) => Promise<void>;
 
 export const DEFAULT_PORT = 7070;
 
@@ -84,7 +82,7 @@ export function registerRunCommands(program: Command, run: Run): void {
           const lh = await cli.connect({ logger });
           worker = lh.worker({ ...settings, watchdog: opts.watchdog });
         }
-        if (!cli.json) printJobEvents(worker, (line) => process.stdout.write(line + "\n"));
+        printJobEvents(worker, (line) => process.stdout.write(line + "\n"), cli.json);
         await worker.start();
         cli.result({ worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database" }, () =>
           `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"}); Ctrl-C stops it gracefully`,
