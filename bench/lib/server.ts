@@ -99,6 +99,8 @@ export function serverCpuMs(postmasterPid: number | undefined): number {
     const ppid = Number(fields[1]);
     if (pid !== postmasterPid && ppid !== postmasterPid) continue;
     ticks += Number(fields[11]) + Number(fields[12]); // utime, stime
+    // Backends that exited were reaped by the postmaster: their time is in its cutime, cstime.
+    if (pid === postmasterPid) ticks += Number(fields[13]) + Number(fields[14]);
   }
   return (ticks * 1000) / CLOCK_TICKS;
 }
