@@ -378,3 +378,17 @@ test("job commands go through the server with --server, without a database: enqu
   assert.equal(wrongToken.code, 2);
   assert.match(wrongToken.stderr, /401.*missing or wrong bearer token/);
 });
+
+test("a long poll whose client went away claims nothing: a job enqueued afterwards stays waiting", async () => {
+  const req = http.request(base + "/v1/worker/claim", { method: "POST", headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" } });
+  req.on("error", () => {});
+  req.end(JSON.stringify({ workerId: "w-gone", queues: ["left-behind"], tasks: ["t"], limit: 5, leaseMs: 60_000, waitMs: 10_000 }));
+  await new Promise((r) => setTimeout(r, 300)); // the server is now waiting for a job
+  req.destroy();
+  await new Promise((r) => setTimeout(r, 200));
+  const { id } = await lh.enqueue("t", {}, { queue: "left-behind" });
+  await new Promise((r) => setTimeout(r, 1_500)); // past the long poll's re-check
+  const { job } = await lh.getJob(id);
+  assert.equal(job.state, "waiting");
+  assert.equal(job.attempt, 0);
+});
