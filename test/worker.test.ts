@@ -310,3 +310,50 @@ test("a completion whose commit is ambiguous (connection lost after commit) is r
   assert.deepEqual(outcome, { state: "succeeded" }, "the retry matched nothing, and the audit row showed our success");
   assert.equal((await lh.getJob(id)).job.state, "succeeded");
 });
+
+test("a worker that claims again a job whose older attempt it still runs stops the older one and keeps the new one alive", async (t) => {
+  const lh = await freshLeasehold(t);
+  const finishers = new Map<number, () => void>();
+  const aborted: [number, unknown][] = [];
+  const worker = lh.worker({
+    concurrency: 2,
+    heartbeatMs: 60_000, // beats only when the test asks: the first lease runs out unnoticed
+    leaseMs: 180_000,
+    watchdog: false,
+    handlers: {
+      t: (_: unknown, ctx: JobContext) =>
+        new Promise<void>((resolve, reject) => {
+          finishers.set(ctx.attempt, resolve);
+          ctx.signal.addEventListener("abort", () => {
+            aborted.push([ctx.attempt, (ctx.signal.reason as JobAbortedError).reason]);
+            reject(ctx.signal.reason);
+          });
+        }),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("t");
+  await waitForEvent(worker, "job:start", (job: { id: string; attempt: number }) => job.id === id && job.attempt === 1);
+  const ends: [number, string][] = [];
+  worker.on("job:end", (job: { id: string; attempt: number }, o: { state: string }) => job.id === id && ends.push([job.attempt, o.state]));
+  // Attempt 1's lease runs out and is reaped; the NOTIFY brings this same worker to claim it again.
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
+  await lh.watchdog({ backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } }).runOnce();
+  await waitForEvent(worker, "job:start", (job: { id: string; attempt: number }) => job.id === id && job.attempt === 2);
+  await eventually(async () => ends.length === 1, "the older attempt ended");
+  assert.deepEqual(aborted, [[1, "reclaimed"]]);
+  assert.deepEqual(ends, [[1, "lost"]]);
+  assert.equal(worker.inFlightCount, 1, "the new attempt is still tracked after the old one ended");
+  // The new attempt's lease is still renewed by beats, and its success lands.
+  const before = (await lh.getJob(id)).job.leaseUntil!;
+  await new Promise((r) => setTimeout(r, 20));
+  await worker.heartbeatNow();
+  assert.ok((await lh.getJob(id)).job.leaseUntil! > before, "attempt 2 is still beaten");
+  finishers.get(2)!();
+  await eventually(async () => ends.length === 2, "the new attempt ended");
+  assert.deepEqual(ends, [[1, "lost"], [2, "succeeded"]]);
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.state, "succeeded");
+  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
+});

@@ -28,6 +28,14 @@ export interface InFlight {
   checkpointJson?: string;
 }
 
+/**
+ * In-flight entries are keyed by job *and* attempt: a worker whose lease expired (it hung,
+ * or was cut off) can claim the same job again while the old attempt's handler still runs.
+ */
+export function attemptKey(job: { id: string; attempt: number }): string {
+  return `${job.id}:${job.attempt}`;
+}
+
 /** Retry a failed beat this soon rather than waiting a whole interval. */
 const FAILED_BEAT_RETRY_MS = 500;
 
@@ -101,6 +109,8 @@ export class Heartbeater {
   }
 
   private async beat(): Promise<void> {
+    // At most one live entry per job: a re-claim marks the older attempt lost (Worker.runJob),
+    // so results keyed by job id below are unambiguous.
     const entries = [...this.inFlight.values()].filter((e) => !e.lostReason);
     if (entries.length === 0) return this.schedule(this.interval());
     const sentAt = performance.now();
@@ -139,7 +149,7 @@ export class Heartbeater {
     for (const e of entries) {
       // The handler may have finished and its completion committed while the beat was in
       // flight: then the reporter owns the outcome.
-      if (this.inFlight.get(e.job.id) !== e || e.phase !== "running") continue;
+      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase !== "running") continue;
       const reason = reasons.get(e.job.id)?.reason ?? "missing";
       this.metrics.staleReports.inc({ kind: "heartbeat", reason });
       e.lostReason = reason;

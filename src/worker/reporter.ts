@@ -66,8 +66,8 @@ export class Reporter {
 
   private async flushAll(): Promise<void> {
     while (this.successes.length + this.failures.length > 0) {
-      const successes = this.successes.splice(0);
-      const failures = this.failures.splice(0);
+      const successes = takeOnePerJob(this.successes);
+      const failures = takeOnePerJob(this.failures);
       await Promise.all([
         successes.length &&
           this.send(successes, (items) => this.transport.complete({ workerId: this.workerId, jobs: items }), ["succeeded", "cancelled"]),
@@ -118,4 +118,25 @@ export class Reporter {
       }
     }
   }
+}
+
+/**
+ * Takes the pending reports to send now, at most one per job: the fenced statements answer
+ * by job id, so two attempts of one job in a batch would be indistinguishable. The rest
+ * (an older attempt of a job this worker claimed again) waits for the next batch.
+ */
+function takeOnePerJob<T extends AttemptRef>(pending: Pending<T>[]): Pending<T>[] {
+  const seen = new Set<string>();
+  const now: Pending<T>[] = [];
+  const later: Pending<T>[] = [];
+  for (const p of pending) {
+    if (seen.has(p.item.id)) {
+      later.push(p);
+    } else {
+      seen.add(p.item.id);
+      now.push(p);
+    }
+  }
+  pending.splice(0, pending.length, ...later);
+  return now;
 }

@@ -17,7 +17,7 @@ import type { ClaimedJob } from "../jobs/types.js";
 import { StaleLeaseError, UnknownTaskError } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { JobAbortedError, PermanentJobError, type AbortReason, type JobContext } from "./context.js";
-import { Heartbeater, type InFlight } from "./heartbeat.js";
+import { Heartbeater, attemptKey, type InFlight } from "./heartbeat.js";
 import { resolveWorkerSettings, MAX_CLAIM_BATCH, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Reporter, type ReportOutcome } from "./reporter.js";
 import { retryDelayMs } from "./backoff.js";
@@ -56,7 +56,10 @@ export class Worker extends EventEmitter {
   private readonly transport: WorkerTransport;
   private readonly logger: Logger;
   private readonly metrics: Metrics;
+  /** Keyed by attemptKey (job id and attempt). */
   private readonly inFlight = new Map<string, InFlight>();
+  /** The newest attempt this worker holds of each job. */
+  private readonly newestAttempt = new Map<string, InFlight>();
   private readonly heartbeater: Heartbeater;
   private readonly reporter: Reporter;
   private running = 0;
@@ -243,7 +246,15 @@ export class Worker extends EventEmitter {
 
   private runJob(job: ClaimedJob, sentAt: number): void {
     const entry: InFlight = { job, controller: new AbortController(), renewedAt: sentAt, phase: "running" };
-    this.inFlight.set(job.id, entry);
+    const older = this.newestAttempt.get(job.id);
+    if (older) {
+      // This worker lost the older attempt's lease (it was too slow to beat) and has now
+      // claimed the job again: the older attempt can only be refused, so stop it.
+      older.lostReason = "reclaimed";
+      this.abortJob(older, "reclaimed");
+    }
+    this.inFlight.set(attemptKey(job), entry);
+    this.newestAttempt.set(job.id, entry);
     this.heartbeater.jobStarted(job.leaseMs);
     this.running++;
     this.metrics.jobsClaimed.inc({ queue: job.queue });
@@ -258,6 +269,11 @@ export class Worker extends EventEmitter {
       () => this.endJob(entry, started, undefined),
       (err: unknown) => this.endJob(entry, started, err ?? new Error("handler threw a nullish value")),
     );
+  }
+
+  private forget(entry: InFlight): void {
+    this.inFlight.delete(attemptKey(entry.job));
+    if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
   }
 
   private contextFor(entry: InFlight): JobContext {
@@ -297,7 +313,7 @@ export class Worker extends EventEmitter {
     this.nudge?.();
     if (entry.lostReason) {
       // The lease is known to be gone (or released at shutdown): a report would be refused.
-      this.inFlight.delete(job.id);
+      this.forget(entry);
       this.emit("job:end", job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
       return;
     }
@@ -316,7 +332,7 @@ export class Worker extends EventEmitter {
       });
       if (!(err instanceof JobAbortedError)) this.logger.warn({ jobId: job.id, attempt: job.attempt, err: describeError(err) }, "job failed");
     }
-    this.inFlight.delete(job.id);
+    this.forget(entry);
     let result: JobOutcome;
     if (outcome.applied) {
       result = { state: outcome.state };
