@@ -146,8 +146,11 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const spacing = options.faultWindowMs / plan.length;
     producer.burstsPlanned = plan.filter((k) => k === "burst").length;
     producer.start();
+    const windowEnds = Date.now() + options.faultWindowMs;
     for (const kind of plan) {
       await sleep(spacing * (0.5 + random()));
+      // Injectors take time too (a restart takes seconds): stop at the window's end.
+      if (Date.now() > windowEnds) break;
       const record = await INJECTORS[kind](ctx).catch(
         (err): FaultRecord => ({ kind, at: Date.now(), held: [], skipped: `injector failed: ${String(err)}` }),
       );
