@@ -225,6 +225,9 @@ const MIX: Record<FaultKind, number> = {
   burst: 2,
 };
 
+/** One round of the mix: every kind as often as MIX says. */
+export const FAULTS_PER_ROUND = Object.values(MIX).reduce((a, b) => a + b, 0);
+
 /** The order of faults for a run: the mix, shuffled, repeated until the window is full. */
 export function faultPlan(options: ChaosOptions, random: () => number): FaultKind[] {
   const count = Math.max(1, Math.floor(options.faultWindowMs / options.faultEveryMs));

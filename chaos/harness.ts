@@ -11,7 +11,7 @@ import pino from "pino";
 import { EmbeddedPostgres, Leasehold } from "../src/index.js";
 import { CHAOS_SCHEMA, seededRandom, type ChaosOptions } from "./config.js";
 import { DOWNSTREAM_SQL } from "./downstream.js";
-import { INJECTORS, faultPlan, type FaultContext, type FaultRecord } from "./faults.js";
+import { FAULTS_PER_ROUND, INJECTORS, faultPlan, type FaultContext, type FaultRecord } from "./faults.js";
 import { checkInvariants } from "./invariants.js";
 import { readLogs } from "./process-log.js";
 import { Producer } from "./producer.js";
@@ -149,8 +149,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const windowEnds = Date.now() + options.faultWindowMs;
     for (const kind of plan) {
       await sleep(spacing * (0.5 + random()));
-      // Injectors take time too (a restart takes seconds): stop at the window's end.
-      if (Date.now() > windowEnds) break;
+      // Injectors take time too (a restart takes seconds): stop at the window's end, once
+      // the whole mix has been injected.
+      if (Date.now() > windowEnds && faults.length >= FAULTS_PER_ROUND) break;
       const record = await INJECTORS[kind](ctx).catch(
         (err): FaultRecord => ({ kind, at: Date.now(), held: [], skipped: `injector failed: ${String(err)}` }),
       );
