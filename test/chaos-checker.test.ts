@@ -70,8 +70,8 @@ test("the checker reports reports accepted from an attempt that did not hold the
   const [a, b] = jobs.map((j) => j.id);
   // A completion the database accepted from a worker that never held the job,
   logs.push({ ev: "report", kind: "complete", t: Date.now(), sentAt: Date.now(), w: "zombie", sent: [[a!, 1]], accepted: [a!] });
-  // and a heartbeat accepted a second after the attempt had ended.
-  const later = Date.now() + 1_000;
+  // and a heartbeat accepted five seconds after the attempt had ended.
+  const later = Date.now() + 5_000;
   logs.push({ ev: "report", kind: "heartbeat", t: later, sentAt: later, w: "w1", sent: [[b!, 1]], accepted: [b!] });
   const r = await check();
   assert.deepEqual(invariantsOf(r), ["no stale report applied"]);
