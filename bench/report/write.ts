@@ -118,7 +118,8 @@ function ratioLines(w: WorkloadResult): string[] {
       continue;
     }
     const ratio = spec.higherIsBetter ? lh / v : v / lh;
-    out.push(`- vs ${peer.label}: **${fmt(ratio, 2)}x** ${spec.higherIsBetter ? "the throughput" : "faster"}`);
+    if (spec.higherIsBetter) out.push(`- vs ${peer.label}: **${fmt(ratio, 2)}x** the throughput`);
+    else out.push(`- vs ${peer.label}: **${fmt(ratio >= 1 ? ratio : 1 / ratio, 2)}x** ${ratio >= 1 ? "faster" : "slower"}`);
   }
   return out;
 }
