@@ -357,3 +357,19 @@ test("a worker that claims again a job whose older attempt it still runs stops t
   assert.equal(job.state, "succeeded");
   assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
 });
+
+test("while reports hang, a worker holds at most twice its concurrency in leases", async (t) => {
+  const lh = await freshLeasehold(t);
+  const transport = new DatabaseTransport(lh.pool, databaseUrl(), lh.schema);
+  // Completions never answer, as on a half-open connection; claims still work.
+  transport.complete = () => new Promise(() => {});
+  const worker = new Worker({ transport, logger: silent, metricsRegistry: new Registry(), concurrency: 3, pollIntervalMs: 20, handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "t" })));
+  await eventually(async () => worker.inFlightCount === 6, "six leases held");
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(worker.inFlightCount, 6);
+  const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM jobs WHERE state = 'running'");
+  assert.equal(rows[0].n, 6, "no more claimed than the bound");
+});

@@ -2,7 +2,9 @@
  * The contract every maintenance service shares (watchdog, retention, ...): `start()` runs
  * `runOnce()` every interval, the first run after a random part of one interval so that
  * many processes started together do not run in step; `stop()` waits for a run in progress.
- * A failing run is logged and counted, never fatal. Tests call `runOnce()` directly.
+ * A failing run is logged and counted, never fatal. A started service keeps its process
+ * alive until stopped (a standalone watchdog must not exit when idle). Tests call
+ * `runOnce()` directly.
  */
 import type { Logger } from "pino";
 
@@ -45,6 +47,5 @@ export abstract class MaintenanceService<R> {
       this.current = undefined;
       this.schedule(this.intervalMs);
     }, ms);
-    this.timer.unref();
   }
 }

@@ -40,6 +40,8 @@ export type JobOutcome =
   | { state: "report_failed"; error: unknown };
 
 const CLAIM_ERROR_BACKOFF_MAX_MS = 5_000;
+/** How long a stopping worker waits for its last reports. */
+const SHUTDOWN_REPORT_WAIT_MS = 5_000;
 /** Start-up reconciliation retries connection errors for about 30 s in all. */
 const RECONCILE_RETRY_MAX_MS = 16_000;
 const MAX_ERROR_LENGTH = 4_000;
@@ -174,8 +176,13 @@ export class Worker extends EventEmitter {
         this.logger.warn({ err: String(err) }, "could not release unfinished jobs");
       }
     }
-    this.reporter.giveUpAfter = Date.now() + 5_000;
-    await this.reporter.drain();
+    // Reports still unsent after this are abandoned: their leases expire and the watchdog
+    // puts the jobs through the retry path.
+    this.reporter.giveUpAfter = Date.now() + SHUTDOWN_REPORT_WAIT_MS;
+    await Promise.race([
+      this.reporter.drain(),
+      new Promise((r) => setTimeout(r, SHUTDOWN_REPORT_WAIT_MS).unref()),
+    ]);
     await this.heartbeater.stop();
     await this.unsubscribe?.();
     this.state = "stopped";
@@ -209,7 +216,11 @@ export class Worker extends EventEmitter {
   private async claimLoop(): Promise<void> {
     let errorDelay = 100;
     while (this.state === "started") {
-      const free = this.settings.concurrency - this.running;
+      // A slot frees when its handler ends, before its report commits, so claims and reports
+      // overlap. But while reports hang (a half-open connection), leases pile up: count
+      // jobs waiting to report beyond a second `concurrency` against the free slots.
+      const reporting = this.inFlight.size - this.running;
+      const free = this.settings.concurrency - this.running - Math.max(0, reporting - this.settings.concurrency);
       if (free <= 0) {
         await this.waitForNudge(this.settings.pollIntervalMs);
         continue;
@@ -333,6 +344,7 @@ export class Worker extends EventEmitter {
       if (!(err instanceof JobAbortedError)) this.logger.warn({ jobId: job.id, attempt: job.attempt, err: describeError(err) }, "job failed");
     }
     this.forget(entry);
+    this.nudge?.(); // a report that landed may free a claim slot (see claimLoop)
     let result: JobOutcome;
     if (outcome.applied) {
       result = { state: outcome.state };
