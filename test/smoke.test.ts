@@ -1,11 +1,19 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { freshLeasehold, waitForEvent } from "./helpers/db.js";
+import type { JobContext } from "../src/worker/context.js";
 
 test("a job enqueued is run by a worker and recorded as succeeded", async (t) => {
   const lh = await freshLeasehold(t);
   const seen: unknown[] = [];
-  const worker = lh.worker({ handlers: { greet: async (p: { name: string }) => void seen.push(p.name) } });
+  const worker = lh.worker({
+    handlers: {
+      greet: async (p: { name: string }, ctx: JobContext) => {
+        ctx.logger.info({ name: p.name }, "greeting"); // the per-job logger is created on first use
+        seen.push(p.name);
+      },
+    },
+  });
   await worker.start();
   const { id } = await lh.enqueue("greet", { name: "ada" });
   await waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
