@@ -1,5 +1,6 @@
 /** Operators' statements: read jobs and their attempts, cancel, retry, counts. */
 import type { Queryable } from "./db.js";
+import { run, statement, type RowOf } from "./sql.js";
 import type { AttemptRecord, JobRecord, JobState } from "../jobs/types.js";
 
 const JOB_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
@@ -19,35 +20,40 @@ const ALL_JOBS = `(
     FROM job_history
 ) AS all_jobs`;
 
-const GET_JOB = `SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS} WHERE id = $1`;
+const JOB_ROW = {
+  id: "int8",
+  queue: "text",
+  task: "text",
+  payload: "jsonb",
+  priority: "int2",
+  state: "text",
+  attempt: "int4",
+  spent_attempts: "int4",
+  max_attempts: "int4",
+  run_at: "timestamptz?",
+  lease_until: "timestamptz?",
+  locked_by: "text?",
+  heartbeat_at: "timestamptz?",
+  cancel_requested_at: "timestamptz?",
+  progress: "jsonb?",
+  checkpoint: "jsonb?",
+  last_error: "text?",
+  unique_key: "text?",
+  created_at: "timestamptz",
+  started_at: "timestamptz?",
+  finished_at: "timestamptz?",
+} as const;
+type JobRow = RowOf<typeof JOB_ROW>;
 
-const GET_ATTEMPTS = `
+const GET_JOB = statement("getJob", `SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS} WHERE id = $1`, JOB_ROW);
+
+const GET_ATTEMPTS = statement(
+  "getAttempts",
+  `
 SELECT job_id, attempt, worker_id, started_at, ended_at, outcome, error
-  FROM job_attempts WHERE job_id = $1 ORDER BY attempt`;
-
-interface JobRow {
-  id: string;
-  queue: string;
-  task: string;
-  payload: JobRecord["payload"];
-  priority: number;
-  state: JobState;
-  attempt: number;
-  spent_attempts: number;
-  max_attempts: number;
-  run_at: Date | null;
-  lease_until: Date | null;
-  locked_by: string | null;
-  heartbeat_at: Date | null;
-  cancel_requested_at: Date | null;
-  progress: JobRecord["progress"];
-  checkpoint: JobRecord["checkpoint"];
-  last_error: string | null;
-  unique_key: string | null;
-  created_at: Date;
-  started_at: Date | null;
-  finished_at: Date | null;
-}
+  FROM job_attempts WHERE job_id = $1 ORDER BY attempt`,
+  { job_id: "int8", attempt: "int4", worker_id: "text", started_at: "timestamptz", ended_at: "timestamptz", outcome: "text", error: "text?" },
+);
 
 function toRecord(r: JobRow): JobRecord {
   return {
@@ -56,7 +62,7 @@ function toRecord(r: JobRow): JobRecord {
     task: r.task,
     payload: r.payload,
     priority: r.priority,
-    state: r.state,
+    state: r.state as JobState,
     attempt: r.attempt,
     spentAttempts: r.spent_attempts,
     maxAttempts: r.max_attempts,
@@ -76,27 +82,19 @@ function toRecord(r: JobRow): JobRecord {
 }
 
 export async function getJob(db: Queryable, id: string): Promise<JobRecord | undefined> {
-  const { rows } = await db.query<JobRow>(GET_JOB, [id]);
+  const rows = await run(db, GET_JOB, [id]);
   return rows[0] ? toRecord(rows[0]) : undefined;
 }
 
 export async function getAttempts(db: Queryable, jobId: string): Promise<AttemptRecord[]> {
-  const { rows } = await db.query<{
-    job_id: string;
-    attempt: number;
-    worker_id: string;
-    started_at: Date;
-    ended_at: Date;
-    outcome: AttemptRecord["outcome"];
-    error: string | null;
-  }>(GET_ATTEMPTS, [jobId]);
+  const rows = await run(db, GET_ATTEMPTS, [jobId]);
   return rows.map((r) => ({
     jobId: r.job_id,
     attempt: r.attempt,
     workerId: r.worker_id,
     startedAt: r.started_at,
     endedAt: r.ended_at,
-    outcome: r.outcome,
+    outcome: r.outcome as AttemptRecord["outcome"],
     error: r.error,
   }));
 }
@@ -108,14 +106,18 @@ export interface ListJobsFilter {
 }
 
 /** Newest first. Filters are bound parameters; a null filter matches everything. */
-const LIST_JOBS = `
+const LIST_JOBS = statement(
+  "listJobs",
+  `
 SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS}
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
  ORDER BY id DESC
- LIMIT $3`;
+ LIMIT $3`,
+  JOB_ROW,
+);
 
 export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<JobRecord[]> {
-  const { rows } = await db.query<JobRow>(LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit]);
+  const rows = await run(db, LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit]);
   return rows.map(toRecord);
 }
 
@@ -123,7 +125,9 @@ export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<JobRec
  * Cancel: a waiting job ends at once (to history as cancelled); a running job is marked,
  * its handler is aborted at the next heartbeat, and its late report ends it as cancelled.
  */
-const CANCEL_JOB = `
+const CANCEL_JOB = statement(
+  "cancelJob",
+  `
 WITH target AS (
   SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE
 ), ended AS (
@@ -144,13 +148,15 @@ WITH target AS (
 )
 SELECT 'cancelled' AS result FROM ended
 UNION ALL
-SELECT 'cancel_requested' FROM requested`;
+SELECT 'cancel_requested' FROM requested`,
+  { result: "text" },
+);
 
 export type CancelResult = "cancelled" | "cancel_requested" | { finished: JobState } | "not_found";
 
 export async function cancelJob(db: Queryable, id: string): Promise<CancelResult> {
-  const { rows } = await db.query<{ result: "cancelled" | "cancel_requested" }>(CANCEL_JOB, [id]);
-  if (rows[0]) return rows[0].result;
+  const rows = await run(db, CANCEL_JOB, [id]);
+  if (rows[0]) return rows[0].result as "cancelled" | "cancel_requested";
   const job = await getJob(db, id);
   return job ? { finished: job.state } : "not_found";
 }
@@ -160,7 +166,9 @@ export async function cancelJob(db: Queryable, id: string): Promise<CancelResult
  * `attempt`, the fencing token, is kept: the next claim is attempt + 1, so a report from
  * any earlier attempt can never match it.
  */
-const RETRY_JOB = `
+const RETRY_JOB = statement(
+  "retryJob",
+  `
 WITH revived AS (
   DELETE FROM job_history WHERE id = $1 AND state IN ('dead', 'cancelled') RETURNING *
 )
@@ -169,29 +177,39 @@ INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, sp
 SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
        lease_ms, progress, checkpoint, last_error, unique_key, created_at
   FROM revived
-RETURNING id`;
+RETURNING id`,
+  { id: "int8" },
+);
 
 export type RetryResult = "retried" | { notRetryable: JobState } | "not_found";
 
 export async function retryJob(db: Queryable, id: string): Promise<RetryResult> {
-  const { rowCount } = await db.query(RETRY_JOB, [id]);
-  if (rowCount) return "retried";
+  const rows = await run(db, RETRY_JOB, [id]);
+  if (rows.length > 0) return "retried";
   const job = await getJob(db, id);
   return job ? { notRetryable: job.state } : "not_found";
 }
 
-const QUEUE_STATS = `
+const QUEUE_STATS = statement(
+  "queueStats",
+  `
 SELECT queue, state, count(*)::int AS count FROM jobs GROUP BY queue, state
 UNION ALL
 SELECT queue, state, count(*)::int FROM job_history GROUP BY queue, state
-ORDER BY queue, state`;
+ORDER BY queue, state`,
+  { queue: "text", state: "text", count: "int4" },
+);
 
-const LEASE_STATS = `
+const LEASE_STATS = statement(
+  "queueStats (leases)",
+  `
 SELECT count(*) FILTER (WHERE state = 'running')::int AS active_leases,
        count(*) FILTER (WHERE state = 'running' AND lease_until < now())::int AS expired_leases,
        min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()) AS oldest_ready_at,
        extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()))::float8 AS oldest_ready_age_s
-  FROM jobs`;
+  FROM jobs`,
+  { active_leases: "int4", expired_leases: "int4", oldest_ready_at: "timestamptz?", oldest_ready_age_s: "float8?" },
+);
 
 export interface QueueStats {
   counts: { queue: string; state: JobState; count: number }[];
@@ -203,13 +221,10 @@ export interface QueueStats {
 }
 
 export async function queueStats(db: Queryable): Promise<QueueStats> {
-  const [counts, leases] = await Promise.all([
-    db.query<{ queue: string; state: JobState; count: number }>(QUEUE_STATS),
-    db.query<{ active_leases: number; expired_leases: number; oldest_ready_at: Date | null; oldest_ready_age_s: number | null }>(LEASE_STATS),
-  ]);
-  const l = leases.rows[0]!;
+  const [counts, leases] = await Promise.all([run(db, QUEUE_STATS), run(db, LEASE_STATS)]);
+  const l = leases[0]!;
   return {
-    counts: counts.rows,
+    counts: counts.map((c) => ({ ...c, state: c.state as JobState })),
     activeLeases: l.active_leases,
     expiredLeases: l.expired_leases,
     oldestReadyAt: l.oldest_ready_at,

@@ -1,5 +1,6 @@
 import type { Queryable } from "./db.js";
-import type { ClaimedJob, JsonValue } from "../jobs/types.js";
+import { run, statement } from "./sql.js";
+import type { ClaimedJob } from "../jobs/types.js";
 
 /**
  * The claim is the lease grant: one statement picks up to `limit` ready jobs, skipping
@@ -13,7 +14,9 @@ import type { ClaimedJob, JsonValue } from "../jobs/types.js";
  * Only tasks the worker has handlers for are claimed: a job for a task being rolled out
  * waits for a worker that knows it instead of burning its retries.
  */
-const CLAIM_JOBS = `
+const CLAIM_JOBS = statement(
+  "claimJobs",
+  `
 WITH next AS (
   SELECT candidate.id
     FROM unnest($1::text[]) AS q(name)
@@ -38,7 +41,22 @@ UPDATE jobs
  WHERE id = ANY(ARRAY(SELECT id FROM next))
    AND state = 'waiting'
 RETURNING id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
-          coalesce(lease_ms, $4) AS lease_ms, checkpoint, progress, created_at`;
+          coalesce(lease_ms, $4) AS lease_ms, checkpoint, progress, created_at`,
+  {
+    id: "int8",
+    queue: "text",
+    task: "text",
+    payload: "jsonb",
+    priority: "int2",
+    attempt: "int4",
+    spent_attempts: "int4",
+    max_attempts: "int4",
+    lease_ms: "int4",
+    checkpoint: "jsonb?",
+    progress: "jsonb?",
+    created_at: "timestamptz",
+  },
+);
 
 export interface ClaimParams {
   queues: string[];
@@ -50,24 +68,9 @@ export interface ClaimParams {
   tasks: string[];
 }
 
-interface ClaimRow {
-  id: string;
-  queue: string;
-  task: string;
-  payload: JsonValue;
-  priority: number;
-  attempt: number;
-  spent_attempts: number;
-  max_attempts: number;
-  lease_ms: number;
-  checkpoint: JsonValue | null;
-  progress: JsonValue | null;
-  created_at: Date;
-}
-
 export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJob[]> {
   if (p.limit <= 0) return [];
-  const { rows } = await db.query<ClaimRow>(CLAIM_JOBS, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]);
+  const rows = await run(db, CLAIM_JOBS, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]);
   return rows.map((r) => ({
     id: r.id,
     queue: r.queue,

@@ -16,6 +16,11 @@ const SCHEMA_NAME = /^[a-z_][a-z0-9_]{0,62}$/;
 // bigint ids come back as strings from pg; keep them as strings (exact beyond 2^53).
 // timestamptz come back as Date.
 
+/** An identifier quoted for SQL: a schema may be named like a keyword ("select"). */
+export function quoteIdent(name: string): string {
+  return pg.escapeIdentifier(name);
+}
+
 export function assertSchemaName(schema: string): string {
   if (!SCHEMA_NAME.test(schema)) {
     throw new ConfigError(`schema "${schema}" must be a lower-case SQL identifier (letters, digits, _)`);
@@ -37,7 +42,8 @@ export function createPool(options: PoolOptions): pg.Pool {
     max: options.max ?? 10,
     application_name: options.applicationName ?? "leasehold",
     // jit: our statements are small and frequent; a JIT compile would cost more than it saves.
-    options: `-c search_path=${schema} -c jit=off`,
+    // The search_path value is a quoted identifier, so a schema named like a keyword works.
+    options: `-c search_path=${quoteIdent(schema)} -c jit=off`,
     connectionTimeoutMillis: 10_000,
   });
   // An idle client that loses its connection (database restart, terminated backend) emits

@@ -14,6 +14,7 @@
  */
 import type { Queryable } from "./db.js";
 import type { AttemptRef } from "./finish.js";
+import { run, statement } from "./sql.js";
 
 const END_ATTEMPTS = `
 , decided AS (
@@ -57,9 +58,14 @@ SELECT f.id, f.final_state, NULL FROM finished AS f`;
 
 export type EndState = "waiting" | "dead" | "cancelled";
 
-async function endAttempts(db: Queryable, selectEnding: string, values: unknown[]): Promise<Map<string, EndState>> {
-  const { rows } = await db.query<{ id: string; state: EndState }>(selectEnding + END_ATTEMPTS, values);
-  return new Map(rows.map((r) => [r.id, r.state]));
+const ENDED = { id: "int8", state: "text", woke: "text?" } as const;
+
+/** A statement that selects its attempts into `ending` and ends them through the shared tail. */
+const ending = (name: string, selectEnding: string) => statement(name, selectEnding + END_ATTEMPTS, ENDED);
+
+async function endAttempts(db: Queryable, st: ReturnType<typeof ending>, values: unknown[]): Promise<Map<string, EndState>> {
+  const rows = await run(db, st, values);
+  return new Map(rows.map((r) => [r.id, r.state as EndState]));
 }
 
 export interface Failure extends AttemptRef {
@@ -73,9 +79,19 @@ export interface Failure extends AttemptRef {
 /** A handler's failures, fenced by (id, attempt, worker). Absent from the result: stale. */
 export function failJobs(db: Queryable, p: { workerId: string; failures: Failure[] }): Promise<Map<string, EndState>> {
   if (p.failures.length === 0) return Promise.resolve(new Map());
-  return endAttempts(
-    db,
-    `WITH ending AS (
+  return endAttempts(db, FAIL_JOBS, [
+    p.failures.map((f) => f.id),
+    p.failures.map((f) => f.attempt),
+    p.failures.map((f) => f.error),
+    p.failures.map((f) => Math.max(0, Math.round(f.retryDelayMs))),
+    p.failures.map((f) => f.giveUp ?? false),
+    p.workerId,
+  ]);
+}
+
+const FAIL_JOBS = ending(
+  "failJobs",
+  `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, f.error, f.retry_delay_ms,
          true AS spend, f.give_up, 'failed' AS outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
          j.spent_attempts, j.max_attempts
@@ -86,16 +102,7 @@ export function failJobs(db: Queryable, p: { workerId: string; failures: Failure
    WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $6
      FOR UPDATE OF j
 )`,
-    [
-      p.failures.map((f) => f.id),
-      p.failures.map((f) => f.attempt),
-      p.failures.map((f) => f.error),
-      p.failures.map((f) => Math.max(0, Math.round(f.retryDelayMs))),
-      p.failures.map((f) => f.giveUp ?? false),
-      p.workerId,
-    ],
-  );
-}
+);
 
 export interface BackoffPolicy {
   /** Delay before the first retry. */
@@ -119,9 +126,12 @@ export function reapExpiredLeases(
   db: Queryable,
   p: { limit: number; backoff: BackoffPolicy },
 ): Promise<Map<string, EndState>> {
-  return endAttempts(
-    db,
-    `WITH ending AS (
+  return endAttempts(db, REAP_EXPIRED_LEASES, [p.backoff.baseMs, p.backoff.factor, p.backoff.maxMs, p.backoff.jitter, p.limit]);
+}
+
+const REAP_EXPIRED_LEASES = ending(
+  "reapExpiredLeases",
+  `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, 'lease expired' AS error,
          round(least($3::float8, $1::float8 * power($2::float8, j.spent_attempts))
                * (1 - $4::float8 * random()))::bigint AS retry_delay_ms,
@@ -133,9 +143,7 @@ export function reapExpiredLeases(
    LIMIT $5
      FOR UPDATE SKIP LOCKED
 )`,
-    [p.backoff.baseMs, p.backoff.factor, p.backoff.maxMs, p.backoff.jitter, p.limit],
-  );
-}
+);
 
 /** Graceful shutdown: give jobs back to waiting at once, without spending an attempt. */
 export function releaseJobs(
@@ -143,9 +151,12 @@ export function releaseJobs(
   p: { workerId: string; jobs: AttemptRef[]; reason: string },
 ): Promise<Map<string, EndState>> {
   if (p.jobs.length === 0) return Promise.resolve(new Map());
-  return endAttempts(
-    db,
-    `WITH ending AS (
+  return endAttempts(db, RELEASE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => j.attempt), p.workerId, p.reason]);
+}
+
+const RELEASE_JOBS = ending(
+  "releaseJobs",
+  `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, $4::text AS error, 0::bigint AS retry_delay_ms,
          false AS spend, false AS give_up, 'released' AS outcome,
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts
@@ -154,9 +165,7 @@ export function releaseJobs(
    WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $3
      FOR UPDATE OF j
 )`,
-    [p.jobs.map((j) => j.id), p.jobs.map((j) => j.attempt), p.workerId, p.reason],
-  );
-}
+);
 
 /**
  * Startup reconciliation: a worker with a stable name (say a pod name) releases at once the
@@ -167,9 +176,12 @@ export function releaseJobsOfEarlierProcess(
   db: Queryable,
   p: { workerName: string; currentWorkerId: string },
 ): Promise<Map<string, EndState>> {
-  return endAttempts(
-    db,
-    `WITH ending AS (
+  return endAttempts(db, RELEASE_EARLIER_PROCESS, [p.workerName, p.currentWorkerId]);
+}
+
+const RELEASE_EARLIER_PROCESS = ending(
+  "releaseJobsOfEarlierProcess",
+  `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
          'released: worker ' || $1 || ' restarted' AS error, 0::bigint AS retry_delay_ms,
          false AS spend, false AS give_up, 'released' AS outcome,
@@ -178,6 +190,4 @@ export function releaseJobsOfEarlierProcess(
    WHERE j.state = 'running' AND split_part(j.locked_by, '/', 1) = $1 AND j.locked_by <> $2
      FOR UPDATE OF j SKIP LOCKED
 )`,
-    [p.workerName, p.currentWorkerId],
-  );
-}
+);

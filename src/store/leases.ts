@@ -1,4 +1,5 @@
 import type { Queryable } from "./db.js";
+import { run, statement } from "./sql.js";
 import type { AttemptOutcome } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
 
@@ -13,7 +14,9 @@ import type { LostLeaseReason } from "../errors.js";
  * makes locked_by non-null only while running, and with that predicate a generic plan
  * walked the whole partial lease index (every running job) instead (test/claim.test.ts).
  */
-const EXTEND_LEASES = `
+const EXTEND_LEASES = statement(
+  "extendLeases",
+  `
 UPDATE jobs AS j
    SET lease_until = now() + coalesce(j.lease_ms, $6) * interval '1 millisecond',
        heartbeat_at = now(),
@@ -22,7 +25,9 @@ UPDATE jobs AS j
   FROM unnest($1::bigint[], $2::int[], $3::jsonb[], $4::jsonb[]) AS b(id, attempt, progress, checkpoint)
  WHERE j.id = ANY($1::bigint[])
    AND j.id = b.id AND j.attempt = b.attempt AND j.locked_by = $5
-RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested`;
+RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel_requested`,
+  { id: "int8", cancel_requested: "bool" },
+);
 
 export interface Beat {
   id: string;
@@ -37,6 +42,12 @@ export interface BeatResult {
   renewed: Map<string, { cancelRequested: boolean }>;
   /** Jobs whose lease this worker no longer holds. */
   lost: string[];
+  /**
+   * Jobs whose progress or checkpoint was refused (why, by job id); their leases were renewed
+   * without it. Validation at the boundary should make this empty; it keeps one bad value
+   * from failing every other job's beat.
+   */
+  refused?: Map<string, string>;
 }
 
 export async function extendLeases(
@@ -44,7 +55,7 @@ export async function extendLeases(
   p: { workerId: string; leaseMs: number; beats: Beat[] },
 ): Promise<BeatResult> {
   if (p.beats.length === 0) return { renewed: new Map(), lost: [] };
-  const { rows } = await db.query<{ id: string; cancel_requested: boolean }>(EXTEND_LEASES, [
+  const rows = await run(db, EXTEND_LEASES, [
     p.beats.map((b) => b.id),
     p.beats.map((b) => b.attempt),
     p.beats.map((b) => b.progressJson ?? null),
@@ -57,13 +68,17 @@ export async function extendLeases(
 }
 
 /** Why these attempts no longer hold their jobs; read only after a fence refused them. */
-const DESCRIBE_LOST = `
+const DESCRIBE_LOST = statement(
+  "describeLostLeases",
+  `
 SELECT a.id::text AS id, a.attempt, j.state, j.attempt AS current_attempt,
        h.state AS finished_state, ja.outcome AS ended_as
   FROM unnest($1::bigint[], $2::int[]) AS a(id, attempt)
   LEFT JOIN jobs AS j ON j.id = a.id
   LEFT JOIN job_history AS h ON h.id = a.id
-  LEFT JOIN job_attempts AS ja ON ja.job_id = a.id AND ja.attempt = a.attempt`;
+  LEFT JOIN job_attempts AS ja ON ja.job_id = a.id AND ja.attempt = a.attempt`,
+  { id: "text", attempt: "int4", state: "text?", current_attempt: "int4?", finished_state: "text?", ended_as: "text?" },
+);
 
 export interface LostLease {
   reason: LostLeaseReason;
@@ -78,14 +93,7 @@ export async function describeLostLeases(
   db: Queryable,
   attempts: { id: string; attempt: number }[],
 ): Promise<Map<string, LostLease>> {
-  const { rows } = await db.query<{
-    id: string;
-    attempt: number;
-    state: string | null;
-    current_attempt: number | null;
-    finished_state: string | null;
-    ended_as: AttemptOutcome | null;
-  }>(DESCRIBE_LOST, [attempts.map((a) => a.id), attempts.map((a) => a.attempt)]);
+  const rows = await run(db, DESCRIBE_LOST, [attempts.map((a) => a.id), attempts.map((a) => a.attempt)]);
   const lost = new Map<string, LostLease>();
   for (const r of rows) {
     let reason: LostLeaseReason;
@@ -94,7 +102,7 @@ export async function describeLostLeases(
     else if (r.state === null) reason = "missing";
     else if (r.current_attempt! > r.attempt) reason = "reclaimed";
     else reason = "lease_expired";
-    lost.set(r.id, { reason, endedAs: r.ended_as });
+    lost.set(r.id, { reason, endedAs: r.ended_as as AttemptOutcome | null });
   }
   return lost;
 }

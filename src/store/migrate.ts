@@ -6,7 +6,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import type pg from "pg";
-import { assertSchemaName, withTransaction } from "./db.js";
+import { assertSchemaName, quoteIdent, withTransaction } from "./db.js";
 
 const MIGRATIONS_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "migrations");
 
@@ -35,8 +35,8 @@ export async function migrate(pool: pg.Pool, schema: string): Promise<string[]> 
   return withTransaction(pool, async (client) => {
     // One lock per schema: concurrent migrators wait here, then find nothing left to do.
     await client.query("SELECT pg_advisory_xact_lock(hashtext('leasehold-migrate:' || $1))", [schema]);
-    await client.query(`CREATE SCHEMA IF NOT EXISTS ${schema}`);
-    await client.query(`SET LOCAL search_path = ${schema}`);
+    await client.query(`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)}`);
+    await client.query(`SET LOCAL search_path = ${quoteIdent(schema)}`);
     await client.query(
       `CREATE TABLE IF NOT EXISTS schema_migrations (
          version integer PRIMARY KEY,

@@ -1,0 +1,74 @@
+/**
+ * Every store statement against the migrated schema: it prepares (the SQL is valid against
+ * the tables as migrated), and the columns PostgreSQL describes for its result are, in order,
+ * the names and types its declaration says (the row type the code reads is derived from that
+ * declaration). A renamed or retyped column fails here before it fails a user.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import type pg from "pg";
+import "../src/store/index.js"; // loads every store module, which registers its statements
+import { registeredStatements, statement, type Statement } from "../src/store/sql.js";
+import { freshLeasehold } from "./helpers/db.js";
+
+/** What is wrong with `st` on this connection (search_path = a migrated schema); [] if nothing. */
+async function checkStatement(client: pg.PoolClient, st: Statement): Promise<string[]> {
+  await client.query("BEGIN");
+  try {
+    await client.query(`PREPARE leasehold_statement_check AS ${st.text}`);
+    const { rows } = await client.query<{ types: string[] }>(
+      "SELECT parameter_types::text[] AS types FROM pg_prepared_statements WHERE name = 'leasehold_statement_check'",
+    );
+    await client.query("DEALLOCATE leasehold_statement_check");
+    // Run it on the empty schema with neutral values (empty arrays, nulls): nothing matches,
+    // nothing is written (and it is rolled back), but the result's columns are described.
+    const values = rows[0]!.types.map((t) => (t.endsWith("[]") ? [] : null));
+    const result = await client.query(st.text, values);
+    const types = await client.query<{ oid: number; typname: string }>("SELECT oid::int, typname FROM pg_type WHERE oid = ANY($1::oid[])", [
+      result.fields.map((f) => f.dataTypeID),
+    ]);
+    const typeName = new Map(types.rows.map((r) => [r.oid, r.typname]));
+    const actual = result.fields.map((f) => `${f.name} ${typeName.get(f.dataTypeID)}`);
+    const declared = Object.entries(st.columns).map(([name, type]) => `${name} ${type.replace(/\?$/, "")}`);
+    return JSON.stringify(actual) === JSON.stringify(declared)
+      ? []
+      : [`${st.name}: declared columns (${declared.join(", ")}) but the database returns (${actual.join(", ")})`];
+  } catch (err) {
+    return [`${st.name}: ${(err as Error).message}`];
+  } finally {
+    await client.query("ROLLBACK");
+  }
+}
+
+test("every store statement prepares against the migrated schema and returns the columns it declares", async (t) => {
+  const lh = await freshLeasehold(t);
+  const statements = registeredStatements();
+  assert.ok(statements.length >= 15, `only ${statements.length} statements registered`);
+  const client = await lh.pool.connect();
+  try {
+    const problems: string[] = [];
+    for (const st of statements) problems.push(...(await checkStatement(client, st)));
+    assert.deepEqual(problems, []);
+  } finally {
+    client.release();
+  }
+});
+
+test("the check fails for a renamed column, a wrong type, a missing column and invalid SQL", async (t) => {
+  const lh = await freshLeasehold(t);
+  const client = await lh.pool.connect();
+  try {
+    const wrong = [
+      statement("renamed", "SELECT id, queue FROM jobs WHERE id = $1", { id: "int8", queue_name: "text" }),
+      statement("retyped", "SELECT id, attempt FROM jobs WHERE id = $1", { id: "int8", attempt: "int8" }),
+      statement("missing", "SELECT id FROM jobs WHERE id = $1", { id: "int8", task: "text" }),
+      statement("invalid", "SELECT id FROM jobz WHERE id = $1", { id: "int8" }),
+    ];
+    for (const st of wrong) {
+      const problems = await checkStatement(client, st);
+      assert.equal(problems.length, 1, `${st.name} was not caught`);
+    }
+  } finally {
+    client.release();
+  }
+});
