@@ -1,6 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Leasehold } from "../src/client.js";
+import { normalizeJob } from "../src/jobs/validate.js";
+import * as store from "../src/store/index.js";
 import { freshLeasehold, databaseUrl, silent } from "./helpers/db.js";
 
 const countJobs = async (lh: Leasehold) => (await lh.pool.query("SELECT count(*)::int AS n FROM jobs")).rows[0].n as number;
@@ -81,6 +83,14 @@ test("bad input is a clear typed error and writes nothing", async (t) => {
     ["bad queue", () => lh.enqueue("t", {}, { queue: "has space" }), /queue must be 1-128 characters/],
     ["empty unique key", () => lh.enqueue("t", {}, { uniqueKey: "" }), /uniqueKey must be a non-empty string/],
     ["huge payload", () => lh.enqueue("t", { s: "x".repeat(1024 * 1024) }), /larger than 1048576 bytes/],
+    // What PostgreSQL would refuse (or, through the driver, silently change) is refused here.
+    ["lone surrogate in a payload string", () => lh.enqueue("t", { s: "😀".slice(0, 1) }), /payload\.s is not well-formed Unicode/],
+    ["lone surrogate in a payload key", () => lh.enqueue("t", { ["\udc00"]: 1 }), /payload has a key that is not well-formed Unicode/],
+    ["NUL in a payload key", () => lh.enqueue("t", { ["a\u0000b"]: 1 }), /payload has a key that contains a NUL character/],
+    ["nesting too deep", () => lh.enqueue("t", nested(300)), /nested deeper than 256 levels/],
+    ["NUL in a unique key", () => lh.enqueue("t", {}, { uniqueKey: "k\u0000" }), /uniqueKey contains a NUL character/],
+    ["lone surrogate in a unique key", () => lh.enqueue("t", {}, { uniqueKey: "\ud83d" }), /uniqueKey is not well-formed Unicode/],
+    ["long unique key", () => lh.enqueue("t", {}, { uniqueKey: "k".repeat(513) }), /uniqueKey must be a non-empty string of at most 512/],
   ];
   for (const [name, run, message] of cases) {
     await assert.rejects(run, (err: Error & { code?: string }) => {
@@ -93,6 +103,49 @@ test("bad input is a clear typed error and writes nothing", async (t) => {
   // One bad job fails the whole batch, naming it; the good ones are not written either.
   await assert.rejects(lh.enqueueMany([{ task: "t" }, { task: "t", payload: { n: NaN } }]), /job 1: payload\.n is NaN/);
   assert.equal(await countJobs(lh), 0);
+});
+
+/** An array nested `depth` levels deep. */
+function nested(depth: number): unknown {
+  let v: unknown = [];
+  for (let i = 1; i < depth; i++) v = [v];
+  return v;
+}
+
+test("well-formed values the database accepts go in and come back unchanged: emoji, deep nesting within the limit, escapes", async (t) => {
+  const lh = await freshLeasehold(t);
+  // deep: 256 levels counting the payload object itself, the most jsonb is asked to take.
+  const payload = { emoji: "😀 ✓ 中文", escaped: "a\\u0000b", deep: nested(255), "key with ✓": [1, "two", null, true] };
+  const { id } = await lh.enqueue("t", payload, { uniqueKey: "emoji-😀-key" });
+  const { job } = await lh.getJob(id);
+  assert.deepEqual(job.payload, payload);
+  assert.equal(job.uniqueKey, "emoji-😀-key");
+  assert.deepEqual(await lh.enqueue("t", {}, { uniqueKey: "emoji-😀-key" }), { id, created: false }, "the key matches itself");
+});
+
+test("a malformed unique key is refused at once instead of looping (it used to re-enqueue forever)", async (t) => {
+  const lh = await freshLeasehold(t);
+  const started = Date.now();
+  await assert.rejects(
+    Promise.race([lh.enqueue("t", {}, { uniqueKey: "\ud83d" }), new Promise((_, reject) => setTimeout(() => reject(new Error("enqueue did not return")), 3_000))]),
+    /uniqueKey is not well-formed Unicode/,
+  );
+  assert.ok(Date.now() - started < 1_000);
+  assert.equal(await countJobs(lh), 0, "no job ids were burnt into rows");
+});
+
+test("the store bounds its unique-key retry even for a key that can never match what it stored", async (t) => {
+  const lh = await freshLeasehold(t);
+  // Bypasses validation on purpose: the driver stores a lone surrogate as U+FFFD, so the key
+  // read back never equals the one sent. Every round conflicts with the first job and finds
+  // nothing under the sent key.
+  await lh.enqueue("t", {}, { uniqueKey: "\ufffd" });
+  const job = { ...normalizeJob({ task: "t" }), uniqueKey: "\ud83d" };
+  await assert.rejects(
+    Promise.race([store.enqueueJobs(lh.pool, [job]), new Promise((_, reject) => setTimeout(() => reject(new Error("looped")), 3_000))]),
+    /neither inserted nor found after 5 rounds/,
+  );
+  assert.equal(await countJobs(lh), 1);
 });
 
 test("a batch larger than one INSERT is written all or nothing", async (t) => {

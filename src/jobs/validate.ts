@@ -2,7 +2,7 @@
  * Validation of what users hand us, before anything is written: a bad job in a batch
  * fails the whole batch with an error that names the job and the problem.
  */
-import { ValidationError } from "../errors.js";
+import { JobNotFoundError, ValidationError } from "../errors.js";
 import type { NewJob } from "./types.js";
 
 export const DEFAULT_QUEUE = "default";
@@ -10,6 +10,12 @@ export const DEFAULT_MAX_ATTEMPTS = 25;
 export const MAX_PAYLOAD_BYTES = 1024 * 1024;
 export const MIN_LEASE_MS = 1_000;
 export const MAX_LEASE_MS = 24 * 3600_000;
+export const MAX_UNIQUE_KEY_LENGTH = 512;
+/**
+ * jsonb's parser recurses once per level; at PostgreSQL's smallest stack setting
+ * (max_stack_depth 100kB) it accepted 500 levels and refused 1,000. 256 leaves room.
+ */
+export const MAX_JSON_DEPTH = 256;
 
 const NAME = /^[A-Za-z0-9_.:\-/]{1,128}$/;
 const JOB_KEYS = new Set(["task", "payload", "queue", "priority", "runAt", "delayMs", "maxAttempts", "uniqueKey", "leaseMs"]);
@@ -30,7 +36,7 @@ export interface NormalizedJob {
 export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
   if (job === null || typeof job !== "object") throw new ValidationError(`${where}: expected an object with a task`);
   for (const key of Object.keys(job)) {
-    if (!JOB_KEYS.has(key)) throw new ValidationError(`${where}: unknown option "${key}"${suggest(key, JOB_KEYS)}`);
+    if (!JOB_KEYS.has(key)) throw new ValidationError(`${where}: unknown option "${printable(key)}"${suggest(key, JOB_KEYS)}`);
   }
   const queue = job.queue ?? DEFAULT_QUEUE;
   checkName(queue, `${where}: queue`);
@@ -41,9 +47,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
   if (job.runAt !== undefined && (!(job.runAt instanceof Date) || Number.isNaN(job.runAt.getTime()))) {
     throw new ValidationError(`${where}: runAt must be a valid Date`);
   }
-  if (job.uniqueKey !== undefined && (typeof job.uniqueKey !== "string" || job.uniqueKey.length === 0 || job.uniqueKey.length > 512)) {
-    throw new ValidationError(`${where}: uniqueKey must be a non-empty string of at most 512 characters`);
-  }
+  if (job.uniqueKey !== undefined) checkText(job.uniqueKey, `${where}: uniqueKey`, MAX_UNIQUE_KEY_LENGTH);
   return {
     queue,
     task: job.task,
@@ -57,50 +61,106 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
   };
 }
 
+const JOB_ID = /^[1-9]\d{0,18}$/;
+const MAX_JOB_ID = 9223372036854775807n; // PostgreSQL's bigint
+
+/** A job id: a positive bigint as a string. A well-formed id beyond bigint names no job. */
+export function checkJobId(id: unknown): asserts id is string {
+  if (typeof id !== "string" || !JOB_ID.test(id)) {
+    throw new ValidationError(`job id must be a positive integer (got ${describeValue(id)})`);
+  }
+  if (BigInt(id) > MAX_JOB_ID) throw new JobNotFoundError(id);
+}
+
 export function checkName(value: unknown, what: string): asserts value is string {
   if (typeof value !== "string" || !NAME.test(value)) {
-    throw new ValidationError(`${what} must be 1-128 characters of letters, digits and _ . : - / (got ${JSON.stringify(value)})`);
+    throw new ValidationError(`${what} must be 1-128 characters of letters, digits and _ . : - / (got ${describeValue(value)})`);
   }
+}
+
+/**
+ * A free-text value bound for a `text` column (a unique key): PostgreSQL refuses NUL, and the
+ * driver would silently turn a lone UTF-16 surrogate into U+FFFD, so the stored key would no
+ * longer equal the one given (and never match it again).
+ */
+export function checkText(value: unknown, what: string, maxLength: number): asserts value is string {
+  if (typeof value !== "string" || value.length === 0 || value.length > maxLength) {
+    throw new ValidationError(`${what} must be a non-empty string of at most ${maxLength} characters (got ${describeValue(value)})`);
+  }
+  const problem = textProblem(value);
+  if (problem) throw new ValidationError(`${what} ${problem}`);
 }
 
 export function integerIn(value: unknown, min: number, max: number, what: string): number {
   if (typeof value !== "number" || !Number.isInteger(value) || value < min || value > max) {
-    throw new ValidationError(`${what} must be an integer from ${min} to ${max} (got ${JSON.stringify(value)})`);
+    throw new ValidationError(`${what} must be an integer from ${min} to ${max} (got ${describeValue(value)})`);
   }
   return value;
 }
 
 /**
- * JSON.stringify silently turns NaN into null and drops undefined and functions; a job queue
- * must not change a payload on the way in, so anything that would not round-trip is refused.
+ * Serialises a payload (or progress, or a checkpoint) for a jsonb column, refusing anything
+ * that would not arrive unchanged or that PostgreSQL would refuse:
+ *   - JSON.stringify silently turns NaN into null and drops undefined and functions;
+ *   - jsonb cannot store NUL, in a string or in an object key;
+ *   - a lone UTF-16 surrogate is not Unicode: jsonb refuses its escape;
+ *   - jsonb's parser recurses: nesting is capped well inside its stack limit.
+ * One bad value fails its own job or handler call, never a batch it would have joined.
  */
-export function serializePayload(payload: unknown, where = "payload"): string {
-  const problem = findNonJson(payload, "payload", new Set());
-  if (problem) throw new ValidationError(`${where}: ${problem}`);
+export function serializePayload(payload: unknown, where = "payload", what = "payload"): string {
+  const problem = findNonJson(payload, what, new Set(), 0);
+  // A path 200 levels deep would bury the message: keep its head and its tail.
+  if (problem) {
+    const text = problem.length > 300 ? `${problem.slice(0, 100)}…${problem.slice(-150)}` : problem;
+    throw new ValidationError(where ? `${where}: ${text}` : text);
+  }
   const json = JSON.stringify(payload);
   if (Buffer.byteLength(json) > MAX_PAYLOAD_BYTES) {
-    throw new ValidationError(`${where}: payload is larger than ${MAX_PAYLOAD_BYTES} bytes`);
+    throw new ValidationError(`${where ? `${where}: ` : ""}${what} is larger than ${MAX_PAYLOAD_BYTES} bytes`);
   }
   return json;
 }
 
-function findNonJson(value: unknown, path: string, seen: Set<object>): string | undefined {
+/**
+ * Text PostgreSQL would refuse or change, made safe for a `text` column: NUL and lone
+ * surrogates become U+FFFD, and the result is cut to `maxLength` characters without splitting
+ * a surrogate pair. For error messages, whose text we do not control: a handler's failure must
+ * be recorded, whatever its message holds.
+ */
+export function sanitizeText(text: string, maxLength: number): string {
+  let clean = text.isWellFormed() ? text : text.toWellFormed();
+  if (clean.includes("\u0000")) clean = clean.replaceAll("\u0000", "\uFFFD");
+  if (clean.length <= maxLength) return clean;
+  let cut = clean.slice(0, maxLength);
+  if (/[\uD800-\uDBFF]$/.test(cut)) cut = cut.slice(0, -1);
+  return cut + "…";
+}
+
+function textProblem(value: string): string | undefined {
+  if (value.includes("\u0000")) return "contains a NUL character, which PostgreSQL cannot store";
+  if (!value.isWellFormed()) return "is not well-formed Unicode (it holds a lone UTF-16 surrogate, e.g. half of an emoji)";
+  return undefined;
+}
+
+function findNonJson(value: unknown, path: string, seen: Set<object>, depth: number): string | undefined {
   switch (typeof value) {
-    case "string":
-      // PostgreSQL's jsonb cannot store the NUL character.
-      return value.includes("\u0000") ? `${path} contains a NUL character, which PostgreSQL's jsonb cannot store` : undefined;
+    case "string": {
+      const problem = textProblem(value);
+      return problem && `${path} ${problem}`;
+    }
     case "boolean":
       return undefined;
     case "number":
       return Number.isFinite(value) ? undefined : `${path} is ${value}, which JSON cannot represent`;
     case "object": {
       if (value === null) return undefined;
+      if (depth >= MAX_JSON_DEPTH) return `${path} is nested deeper than ${MAX_JSON_DEPTH} levels`;
       if (seen.has(value)) return `${path} is circular`;
       seen.add(value);
       try {
         if (Array.isArray(value)) {
           for (let i = 0; i < value.length; i++) {
-            const p = findNonJson(value[i], `${path}[${i}]`, seen);
+            const p = findNonJson(value[i], `${path}[${i}]`, seen, depth + 1);
             if (p) return p;
           }
           return undefined;
@@ -110,7 +170,9 @@ function findNonJson(value: unknown, path: string, seen: Set<object>): string | 
           return `${path} is a ${proto?.constructor?.name ?? "non-plain"} object; only plain objects, arrays and primitives are JSON`;
         }
         for (const [k, v] of Object.entries(value)) {
-          const p = findNonJson(v, `${path}.${k}`, seen);
+          const keyProblem = textProblem(k);
+          if (keyProblem) return `${path} has a key that ${keyProblem}`;
+          const p = findNonJson(v, `${path}.${printable(k)}`, seen, depth + 1);
           if (p) return p;
         }
         return undefined;
@@ -121,6 +183,23 @@ function findNonJson(value: unknown, path: string, seen: Set<object>): string | 
     default:
       return `${path} is ${typeof value === "undefined" ? "undefined" : `a ${typeof value}`}, which is not JSON`;
   }
+}
+
+/** A value for an error message: JSON when it can be, cut short, never throwing. */
+export function describeValue(value: unknown): string {
+  let text: string;
+  try {
+    text = typeof value === "bigint" ? `${value}n` : (JSON.stringify(value) ?? String(value));
+  } catch {
+    text = Object.prototype.toString.call(value);
+  }
+  return printable(text.length > 80 ? text.slice(0, 79) + "…" : text);
+}
+
+/** Text for a message: lone surrogates and control characters shown, not passed on. */
+function printable(text: string): string {
+  // eslint-disable-next-line no-control-regex
+  return text.toWellFormed().replace(/[\u0000-\u001f]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, "0")}`);
 }
 
 /** "did you mean" for option names, as Oban does. */

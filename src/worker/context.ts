@@ -43,7 +43,7 @@ export interface TaskDefinition<P = any> {
 /** A tasks module's default export: task name to handler. */
 export type TaskHandlers = Record<string, Handler | TaskDefinition>;
 
-export type AbortReason = LostLeaseReason | "shutdown" | "renewal_failed";
+export type AbortReason = LostLeaseReason | "shutdown" | "renewal_failed" | "progress_refused";
 
 /** The `signal.reason` of an aborted handler: says why it must stop. */
 export class JobAbortedError extends LeaseholdError {
@@ -72,6 +72,8 @@ function describeAbort(reason: AbortReason): string {
       return "the worker is shutting down; the job is released to run again";
     case "renewal_failed":
       return "the lease could not be renewed (database unreachable) and may run out";
+    case "progress_refused":
+      return "the database refused its progress or checkpoint; the attempt fails";
   }
 }
 

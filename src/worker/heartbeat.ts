@@ -7,7 +7,8 @@
  * - A job whose cancel was requested is aborted with reason "cancelled".
  * - If beats keep failing (database unreachable), each handler is aborted a safety margin
  *   before its lease could run out, measured on this process's monotonic clock from when
- *   the last successful renewal was *sent* (DESIGN-NOTES 2).
+ *   the last successful renewal was *sent*: the worker trusts its lease less than the
+ *   database does.
  */
 import type { Logger } from "pino";
 import type { ClaimedJob } from "../jobs/types.js";
@@ -26,6 +27,8 @@ export interface InFlight {
   lostReason?: AbortReason;
   progressJson?: string;
   checkpointJson?: string;
+  /** Set when the database refused this attempt's progress or checkpoint: it ends as a failure. */
+  refusedValue?: string;
 }
 
 /**
@@ -137,6 +140,13 @@ export class Heartbeater {
       if (e.progressJson === beats[i]!.progressJson) e.progressJson = undefined;
       if (e.checkpointJson === beats[i]!.checkpointJson) e.checkpointJson = undefined;
       if (renewed.cancelRequested && e.phase === "running") this.abort(e, "cancelled");
+      const refused = result.refused?.get(e.job.id);
+      if (refused !== undefined) {
+        e.progressJson = e.checkpointJson = undefined;
+        e.refusedValue = refused;
+        this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt, err: refused }, "progress refused; failing this attempt");
+        if (e.phase === "running") this.abort(e, "progress_refused");
+      }
     }
     if (result.lost.length > 0) await this.handleLost(entries.filter((e) => result.lost.includes(e.job.id)));
     this.schedule(this.interval());

@@ -9,7 +9,7 @@ export const DEFAULT_LEASE_MS = 30_000;
 export const DEFAULT_HEARTBEAT_MS = 10_000;
 export const DEFAULT_POLL_INTERVAL_MS = 1_000;
 export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 10_000;
-/** 500 jobs per claim measured best on 2 cores (PERFORMANCE.md: B=500). */
+/** 500 jobs per claim measured best for the bare claim + complete SQL on 2 cores. */
 export const MAX_CLAIM_BATCH = 500;
 
 export interface WorkerSettings {

@@ -6,7 +6,7 @@
  * An ambiguous commit (the connection dropped while the statement ran) is retried: the
  * fenced statement is safe to repeat. If the retry matches nothing, the attempt's audit
  * row says whether the first try landed ("succeeded by my attempt" is success); anything
- * else is a stale lease (DESIGN-NOTES 3).
+ * else is a stale lease: an ambiguous commit is not a stale report.
  */
 import type { AttemptRef, EndState, Failure, LostLease } from "../store/index.js";
 import type { LostLeaseReason } from "../errors.js";

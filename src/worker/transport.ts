@@ -43,6 +43,30 @@ export function isConnectionError(err: unknown): boolean {
   );
 }
 
+/**
+ * PostgreSQL refused a value, not the connection: a data exception (class 22, e.g. invalid
+ * text or JSON) or a program limit (class 54, e.g. nesting too deep for its stack).
+ */
+export function isRefusedValue(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^(22|54)[0-9A-Z]{3}$/.test(code);
+}
+
+/** One job's beat; if its value is refused, the lease is renewed without the value. */
+async function beatAlone(
+  db: store.Queryable,
+  p: { workerId: string; leaseMs: number },
+  beat: store.Beat,
+): Promise<store.BeatResult> {
+  try {
+    return await store.extendLeases(db, { ...p, beats: [beat] });
+  } catch (err) {
+    if (!isRefusedValue(err)) throw err;
+    const bare = await store.extendLeases(db, { ...p, beats: [{ id: beat.id, attempt: beat.attempt }] });
+    return { ...bare, refused: new Map([[beat.id, `the database refused its progress or checkpoint: ${(err as Error).message}`]]) };
+  }
+}
+
 /** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
 const REPORT_TIMEOUT_MS = 10_000;
 
@@ -68,9 +92,24 @@ export class DatabaseTransport implements WorkerTransport {
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
     return store.claimJobs(withQueryTimeout(this.pool, p.leaseMs), p);
   }
-  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+  async heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
     // A beat that cannot answer within a third of the lease is retried on a fresh connection.
-    return store.extendLeases(withQueryTimeout(this.pool, Math.max(1_000, Math.floor(p.leaseMs / 3))), p);
+    const db = withQueryTimeout(this.pool, Math.max(1_000, Math.floor(p.leaseMs / 3)));
+    try {
+      return await store.extendLeases(db, p);
+    } catch (err) {
+      if (!isRefusedValue(err)) throw err;
+      // One job's value failed the whole statement: beat each job alone so only its own
+      // value is dropped (rare: values are validated before they get here).
+      const result: store.BeatResult = { renewed: new Map(), lost: [], refused: new Map() };
+      for (const beat of p.beats) {
+        const one = await beatAlone(db, p, beat);
+        for (const [id, r] of one.renewed) result.renewed.set(id, r);
+        result.lost.push(...one.lost);
+        for (const [id, why] of one.refused ?? []) result.refused!.set(id, why);
+      }
+      return result;
+    }
   }
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
     return store.completeJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);

@@ -21,7 +21,7 @@ import { Heartbeater, attemptKey, type InFlight } from "./heartbeat.js";
 import { resolveWorkerSettings, MAX_CLAIM_BATCH, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Reporter, type ReportOutcome } from "./reporter.js";
 import { retryDelayMs } from "./backoff.js";
-import { serializePayload } from "../jobs/validate.js";
+import { sanitizeText, serializePayload } from "../jobs/validate.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 
@@ -268,7 +268,7 @@ export class Worker extends EventEmitter {
     this.newestAttempt.set(job.id, entry);
     this.heartbeater.jobStarted(job.leaseMs);
     this.running++;
-    this.metrics.jobsClaimed.inc({ queue: job.queue });
+    this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(job.queue) });
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const started = performance.now();
@@ -301,10 +301,10 @@ export class Worker extends EventEmitter {
       signal: entry.controller.signal,
       previousCheckpoint: job.checkpoint,
       progress: (data) => {
-        entry.progressJson = serializePayload(data, "progress");
+        entry.progressJson = serializePayload(data, "", "progress");
       },
       checkpoint: (data) => {
-        entry.checkpointJson = serializePayload(data, "checkpoint");
+        entry.checkpointJson = serializePayload(data, "", "checkpoint");
       },
       // Created on first use: most handlers never log, and a child logger per job measured
       // ~2 µs (docs/benchmarks.md).
@@ -335,6 +335,9 @@ export class Worker extends EventEmitter {
       return;
     }
     entry.phase = "reporting";
+    // A handler that returns after its progress was refused still fails: the job's recorded
+    // state would otherwise miss what the handler reported.
+    if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
     let outcome: ReportOutcome;
     if (err === undefined) {
       outcome = await this.reporter.succeed({ id: job.id, attempt: job.attempt });
@@ -354,7 +357,7 @@ export class Worker extends EventEmitter {
     let result: JobOutcome;
     if (outcome.applied) {
       result = { state: outcome.state };
-      this.metrics.jobsEnded.inc({ queue: job.queue, outcome: outcome.state === "waiting" ? "retry" : outcome.state });
+      this.metrics.jobsEnded.inc({ queue: this.metrics.queueLabel(job.queue), outcome: outcome.state === "waiting" ? "retry" : outcome.state });
     } else if ("reason" in outcome) {
       const stale = new StaleLeaseError(job.id, job.attempt, outcome.reason);
       this.metrics.staleReports.inc({ kind: err === undefined ? "complete" : "fail", reason: outcome.reason });
@@ -373,13 +376,12 @@ export class Worker extends EventEmitter {
 
 function describeError(err: unknown): string {
   let text: string;
-  if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
-  else {
-    try {
-      text = typeof err === "string" ? err : JSON.stringify(err);
-    } catch {
-      text = String(err);
-    }
+  try {
+    if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
+    else text = typeof err === "string" ? err : (JSON.stringify(err) ?? String(err));
+  } catch {
+    text = Object.prototype.toString.call(err);
   }
-  return text.length > MAX_ERROR_LENGTH ? text.slice(0, MAX_ERROR_LENGTH) + "…" : text;
+  // A NUL or a lone surrogate in the message would make PostgreSQL refuse the failure report.
+  return sanitizeText(text, MAX_ERROR_LENGTH);
 }
