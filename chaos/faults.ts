@@ -5,7 +5,7 @@
  * can measure how long each job took to run again.
  */
 import pg from "pg";
-import type { EmbeddedPostgres } from "../src/index.js";
+import type { EmbeddedPostgres } from "../src/embedded/postgres.js";
 import type { ChaosOptions, FaultKind } from "./config.js";
 import type { Producer } from "./producer.js";
 import type { TcpProxy } from "./proxy.js";

@@ -8,7 +8,8 @@
  * SIGTERM: graceful stop.
  */
 import pino from "pino";
-import { DatabaseTransport, Leasehold, Worker, isConnectionError } from "../src/index.js";
+import { Leasehold, Worker } from "../src/index.js";
+import { DatabaseTransport, isConnectionError } from "../src/worker/transport.js";
 import { ProcessLog } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";

@@ -1,18 +1,22 @@
 /**
- * The library's front door: connect (to DATABASE_URL, or to the embedded PostgreSQL when
- * none is given), enqueue, inspect and operate on jobs, and create workers and maintenance
- * services that share the connection pool.
+ * The library's front door: connect to a database, enqueue, inspect and operate on jobs, and
+ * create workers and maintenance services that share the connection pool.
+ *
+ * A library inside someone's web app must not start servers or create system users on its
+ * own: `connect()` needs a URL (or DATABASE_URL). The embedded PostgreSQL is started only when
+ * asked for (`embedded: true`), and loaded only then: the zero-setup path is the CLI's.
  */
 import type pg from "pg";
 import pino, { type Logger } from "pino";
 import type { Registry } from "prom-client";
-import { EmbeddedPostgres, type EmbeddedPostgresOptions } from "./embedded/postgres.js";
-import { JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
+import type { EmbeddedPostgres, EmbeddedPostgresOptions } from "./embedded/postgres.js";
+import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
-import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { checkJobId, checkName, integerIn, normalizeJob } from "./jobs/validate.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
+import type { Queryable } from "./store/db.js";
 import { Watchdog } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
 import type { BackoffPolicy } from "./worker/backoff.js";
@@ -20,12 +24,15 @@ import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
 
 export interface LeaseholdOptions {
-  /** Defaults to DATABASE_URL; with neither, an embedded PostgreSQL is started. */
+  /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
   databaseUrl?: string;
   /** Schema for Leasehold's tables; default LEASEHOLD_SCHEMA or "leasehold". */
   schema?: string;
-  /** Options for the embedded server (used only without a database URL). */
-  embedded?: EmbeddedPostgresOptions;
+  /**
+   * With no database URL, start a local PostgreSQL for development (`true`, or its options);
+   * `close()` stops it. Never implied: without a URL and without this, `connect()` fails.
+   */
+  embedded?: boolean | EmbeddedPostgresOptions;
   /** Apply pending migrations on connect; default true. */
   migrate?: boolean;
   poolSize?: number;
@@ -35,7 +42,16 @@ export interface LeaseholdOptions {
 
 /** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
 export const ENQUEUE_CHUNK = 5_000;
-const JOB_ID = /^[1-9]\d{0,18}$/;
+
+/** Where enqueue runs: your own `pg` client (a Client or PoolClient), inside your transaction. */
+export interface EnqueueTarget {
+  /**
+   * Enqueue on this client, in its current transaction: the job exists if and only if the
+   * transaction commits, and workers are woken at commit. Its search_path need not include
+   * Leasehold's schema.
+   */
+  db?: Queryable;
+}
 
 export class Leasehold {
   private constructor(
@@ -52,10 +68,18 @@ export class Leasehold {
     const schema = store.assertSchemaName(options.schema ?? process.env.LEASEHOLD_SCHEMA ?? store.DEFAULT_SCHEMA);
     let url = options.databaseUrl ?? process.env.DATABASE_URL;
     let embedded: EmbeddedPostgres | undefined;
-    if (!url) {
-      embedded = new EmbeddedPostgres(options.embedded);
+    if (url) {
+      checkDatabaseUrl(url);
+    } else if (options.embedded) {
+      const { EmbeddedPostgres } = await import("./embedded/postgres.js");
+      embedded = new EmbeddedPostgres(options.embedded === true ? {} : options.embedded);
       url = await embedded.start();
-      logger.info({ dataDir: embedded.dataDir, url: embedded.url }, "started embedded PostgreSQL");
+      logger.info({ dataDir: embedded.dataDir, port: new URL(url).port }, "started embedded PostgreSQL");
+    } else {
+      throw new ConfigError(
+        "Leasehold.connect needs a database: pass databaseUrl or set DATABASE_URL " +
+          "(or pass embedded: true to start a local PostgreSQL for development)",
+      );
     }
     const pool = store.createPool({ connectionString: url, schema, max: options.poolSize });
     try {
@@ -68,23 +92,34 @@ export class Leasehold {
     return new Leasehold(pool, url, schema, logger, metricsFor(options.metricsRegistry), embedded);
   }
 
-  async enqueue(task: string, payload?: unknown, options: EnqueueOptions = {}): Promise<EnqueuedJob> {
-    const [job] = await this.enqueueMany([{ ...options, task, payload }]);
+  async enqueue(task: string, payload?: unknown, options: EnqueueOptions & EnqueueTarget = {}): Promise<EnqueuedJob> {
+    const { db, ...jobOptions } = options ?? {};
+    const [job] = await this.enqueueMany([{ ...jobOptions, task, payload }], { db });
     return job!;
   }
 
-  /** Validates every job first (a bad one fails the batch, naming its index), then inserts. */
-  async enqueueMany(jobs: NewJob[]): Promise<EnqueuedJob[]> {
+  /**
+   * Validates every job first (a bad one fails the batch, naming its index), then inserts,
+   * all or nothing. With `db`, on your client inside your transaction.
+   */
+  async enqueueMany(jobs: NewJob[], target: EnqueueTarget = {}): Promise<EnqueuedJob[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
     const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
-    if (normalized.length <= ENQUEUE_CHUNK) return store.enqueueJobs(this.pool, normalized);
-    return store.withTransaction(this.pool, async (client) => {
+    const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
       for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
-        out.push(...(await store.enqueueJobs(client, normalized.slice(i, i + ENQUEUE_CHUNK))));
+        out.push(...(await store.enqueueJobs(db, normalized.slice(i, i + ENQUEUE_CHUNK), schema)));
       }
       return out;
-    });
+    };
+    if (target.db !== undefined) {
+      if (typeof (target.db as { query?: unknown })?.query !== "function") {
+        throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
+      }
+      return insertAll(target.db, this.schema);
+    }
+    if (normalized.length <= ENQUEUE_CHUNK) return store.enqueueJobs(this.pool, normalized);
+    return store.withTransaction(this.pool, (client) => insertAll(client));
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
@@ -166,8 +201,13 @@ export class Leasehold {
   }
 }
 
-function checkJobId(id: unknown): asserts id is string {
-  if (typeof id !== "string" || !JOB_ID.test(id)) {
-    throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
+/**
+ * libpq-style URLs (postgres://, postgresql://) or a socket path. Anything else fails here with
+ * a usage error rather than later as a connection failure. The value is not echoed: it may
+ * hold a password.
+ */
+function checkDatabaseUrl(url: string): void {
+  if (!/^(postgres|postgresql|socket):\/\/|^\//i.test(url)) {
+    throw new ConfigError("the database URL must look like postgres://user:password@host:5432/database (the value given does not)");
   }
 }

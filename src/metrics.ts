@@ -4,8 +4,16 @@
  */
 import { Counter, Histogram, Registry, register as globalRegistry } from "prom-client";
 
+/**
+ * Queues get a label value each, up to this many per process; later ones are counted under
+ * "other", so a producer inventing queue names cannot grow the metrics without bound.
+ */
+export const MAX_QUEUE_LABELS = 100;
+
 export interface Metrics {
   registry: Registry;
+  /** The label value for a queue: its name, or "other" past MAX_QUEUE_LABELS distinct queues. */
+  queueLabel(queue: string): string;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
   staleReports: Counter<"kind" | "reason">;
@@ -23,8 +31,15 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
   const existing = cache.get(registry);
   if (existing) return existing;
   const registers = [registry];
+  const queues = new Set<string>();
   const m: Metrics = {
     registry,
+    queueLabel(queue) {
+      if (queues.has(queue)) return queue;
+      if (queues.size >= MAX_QUEUE_LABELS) return "other";
+      queues.add(queue);
+      return queue;
+    },
     jobsClaimed: new Counter({ name: "leasehold_jobs_claimed_total", help: "Jobs claimed (leases granted).", labelNames: ["queue"], registers }),
     jobsEnded: new Counter({
       name: "leasehold_job_attempts_ended_total",

@@ -45,7 +45,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, wait
       });
       return clientGone(reply);
     }
-    for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: job.queue });
+    for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
     return { jobs };
   });
 
