@@ -79,6 +79,8 @@ test("bad input is one clear line on stderr and a meaningful exit code, never a 
     [["nosuchcommand"], 2, /unknown command 'nosuchcommand'/],
     [["worker", "--tasks", "/nonexistent/tasks.ts"], 2, /no such file/],
     [["serve", "--port", "0"], 2, /needs an API token/],
+    [["jobs", "show", "9223372036854775808"], 3, /job 9223372036854775808 does not exist/],
+    [["--database-url", "notaurl", "stats"], 2, /database URL must look like postgres:\/\//],
   ];
   for (const [args, code, message] of cases) {
     const r = await runCli(args, { schema, env: { LEASEHOLD_TOKEN: undefined } });
@@ -100,7 +102,7 @@ test("bad input is one clear line on stderr and a meaningful exit code, never a 
   assert.match(retry.stderr, /is waiting; only dead or cancelled jobs can be retried/);
 });
 
-test("bulk enqueue reads JSON lines from stdin in batches; a bad line names its number and writes nothing of its batch", async () => {
+test("bulk enqueue reads JSON lines from stdin in batches; a bad line names its number and nothing of the file is written", async () => {
   const schema = uniqueSchema("cli");
   const good = Array.from({ length: 12_000 }, (_, i) => JSON.stringify({ n: i })).join("\n") + "\n";
   const ok = await runCli(["enqueue", "bulk.task", "--payloads", "-", "--queue", "bulk", "--json"], { schema, input: good });
@@ -111,8 +113,15 @@ test("bulk enqueue reads JSON lines from stdin in batches; a bad line names its 
   const refused = await runCli(["enqueue", "bulk.bad", "--payloads", "-"], { schema, input: bad });
   assert.equal(refused.code, 2);
   assert.match(refused.stderr, /line 4: invalid JSON/);
-  assert.match(refused.stderr, /nothing was enqueued from lines 1-4/);
+  assert.match(refused.stderr, /nothing was enqueued/);
   assert.ok(isOneLineError(refused.stderr), refused.stderr);
+
+  // The import is one transaction: a bad last line after several full batches leaves nothing.
+  const lateBad = Array.from({ length: 5_001 }, (_, i) => JSON.stringify({ n: i })).join("\n") + '\n{"s":"\\u0000"}\n';
+  const late = await runCli(["enqueue", "bulk.late", "--payloads", "-"], { schema, input: lateBad });
+  assert.equal(late.code, 2, late.stderr);
+  assert.match(late.stderr, /line 5002: payload\.s contains a NUL character/);
+  assert.match(late.stderr, /nothing was enqueued/);
 
   const db = await rawClient(schema);
   try {
@@ -123,6 +132,29 @@ test("bulk enqueue reads JSON lines from stdin in batches; a bad line names its 
   } finally {
     await db.end();
   }
+});
+
+test("a schema named like an SQL keyword works; a tasks module that throws null is named in one line", async () => {
+  const schema = "select";
+  try {
+    const migrated = await runCli(["migrate", "--json"], { schema });
+    assert.equal(migrated.code, 0, migrated.stderr);
+    const enq = await runCli(["enqueue", "t", "--json"], { schema });
+    assert.equal(enq.code, 0, enq.stderr);
+    const stats = await runCli(["stats", "--json"], { schema });
+    assert.deepEqual(JSON.parse(stats.stdout).counts, [{ queue: "default", state: "waiting", count: 1 }]);
+  } finally {
+    const db = await rawClient("public");
+    await db.query('DROP SCHEMA IF EXISTS "select" CASCADE').finally(() => db.end());
+  }
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-tasks-"));
+  const file = path.join(dir, "throws.mjs");
+  fs.writeFileSync(file, "throw null;\n");
+  const r = await runCli(["worker", "--tasks", file], { schema: uniqueSchema("cli") });
+  fs.rmSync(dir, { recursive: true, force: true });
+  assert.equal(r.code, 2, r.stderr);
+  assert.match(r.stderr, /cannot load tasks module .*throws\.mjs: it threw null/);
+  assert.ok(isOneLineError(r.stderr), r.stderr);
 });
 
 test("worker --tasks runs a TypeScript tasks module's handlers; SIGTERM stops it gracefully", async () => {

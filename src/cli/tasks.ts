@@ -24,8 +24,7 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
       mod = (await import(pathToFileURL(abs).href)) as { default?: unknown };
     }
   } catch (err) {
-    const message = ((err as Error).message ?? String(err)).split("\n")[0];
-    throw new CliError(`cannot load tasks module ${file}: ${message}`);
+    throw new CliError(`cannot load tasks module ${file}: ${describeThrown(err)}`);
   }
   let handlers = mod.default;
   // A .ts file outside an ESM package is compiled as CommonJS: its exports arrive wrapped once more.
@@ -36,4 +35,16 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
     throw new CliError(`tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`);
   }
   return { file: abs, handlers: handlers as TaskHandlers };
+}
+
+/** The first line of whatever a module threw: an Error's message, or the value itself (null too). */
+function describeThrown(err: unknown): string {
+  if (err instanceof Error) return err.message.split("\n")[0] || err.name;
+  let text: string;
+  try {
+    text = typeof err === "string" ? err : `it threw ${JSON.stringify(err) ?? String(err)}`;
+  } catch {
+    text = `it threw ${Object.prototype.toString.call(err)}`;
+  }
+  return text.split("\n")[0]!;
 }

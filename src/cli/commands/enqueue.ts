@@ -1,20 +1,21 @@
 /**
  * `leasehold enqueue TASK`: one job, or with --payloads a JSON-lines file (or `-` for stdin)
- * of payloads, one job per line, inserted in batches of ENQUEUE_CHUNK (REMOTE_ENQUEUE_BATCH
- * through a server). Each batch is one
- * INSERT and every line of it is checked before it is sent, so a bad line stops the import
- * with its line number and nothing of its batch is written (earlier batches are).
+ * of payloads, one job per line. On the database the import is one transaction, written in
+ * batches of ENQUEUE_CHUNK: a bad line stops it with its line number and nothing is written.
+ * Through a server, batches of REMOTE_ENQUEUE_BATCH are committed one by one: a bad line
+ * stops the import and the error says exactly how many jobs were committed before it.
  */
 import fs from "node:fs";
 import readline from "node:readline";
 import type { Command } from "commander";
-import { ENQUEUE_CHUNK } from "../../client.js";
+import { ENQUEUE_CHUNK, type Leasehold } from "../../client.js";
 import { LeaseholdError } from "../../errors.js";
-import type { EnqueueOptions, NewJob } from "../../jobs/types.js";
+import type { EnqueuedJob, EnqueueOptions, NewJob } from "../../jobs/types.js";
 import { checkName, serializePayload } from "../../jobs/validate.js";
 import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
-import { CliError } from "../errors.js";
+import { CliError, describeFailure, EXIT } from "../errors.js";
+import { withTransaction } from "../../store/db.js";
 import { duration, int, isoDate, json, readFile } from "../parse.js";
 
 interface EnqueueFlags {
@@ -84,27 +85,77 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
     if (!fs.existsSync(file)) throw new CliError(`--payloads: cannot read ${file} (ENOENT)`);
     input = fs.createReadStream(file, "utf8");
   }
-  const lh = await cli.operations();
-  // One batch is one INSERT (or one API request), so it is written whole or not at all.
-  const batchSize = lh instanceof RemoteOperations ? REMOTE_ENQUEUE_BATCH : ENQUEUE_CHUNK;
+  const ops = await cli.operations();
+  if (ops instanceof RemoteOperations) return enqueueLinesRemotely(cli, ops, task, options, input);
+  // On the database the whole import is one transaction: a bad line, or any failure, leaves
+  // nothing of the file behind.
+  const lh = ops as Leasehold;
+  const counts = await withTransaction(lh.pool, (client) =>
+    readBatches(input, task, options, ENQUEUE_CHUNK, (batch) => lh.enqueueMany(batch, { db: client }), (line, why) => `line ${line}: ${why}; nothing was enqueued`),
+  );
+  printCounts(cli, task, counts);
+}
+
+/**
+ * Through a server each batch is its own request, committed on its own: a failure says
+ * exactly how many jobs were committed before it.
+ */
+async function enqueueLinesRemotely(cli: Cli, ops: RemoteOperations, task: string, options: EnqueueOptions, input: NodeJS.ReadableStream): Promise<void> {
+  let committed = 0;
+  let committedThrough = 0;
+  const counts = await readBatches(
+    input,
+    task,
+    options,
+    REMOTE_ENQUEUE_BATCH,
+    async (batch, lastLine) => {
+      const jobs = await ops.enqueueMany(batch);
+      committed += jobs.length;
+      committedThrough = lastLine;
+      return jobs;
+    },
+    (line, why) =>
+      `line ${line}: ${why}; ` +
+      (committed > 0 ? `${committed} jobs from lines 1-${committedThrough} were enqueued before it, nothing after` : "nothing was enqueued"),
+  );
+  printCounts(cli, task, counts);
+}
+
+interface Counts {
+  enqueued: number;
+  created: number;
+}
+
+/**
+ * Reads JSON lines into batches of jobs and hands each to `write`; a bad line, or a batch
+ * `write` refuses, stops the import with an error `explain` words (line number and why).
+ */
+async function readBatches(
+  input: NodeJS.ReadableStream,
+  task: string,
+  options: EnqueueOptions,
+  batchSize: number,
+  write: (batch: NewJob[], lastLine: number) => Promise<EnqueuedJob[]>,
+  explain: (line: string, why: string) => string,
+): Promise<Counts> {
   const lines = readline.createInterface({ input, crlfDelay: Infinity });
+  const counts: Counts = { enqueued: 0, created: 0 };
   let batch: NewJob[] = [];
   let batchFirstLine = 0;
-  let enqueued = 0;
-  let created = 0;
   let lineNo = 0;
   const flush = async () => {
     if (batch.length === 0) return;
-    let jobs;
+    let jobs: EnqueuedJob[];
     try {
-      jobs = await lh.enqueueMany(batch);
+      jobs = await write(batch, lineNo);
     } catch (err) {
-      // Checked line by line already; what is left is a job option (e.g. a bad --queue).
-      if (err instanceof LeaseholdError) throw new CliError(`${err.message.replace(/^job \d+: /, "")}; nothing was enqueued from lines ${batchFirstLine}-${lineNo}`);
-      throw err;
+      // Lines were checked one by one already; what is left is a job option (e.g. a bad
+      // --queue) or the database or server refusing the batch.
+      const why = err instanceof LeaseholdError ? err.message.replace(/^job \d+: /, "") : describeFailure(err).message;
+      throw new CliError(explain(`${batchFirstLine}-${lineNo}`, why), err instanceof LeaseholdError ? EXIT.usage : describeFailure(err).exitCode);
     }
-    enqueued += jobs.length;
-    created += jobs.filter((j) => j.created).length;
+    counts.enqueued += jobs.length;
+    counts.created += jobs.filter((j) => j.created).length;
     batch = [];
   };
   try {
@@ -115,12 +166,9 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
       let payload: unknown;
       try {
         payload = JSON.parse(line);
-        serializePayload(payload, "payload");
+        serializePayload(payload, "");
       } catch (err) {
-        const why = err instanceof SyntaxError ? `invalid JSON (${err.message})` : (err as Error).message;
-        throw new CliError(
-          `line ${lineNo}: ${why}; nothing was enqueued from lines ${batchFirstLine}-${lineNo}` + (enqueued > 0 ? ` (${enqueued} jobs from earlier lines were)` : ""),
-        );
+        throw new CliError(explain(String(lineNo), err instanceof SyntaxError ? `invalid JSON (${err.message})` : (err as Error).message));
       }
       batch.push({ ...options, task, payload });
       if (batch.length >= batchSize) await flush();
@@ -129,5 +177,9 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
   } finally {
     lines.close();
   }
+  return counts;
+}
+
+function printCounts(cli: Cli, task: string, { enqueued, created }: Counts): void {
   cli.result({ enqueued, created }, () => `enqueued ${enqueued} jobs (${task})` + (created < enqueued ? `, ${enqueued - created} already existed` : ""));
 }
