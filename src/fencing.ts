@@ -2,7 +2,7 @@
  * Fenced downstream writes: how a handler writes its result somewhere else so that a stale
  * attempt (a zombie that woke up, a worker cut off past its lease) cannot overwrite the
  * result of a newer attempt. The downstream refuses the stale writer itself, using the
- * attempt number as a fencing token (DESIGN-NOTES 10). See docs/fencing.md.
+ * attempt number as a fencing token. See docs/fencing.md.
  *
  * The target table needs a key column (one row per job, or per whatever the job owns) and an
  * integer token column:

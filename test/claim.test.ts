@@ -91,9 +91,9 @@ test("a worker claims only the tasks it has handlers for", async (t) => {
 });
 
 test("completion and heartbeat fences keep an index plan under a generic plan (the prepared-statement trap)", async (t) => {
-  // pg switches a named prepared statement to a generic plan after 5 runs; PERFORMANCE.md
-  // measured a fence written as `IN (SELECT unnest ...)` turning into a nested loop over
-  // every running job. Capture our real statements and explain them as generic plans.
+  // pg switches a named prepared statement to a generic plan after 5 runs, and a fence
+  // written as `IN (SELECT unnest ...)` was measured turning into a nested loop over every
+  // running job. Capture our real statements and explain them as generic plans.
   const lh = await freshLeasehold(t);
   await lh.enqueueMany(Array.from({ length: 3_000 }, () => ({ task: "t" })));
   const running = await store.claimJobs(lh.pool, { queues: ["default"], limit: 500, workerId: "w", leaseMs: LEASE, tasks: ["t"] });

@@ -1,6 +1,6 @@
 /**
  * graphile-worker 0.18 at the best settings measured on this kind of machine
- * (PERFORMANCE.md): concurrency 50, localQueue size 500, completeJobBatchDelay 0.
+ * (one worker process, no-op jobs): concurrency 50, localQueue size 500, completeJobBatchDelay 0.
  * It has no lease or heartbeat: a job locked by a worker that died stays locked until a
  * hard-coded 4-hour lock timeout.
  */

@@ -1,5 +1,5 @@
 /**
- * pg-boss 12 at the best settings measured on this kind of machine (PERFORMANCE.md):
+ * pg-boss 12 at the best settings measured on this kind of machine:
  * 10 work loops, batchSize 50, burstWhenBatchFull, LISTEN/NOTIFY with a notify queue.
  */
 import pg from "pg";

@@ -3,7 +3,7 @@
  * store.completeJobs) in a tight loop straight from `pg` clients, no runtime around them:
  * what the SQL alone can do on this machine. Leasehold's drain is reported as a fraction of it.
  *
- * And the generic-plan check (PERFORMANCE.md): the completion and heartbeat statements
+ * And the generic-plan check: the completion and heartbeat statements
  * timed as the store runs them (unnamed: planned with the real arrays every time) and as a
  * named prepared statement forced onto a generic plan, which is what `pg` would give them
  * after 5 runs if anyone ever named them. A large gap means the trap is armed.
