@@ -1,8 +1,8 @@
 /**
- * The PNG chart: one horizontal bar panel per headline metric, a bar per system.
- * @napi-rs/canvas ships prebuilt binaries in its npm packages (no install script).
+ * The chart: one horizontal bar panel per headline metric, a bar per system, as SVG. Text,
+ * not pixels: no native dependency (a canvas library's prebuilt binaries are per platform),
+ * and it renders wherever the Markdown does.
  */
-import { createCanvas } from "@napi-rs/canvas";
 import type { BenchResults } from "./write.js";
 
 const COLORS: Record<string, string> = {
@@ -29,6 +29,7 @@ function panels(results: BenchResults): Panel[] {
   };
   add("enqueue", "jobsPerSecond", "Bulk enqueue (higher is better)", "jobs/s");
   add("drain", "jobsPerSecond", "Drain, 1 worker process (higher is better)", "jobs/s", ["ceiling"]);
+  add("sweep", "jobsPerSecond", "Drain at the same handler concurrency (higher is better)", "jobs/s");
   add("drain-multi", "jobsPerSecond", `Drain, ${results.options.processes} worker processes (higher is better)`, "jobs/s");
   add("latency", "p50Ms", "Enqueue → start p50 (lower is better)", "ms");
   add("latency", "p99Ms", "Enqueue → start p99 (lower is better)", "ms");
@@ -39,41 +40,40 @@ function panels(results: BenchResults): Panel[] {
 const WIDTH = 1000;
 const BAR_H = 26;
 const PANEL_PAD = 56;
-const LABEL_W = 220;
+const LABEL_W = 260;
 
-export async function drawChart(results: BenchResults): Promise<Buffer> {
+const escape = (s: string) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+
+export function drawChart(results: BenchResults): string {
   const ps = panels(results);
-  const height = 60 + ps.reduce((h, p) => h + PANEL_PAD + p.bars.length * (BAR_H + 6), 0) + 20;
-  const canvas = createCanvas(WIDTH, Math.max(height, 120));
-  const g = canvas.getContext("2d");
-  g.fillStyle = "#ffffff";
-  g.fillRect(0, 0, WIDTH, canvas.height);
-  g.fillStyle = "#111111";
-  g.font = "bold 20px sans-serif";
-  g.fillText(`Leasehold vs pg-boss vs graphile-worker — ${results.startedAt.slice(0, 10)}, PostgreSQL ${results.machine.postgres}`, 20, 34);
+  const height = Math.max(120, 60 + ps.reduce((h, p) => h + PANEL_PAD + p.bars.length * (BAR_H + 6), 0) + 20);
+  const parts: string[] = [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${WIDTH}" height="${height}" viewBox="0 0 ${WIDTH} ${height}" font-family="sans-serif">`,
+    `<rect width="100%" height="100%" fill="#ffffff"/>`,
+    `<text x="20" y="34" font-size="20" font-weight="bold" fill="#111">${escape(
+      `Leasehold vs pg-boss vs graphile-worker — ${results.startedAt.slice(0, 10)}, PostgreSQL ${results.machine.postgres}`,
+    )}</text>`,
+  ];
   let y = 60;
   for (const p of ps) {
-    g.fillStyle = "#111111";
-    g.font = "bold 15px sans-serif";
-    g.fillText(p.title, 20, y + 24);
+    parts.push(`<text x="20" y="${y + 24}" font-size="15" font-weight="bold" fill="#111">${escape(p.title)}</text>`);
     y += PANEL_PAD - 16;
     const finite = p.bars.map((b) => b.value).filter(Number.isFinite);
     const max = Math.max(...finite, 1e-9);
     const scale = (WIDTH - LABEL_W - 140) / max;
     for (const b of p.bars) {
-      g.fillStyle = "#333333";
-      g.font = "14px sans-serif";
-      g.fillText(b.label, 20, y + BAR_H - 8);
       const ok = Number.isFinite(b.value);
       const w = ok ? Math.max(2, b.value * scale) : 0;
-      g.fillStyle = COLORS[b.system] ?? "#666666";
-      g.fillRect(LABEL_W, y, w, BAR_H);
-      g.fillStyle = "#111111";
       const text = ok ? `${b.value.toLocaleString("en-US", { maximumFractionDigits: b.value < 10 ? 2 : 0 })} ${p.unit}` : "n/a";
-      g.fillText(text, LABEL_W + w + 8, y + BAR_H - 8);
+      parts.push(
+        `<text x="20" y="${y + BAR_H - 8}" font-size="14" fill="#333">${escape(b.label)}</text>`,
+        `<rect x="${LABEL_W}" y="${y}" width="${w.toFixed(1)}" height="${BAR_H}" fill="${COLORS[b.system] ?? "#666666"}"/>`,
+        `<text x="${(LABEL_W + w + 8).toFixed(1)}" y="${y + BAR_H - 8}" font-size="14" fill="#111">${escape(text)}</text>`,
+      );
       y += BAR_H + 6;
     }
     y += 16;
   }
-  return canvas.toBuffer("image/png");
+  parts.push("</svg>");
+  return parts.join("\n") + "\n";
 }

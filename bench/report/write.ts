@@ -1,6 +1,6 @@
 /**
  * The report: results as JSON (everything, every run), Markdown (medians, ratios against
- * each peer, the targets, versions, settings and machine) and a PNG chart.
+ * each peer, the targets, versions, settings and machine) and an SVG chart.
  */
 import fs from "node:fs";
 import path from "node:path";
@@ -209,14 +209,14 @@ export function markdown(results: BenchResults): string {
   return lines.join("\n");
 }
 
-/** Writes <name>.json, <name>.md and <name>.png into `dir`; returns the paths. */
+/** Writes <name>.json, <name>.md and <name>.svg into `dir`; returns the paths. */
 export async function writeReport(results: BenchResults, dir: string, name: string): Promise<string[]> {
   fs.mkdirSync(dir, { recursive: true });
   const json = path.join(dir, `${name}.json`);
   const md = path.join(dir, `${name}.md`);
-  const png = path.join(dir, `${name}.png`);
+  const svg = path.join(dir, `${name}.svg`);
   fs.writeFileSync(json, JSON.stringify(results, (_k, v) => (typeof v === "number" && !Number.isFinite(v) ? null : v), 2) + "\n");
-  fs.writeFileSync(md, markdown(results) + `\n![chart](${name}.png)\n`);
-  fs.writeFileSync(png, await drawChart(results));
-  return [json, md, png];
+  fs.writeFileSync(md, markdown(results) + `\n![chart](${name}.svg)\n`);
+  fs.writeFileSync(svg, drawChart(results));
+  return [json, md, svg];
 }

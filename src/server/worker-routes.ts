@@ -28,7 +28,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, wait
     const deadline = Date.now() + waitMs;
     const gone = new AbortController();
     reply.raw.on("close", () => gone.abort());
-    let jobs: ClaimedJob[] = [];
+    let jobs: ClaimedJob[];
     for (;;) {
       if (gone.signal.aborted) return clientGone(reply); // claim nothing for a client that left
       jobs = await store.claimJobs(pool, params);

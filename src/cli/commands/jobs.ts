@@ -1,7 +1,7 @@
 /** `leasehold jobs list|show|cancel|retry` and `leasehold stats`. */
 import type { Command } from "commander";
 import { JOB_STATES } from "../../jobs/types.js";
-import type { Cli, Run } from "../context.js";
+import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { jobDetails, jobsTable, statsText } from "../format.js";
 import { int } from "../parse.js";
