@@ -230,3 +230,28 @@ test("no Unix socket, and another local user cannot log in as superuser", { skip
   assert.notEqual(result.noPassword, "ok");
   assert.notEqual(result.oldSocket, "ok");
 });
+
+// --- As root: whose directories, and where the data goes. ---
+
+test("as root, an existing data directory that is not the server user's is refused, not chowned", { skip: needsRoot }, async (t) => {
+  const parent = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-embedded-"));
+  fs.chmodSync(parent, 0o755);
+  t.after(() => fs.rmSync(parent, { recursive: true, force: true }));
+  const dataDir = path.join(parent, "pgdata");
+  fs.mkdirSync(dataDir, { mode: 0o700 });
+  fs.writeFileSync(path.join(dataDir, "secret.txt"), "s3cret\n", { mode: 0o600 });
+
+  const server = new EmbeddedPostgres({ dataDir });
+  const err = await server.start().then(() => undefined, (e: Error) => e);
+  await server.stop();
+  assert.ok(err, "the start was refused");
+  assert.ok(!err.message.includes("\n"), err.message);
+  assert.ok(err.message.includes(dataDir), err.message);
+  assert.match(err.message, /belongs to root.*chown/);
+  for (const p of [dataDir, path.join(dataDir, "secret.txt")]) {
+    const st = fs.statSync(p);
+    assert.equal(st.uid, 0, `${p} still root's`);
+  }
+  assert.equal(fs.statSync(dataDir).mode & 0o777, 0o700);
+  assert.deepEqual(fs.readdirSync(dataDir), ["secret.txt"]);
+});

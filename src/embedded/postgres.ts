@@ -12,16 +12,21 @@
  * random per data directory and kept in <data dir>/leasehold.password, mode 0600, owned by
  * the process that started the server (see password.ts). A data directory made by an older
  * Leasehold (fixed password `leasehold`) gets a new password on its first start.
+ *
+ * As root the server runs as the `postgres` user: see access.ts for whose the data
+ * directory is.
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { createHash } from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { EmbeddedPostgresError } from "../errors.js";
+import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, type RunAs } from "./access.js";
 import { LEGACY_PASSWORD, newPassword, PASSWORD_FILE, passwordFile, pendingPasswordFile, readPassword, scramVerifier, writePassword } from "./password.js";
+
+export { pathTag } from "./access.js";
 
 export interface EmbeddedPostgresOptions {
   /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
@@ -77,8 +82,7 @@ export class EmbeddedPostgres {
   async start(): Promise<string> {
     this.binaries = await findBinaries();
     const runAs = ensureRunAsUser();
-    fs.mkdirSync(path.dirname(this.dataDir), { recursive: true });
-    assertEnterable(path.dirname(this.dataDir), runAs);
+    const placed = placeDataDir(this.dataDir, runAs);
     try {
       const candidates = this.passwordCandidates(runAs);
       await clearStalePidFile(this.dataDir);
@@ -89,6 +93,7 @@ export class EmbeddedPostgres {
       return this.url;
     } catch (err) {
       await this.stop();
+      removeCreated(placed.created);
       throw err;
     }
   }
@@ -170,8 +175,6 @@ export class EmbeddedPostgres {
   }
 
   private initdb(runAs: RunAs, password: string): void {
-    fs.mkdirSync(this.dataDir, { recursive: true, mode: 0o700 });
-    if (runAs.uid !== undefined) fs.chownSync(this.dataDir, runAs.uid, runAs.gid!);
     // initdb reads the password from a file: a private 0700 directory, the server user's as it runs initdb.
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-initdb-"));
     const pwfile = path.join(dir, "pwfile");
@@ -185,7 +188,7 @@ export class EmbeddedPostgres {
       const r = spawnSync(initdb, [
         `--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`,
         "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
-      ], { ...runAs, env: { ...process.env, LC_MESSAGES: "C" }, encoding: "utf8" });
+      ], { ...asServerUser(runAs), env: { ...process.env, LC_MESSAGES: "C" }, encoding: "utf8" });
       if (r.status !== 0) {
         throw new EmbeddedPostgresError(`embedded PostgreSQL: initdb failed (${initdb}): ${oneLine(r.error?.message ?? r.stderr)}`);
       }
@@ -204,7 +207,7 @@ export class EmbeddedPostgres {
       ...Object.entries(this.settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]),
     ];
     const child = spawn(this.binaries!.postgres, args, {
-      ...runAs,
+      ...asServerUser(runAs),
       env: { ...process.env, LC_MESSAGES: "C" },
       stdio: ["ignore", "pipe", "pipe"],
     });
@@ -323,48 +326,6 @@ function hydrateSymlinks(nativeDir: string): void {
   }
 }
 
-interface RunAs {
-  uid?: number;
-  gid?: number;
-}
-
-/** PostgreSQL refuses to run as root; as root we run it as the `postgres` user, creating it if needed. */
-function ensureRunAsUser(): RunAs {
-  if (process.getuid?.() !== 0) return {};
-  let ids = lookupUser(SUPERUSER);
-  if (!ids) {
-    spawnSync("groupadd", ["--system", SUPERUSER]);
-    const r = spawnSync("useradd", ["--system", "-g", SUPERUSER, "--no-create-home", SUPERUSER], { encoding: "utf8" });
-    ids = lookupUser(SUPERUSER);
-    if (!ids) throw new Error(`Running as root, and could not create the 'postgres' user to run PostgreSQL as: ${r.stderr}`);
-  }
-  return ids;
-}
-
-function lookupUser(name: string): RunAs | undefined {
-  const uid = spawnSync("id", ["-u", name], { encoding: "utf8" });
-  const gid = spawnSync("id", ["-g", name], { encoding: "utf8" });
-  if (uid.status !== 0 || gid.status !== 0) return undefined;
-  return { uid: Number(uid.stdout.trim()), gid: Number(gid.stdout.trim()) };
-}
-
-/** As root, the server runs as `postgres`, which must be able to reach the data directory. */
-function assertEnterable(dir: string, runAs: RunAs): void {
-  if (runAs.uid === undefined) return;
-  const r = spawnSync("test", ["-x", dir, "-a", "-w", dir], { uid: runAs.uid, gid: runAs.gid });
-  if (r.status !== 0) {
-    // The parent is ours (root) and may be closed to other users; hand it to postgres.
-    fs.chownSync(dir, runAs.uid, runAs.gid!);
-    const again = spawnSync("test", ["-x", dir], { uid: runAs.uid, gid: runAs.gid });
-    if (again.status !== 0) {
-      throw new Error(
-        `The postgres user cannot enter ${dir} (a parent folder is closed to other users). ` +
-          "Choose a data directory under a folder it can reach, e.g. --data-dir /var/tmp/leasehold.",
-      );
-    }
-  }
-}
-
 /**
  * After a crash the pid file may name a dead process (fine: PostgreSQL checks) or a live
  * server orphaned by our crashed parent, which still holds the directory: stop that one.
@@ -412,17 +373,4 @@ export function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
-}
-
-/** A short stable name for a path, for per-directory resources. */
-export function pathTag(p: string): string {
-  return createHash("sha1").update(path.resolve(p)).digest("hex").slice(0, 8);
-}
-
-function oneLine(text: string): string {
-  return text
-    .split("\n")
-    .map((l) => l.trim())
-    .filter(Boolean)
-    .join(" ");
 }
