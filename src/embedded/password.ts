@@ -15,7 +15,7 @@ import path from "node:path";
 import { EmbeddedPostgresError } from "../errors.js";
 
 export const PASSWORD_FILE = "leasehold.password";
-/** What Leasehold up to 0.1.0 set for every cluster; such clusters are upgraded on start. */
+/** What older Leasehold versions set for every cluster; such clusters are upgraded on start. */
 export const LEGACY_PASSWORD = "leasehold";
 
 export function newPassword(): string {
