@@ -201,7 +201,13 @@ test("no Unix socket, and another local user cannot log in as superuser", { skip
   }
 
   // As `nobody`: the old fixed password, none, over TCP and the old socket place; the real one as a control.
-  const pgPath = createRequire(import.meta.url).resolve("pg");
+  // nobody may not reach our node_modules (a clone in a private folder): it gets its own copy of pg.
+  const modules = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-pg-for-nobody-"));
+  fs.chmodSync(modules, 0o755);
+  t.after(() => fs.rmSync(modules, { recursive: true, force: true }));
+  const nodeModules = path.resolve(createRequire(import.meta.url).resolve("pg"), "..", "..", "..");
+  copyPackage("pg", nodeModules, path.join(modules, "node_modules"));
+  const pgPath = path.join(modules, "node_modules", "pg", "lib", "index.js");
   const script = `
     const { default: pg } = await import(${JSON.stringify(pgPath)});
     const out = {};
@@ -230,6 +236,15 @@ test("no Unix socket, and another local user cannot log in as superuser", { skip
   assert.notEqual(result.noPassword, "ok");
   assert.notEqual(result.oldSocket, "ok");
 });
+
+/** Copies an installed package and its dependencies (npm's flat layout) from one node_modules to another. */
+function copyPackage(name: string, from: string, to: string, seen = new Set<string>()): void {
+  if (seen.has(name) || !fs.existsSync(path.join(from, name))) return;
+  seen.add(name);
+  fs.cpSync(path.join(from, name), path.join(to, name), { recursive: true });
+  const manifest = JSON.parse(fs.readFileSync(path.join(from, name, "package.json"), "utf8")) as { dependencies?: Record<string, string> };
+  for (const dep of Object.keys(manifest.dependencies ?? {})) copyPackage(dep, from, to, seen);
+}
 
 // --- As root: whose directories, and where the data goes. ---
 
