@@ -88,7 +88,11 @@ function install(nativeDir: string, target: string, manifest: string): void {
     if (fs.existsSync(target)) {
       // A damaged copy (files removed or changed): move it aside whole, then delete it.
       const old = `${target}.old-${process.pid}-${randomBytes(4).toString("hex")}`;
-      fs.renameSync(target, old);
+      try {
+        fs.renameSync(target, old);
+      } catch (err) {
+        if ((err as NodeJS.ErrnoException).code !== "ENOENT") throw err; // another process moved it first
+      }
       fs.rmSync(old, { recursive: true, force: true });
     }
     try {
