@@ -64,7 +64,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   try {
     const url = await server.start();
     const pgPort = Number(new URL(url).port);
-    say(`PostgreSQL at ${url}, data in ${dataRoot}`);
+    say(`PostgreSQL at ${server.redactedUrl}, data in ${dataRoot}`);
     lh = await Leasehold.connect({ databaseUrl: url, schema: CHAOS_SCHEMA, logger: pino({ level: "silent" }), poolSize: 4 });
     admin = new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 });
     admin.on("error", () => {});

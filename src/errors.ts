@@ -56,6 +56,16 @@ export class ConfigError extends LeaseholdError {
   }
 }
 
+/**
+ * The embedded PostgreSQL could not be set up or started. The message is one line saying
+ * what is wrong and, where we know it, what to do; it never contains the password.
+ */
+export class EmbeddedPostgresError extends LeaseholdError {
+  constructor(message: string) {
+    super("embedded_postgres", message);
+  }
+}
+
 /** Why an attempt lost its lease; the handler's abort reason says which. */
 export type LostLeaseReason =
   | "lease_expired" // the watchdog reaped it; the job waits for a retry or is dead

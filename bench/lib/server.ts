@@ -33,7 +33,12 @@ export async function startServer(url?: string): Promise<BenchServer> {
       // run does not checkpoint every few seconds (the same for every system).
       settings: { max_connections: 400, shared_buffers: "256MB", max_wal_size: "2GB" },
     });
-    url = await server.start();
+    try {
+      url = await server.start();
+    } catch (err) {
+      fs.rmSync(dataRoot, { recursive: true, force: true }); // leave no temp dir behind
+      throw err;
+    }
   }
   const admin = new pg.Client({ connectionString: url });
   await admin.connect();

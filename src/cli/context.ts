@@ -9,6 +9,7 @@
 import path from "node:path";
 import pino, { type Logger } from "pino";
 import { Leasehold } from "../client.js";
+import { relocationNotice } from "../embedded/postgres.js";
 import { readDevState } from "./dev-state.js";
 import { CliError } from "./errors.js";
 import { RemoteOperations, type JobOperations } from "./remote-operations.js";
@@ -24,10 +25,17 @@ export interface GlobalOptions {
 
 export class Cli {
   readonly dataDir: string;
+  /** Where the embedded cluster is: <data dir>/pgdata, unless it had to be relocated (as root). */
+  embeddedDataDir: string;
   private readonly closers: (() => Promise<void>)[] = [];
 
-  constructor(readonly options: GlobalOptions) {
+  /** `dataDirIsDefault`: no --data-dir nor LEASEHOLD_DATA_DIR; only then may the cluster be relocated. */
+  constructor(
+    readonly options: GlobalOptions,
+    private readonly dataDirIsDefault = false,
+  ) {
     this.dataDir = path.resolve(options.dataDir);
+    this.embeddedDataDir = path.join(this.dataDir, "pgdata");
   }
 
   get json(): boolean {
@@ -65,7 +73,14 @@ export class Cli {
     const lh = await Leasehold.connect({
       databaseUrl: url,
       schema,
-      embedded: { dataDir: path.join(this.dataDir, "pgdata") },
+      embedded: {
+        dataDir: path.join(this.dataDir, "pgdata"),
+        relocateIfUnreachable: this.dataDirIsDefault,
+        onRelocate: (to, from) => {
+          this.embeddedDataDir = to;
+          process.stderr.write(relocationNotice(to, from) + "\n");
+        },
+      },
       logger: options.logger ?? this.logger(),
       poolSize: options.poolSize,
     });

