@@ -7,79 +7,21 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { Registry } from "prom-client";
 import { createServer } from "../src/server/app.js";
-import { RemoteTransport } from "../src/worker/remote-transport.js";
-import { Worker } from "../src/worker/worker.js";
 import type { JobContext } from "../src/worker/context.js";
-import { eventually, freshLeasehold, rawClient, silent, waitForEvent } from "./helpers/db.js";
+import { eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
+import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, remoteWorker, startServe as startServeOn, TOKEN } from "./helpers/server.js";
 
-const TOKEN = "test-token-0123456789abcdef";
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
 let serve: Awaited<ReturnType<typeof startCli>>;
 let base: string;
 
-async function api(method: string, path: string, body?: unknown, headers: Record<string, string> = { authorization: `Bearer ${TOKEN}` }) {
-  const res = await fetch(base + path, {
-    method,
-    headers: { ...headers, ...(body !== undefined && { "content-type": "application/json" }) },
-    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
-  });
-  const text = await res.text();
-  let json: any;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    json = undefined;
-  }
-  return { status: res.status, json, text };
-}
-
-/**
- * Announces a body of `bytes` and sends only its headers: the server must refuse on the
- * announced length (a real client that kept writing could see its connection reset instead).
- */
-function postAnnouncing(path: string, bytes: number): Promise<{ status: number; text: string }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(base + path, {
-      method: "POST",
-      headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json", "content-length": String(bytes) },
-    });
-    req.on("response", (res) => {
-      let text = "";
-      res.on("data", (b: Buffer) => (text += b.toString()));
-      res.on("end", () => {
-        req.destroy();
-        resolve({ status: res.statusCode!, text });
-      });
-    });
-    req.on("error", reject);
-    req.flushHeaders();
-  });
-}
-
-function remoteWorker(serverUrl: string, handlers: Record<string, (p: any, ctx: JobContext) => unknown>, extra: { leaseMs?: number; concurrency?: number; requestTimeoutMs?: number } = {}) {
-  return new Worker({
-    handlers,
-    leaseMs: extra.leaseMs ?? 3_000,
-    concurrency: extra.concurrency ?? 5,
-    logger: silent,
-    metricsRegistry: new Registry(),
-    transport: new RemoteTransport({ serverUrl, token: TOKEN, waitMs: 500, requestTimeoutMs: extra.requestTimeoutMs ?? 5_000 }),
-  });
-}
-
-function startServe(extra: string[] = []) {
-  return startCli(["serve", "--port", "0", "--watchdog-interval", "200", ...extra], {
-    schema: lh.schema,
-    env: { LEASEHOLD_TOKEN: TOKEN, LEASEHOLD_LOG_LEVEL: "warn" },
-    ready: /listening on (http:\/\/[^\s]+)/,
-  });
-}
+const api = (method: string, path: string, body?: unknown, headers?: Record<string, string>) => apiAt(base, method, path, body, headers);
+const postAnnouncing = (path: string, bytes: number) => postAnnouncingAt(base, path, bytes);
+const startServe = (extra: string[] = [], env: Record<string, string | undefined> = {}) => startServeOn(lh.schema, extra, env);
 
 before(async () => {
   lh = await freshLeasehold();
@@ -94,7 +36,8 @@ after(async () => {
 });
 
 test("every call but /healthz needs the bearer token: missing or wrong is 401 with a typed body", async () => {
-  for (const headers of [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }]) {
+  const attempts: Record<string, string>[] = [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }];
+  for (const headers of attempts) {
     for (const [method, path] of [["GET", "/v1/stats"], ["POST", "/v1/worker/claim"], ["GET", "/metrics"], ["GET", "/openapi.json"], ["GET", "/v1/jobs/1"]] as const) {
       const r = await api(method, path, method === "POST" ? {} : undefined, headers);
       assert.equal(r.status, 401, `${method} ${path} with ${JSON.stringify(headers)}`);
@@ -227,34 +170,6 @@ test("a remote worker runs the same runtime over the server: progress rides hear
   }
 });
 
-/** A TCP proxy that loses the first claim response carrying jobs: the server sent it, the worker never gets it. */
-async function claimDroppingProxy(port: number) {
-  let dropped = 0;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(port, "127.0.0.1");
-    sockets.add(client).add(upstream);
-    let dropping = false;
-    client.on("data", (d) => upstream.write(d));
-    upstream.on("data", (d) => {
-      if (dropped === 0 && d.toString().includes('"jobs":[{')) {
-        dropping = true;
-        dropped++;
-      }
-      if (!dropping) client.write(d);
-    });
-    client.on("error", () => upstream.destroy());
-    upstream.on("error", () => client.destroy());
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, dropped: () => dropped, close: () => {
-      for (const socket of sockets) socket.destroy();
-      return new Promise((r) => server.close(r));
-    } };
-}
-
 test("a claim whose response never reaches the worker is not lost: the lease expires and the watchdog recovers the job", async () => {
   const proxy = await claimDroppingProxy(Number(new URL(base).port));
   const runs: number[] = [];
@@ -332,10 +247,10 @@ test("a job whose own lease is shorter than the worker's beat interval is kept a
     ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(ctx.signal.reason); });
   }) }, { leaseMs: 30_000 });
   const { id } = await lh.enqueue("slow", {}, { leaseMs: 1_500 });
-  const ended = waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
+  const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
   await worker.start();
   try {
-    const [, outcome] = (await ended) as [unknown, { state: string }];
+    const [, outcome] = await ended;
     assert.equal(outcome.state, "succeeded");
   } finally {
     await worker.stop();
