@@ -10,6 +10,7 @@ import { EmbeddedPostgres, type EmbeddedPostgresOptions } from "./embedded/postg
 import { JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
+import { checkJobId } from "./jobs/ids.js";
 import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
@@ -35,7 +36,6 @@ export interface LeaseholdOptions {
 
 /** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
 export const ENQUEUE_CHUNK = 5_000;
-const JOB_ID = /^[1-9]\d{0,18}$/;
 
 export class Leasehold {
   private constructor(
@@ -163,11 +163,5 @@ export class Leasehold {
   async close(): Promise<void> {
     await this.pool.end();
     await this.embedded?.stop();
-  }
-}
-
-function checkJobId(id: unknown): asserts id is string {
-  if (typeof id !== "string" || !JOB_ID.test(id)) {
-    throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
   }
 }

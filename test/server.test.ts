@@ -307,3 +307,22 @@ test("a long poll whose client went away claims nothing: a job enqueued afterwar
   assert.equal(job.state, "waiting");
   assert.equal(job.attempt, 0);
 });
+
+test("job ids beyond PostgreSQL's bigint are a typed 400 naming the limit, not a 500", async () => {
+  for (const [method, path] of [
+    ["GET", "/v1/jobs/9223372036854775808"],
+    ["GET", "/v1/jobs/9999999999999999999"],
+    ["POST", "/v1/jobs/9223372036854775808/cancel"],
+    ["POST", "/v1/jobs/9223372036854775808/retry"],
+  ] as const) {
+    const r = await api(method, path);
+    assert.equal(r.status, 400, `${method} ${path}: ${r.text}`);
+    assert.equal(r.json.error.code, "invalid_input");
+    assert.match(r.json.error.message, /9223372036854775807/);
+  }
+  // The largest bigint is a well-formed id that no job has.
+  const max = await api("GET", "/v1/jobs/9223372036854775807");
+  assert.equal(max.status, 404);
+  assert.equal(max.json.error.code, "job_not_found");
+  await assert.rejects(lh.getJob("9223372036854775808"), { code: "invalid_input" });
+});

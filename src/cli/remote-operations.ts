@@ -4,6 +4,7 @@
  * Same shapes and the same typed errors as the `Leasehold` client's methods.
  */
 import type { Leasehold } from "../client.js";
+import { checkJobId } from "../jobs/ids.js";
 import { JobNotFoundError, JobStateError, ValidationError } from "../errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "../jobs/types.js";
 import type { QueueStats } from "../store/index.js";
@@ -46,7 +47,7 @@ export class RemoteOperations implements JobOperations {
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
-    if (!/^[1-9]\d{0,18}$/.test(id)) throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
+    checkJobId(id);
     const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
     return { job: jobFromWire(r.job), attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })) };
   }
