@@ -326,3 +326,17 @@ test("job ids beyond PostgreSQL's bigint are a typed 400 naming the limit, not a
   assert.equal(max.json.error.code, "job_not_found");
   await assert.rejects(lh.getJob("9223372036854775808"), { code: "invalid_input" });
 });
+
+test("serve refuses at start a token nobody could send: whitespace, control characters (one line, usage exit code)", async () => {
+  for (const [args, env] of [
+    [["--token", "a token with spaces 0123456789"], {}],
+    [[], { LEASEHOLD_TOKEN: "tab\tseparated-0123456789" }],
+    [[], { LEASEHOLD_TOKEN: "bell\u0007-0123456789abcdef" }],
+    [["--token", "tr\u00e8s-secret-0123456789"], {}],
+  ] as [string[], Record<string, string>][]) {
+    const r = await runCli(["serve", "--port", "0", ...args], { schema: lh.schema, env });
+    assert.equal(r.code, 2, `${JSON.stringify(args)} ${JSON.stringify(env)}: ${r.stderr}`);
+    assert.ok(isOneLineError(r.stderr), r.stderr);
+    assert.match(r.stderr, /token must be printable ASCII without spaces/);
+  }
+});

@@ -9,10 +9,20 @@ import { ConfigError } from "../errors.js";
 /** A token shorter than this is refused at start-up: it could be guessed. */
 export const MIN_TOKEN_LENGTH = 16;
 
-export function checkToken(token: string | undefined): string {
-  if (!token) throw new ConfigError("the server needs an API token: set LEASEHOLD_TOKEN or pass --token");
+/**
+ * A bearer token travels in an HTTP header as one word: whitespace would split it, control
+ * characters are not allowed in headers, and other bytes than ASCII arrive differently
+ * depending on the client. Such a token would start a server nobody can authenticate to.
+ */
+const SENDABLE = /^[\x21-\x7e]+$/;
+
+export function checkToken(token: string | undefined, what = "the API token", source = "LEASEHOLD_TOKEN or pass --token"): string {
+  if (!token) throw new ConfigError(`the server needs ${what}: set ${source}`);
   if (token.length < MIN_TOKEN_LENGTH) {
-    throw new ConfigError(`the API token must be at least ${MIN_TOKEN_LENGTH} characters long`);
+    throw new ConfigError(`${what} must be at least ${MIN_TOKEN_LENGTH} characters long`);
+  }
+  if (!SENDABLE.test(token)) {
+    throw new ConfigError(`${what} must be printable ASCII without spaces or control characters (it is sent as one word in a header)`);
   }
   return token;
 }
