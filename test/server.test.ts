@@ -340,3 +340,16 @@ test("serve refuses at start a token nobody could send: whitespace, control char
     assert.match(r.stderr, /token must be printable ASCII without spaces/);
   }
 });
+
+test("request metrics keep a bounded set of labels: unknown routes are one label, never the URL", async () => {
+  for (let i = 0; i < 20; i++) {
+    await api("GET", `/v1/nothing-${i}`);
+    await api("POST", `/v1/queues/q-${i}/jobs`, {}, {});
+    await api("DELETE", `/v1/jobs/${i + 1}`);
+  }
+  const { text } = await api("GET", "/metrics");
+  const routes = new Set([...text.matchAll(/^leasehold_http_requests_total\{route="([^"]*)"/gm)].map((m) => m[1]));
+  assert.ok(!text.includes("nothing-") && !text.includes("q-1"), "a raw URL became a label");
+  assert.ok(routes.has("unmatched"), [...routes].join(", "));
+  assert.ok([...routes].every((r) => r === "unmatched" || r!.startsWith("/")), [...routes].join(", "));
+});
