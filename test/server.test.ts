@@ -13,7 +13,7 @@ import { createServer } from "../src/server/app.js";
 import type { JobContext } from "../src/worker/context.js";
 import { eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
-import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, remoteWorker, startServe as startServeOn, TOKEN } from "./helpers/server.js";
+import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, TOKEN } from "./helpers/server.js";
 
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
 let serve: Awaited<ReturnType<typeof startCli>>;
@@ -352,4 +352,70 @@ test("request metrics keep a bounded set of labels: unknown routes are one label
   assert.ok(!text.includes("nothing-") && !text.includes("q-1"), "a raw URL became a label");
   assert.ok(routes.has("unmatched"), [...routes].join(", "));
   assert.ok([...routes].every((r) => r === "unmatched" || r!.startsWith("/")), [...routes].join(", "));
+});
+
+test("timeouts: a slow body or slow headers are cut (408), an idle connection is closed, and a long poll still waits its full time", async () => {
+  const tight = await startServe(["--request-timeout", "1000", "--keep-alive-timeout", "500", "--no-watchdog"]);
+  const url = tight.match[1]!;
+  try {
+    const head = (path: string, length: number) =>
+      `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
+    const slowBody = rawConnection(url);
+    slowBody.socket.write(head("/v1/jobs", 200));
+    void slowBody.trickle(" ".repeat(200), 200);
+    const slowHeaders = rawConnection(url);
+    slowHeaders.socket.write("GET /v1/stats HTTP/1.1\r\nHost: x\r\n");
+    void slowHeaders.trickle("X-Slow: " + "a".repeat(100), 200);
+    const idle = rawConnection(url);
+    idle.socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n`);
+    const started = Date.now();
+    const pollAt = apiAt(url, "POST", "/v1/worker/claim", { workerId: "w-timeouts", queues: ["never-filled"], tasks: ["t"], limit: 1, leaseMs: 5_000, waitMs: 3_000 });
+
+    const [bodyMs, headersMs, idleMs] = await Promise.all([slowBody.closed, slowHeaders.closed, idle.closed]);
+    assert.ok(bodyMs < 3_000, `slow body kept for ${bodyMs} ms`);
+    assert.match(slowBody.received(), /^HTTP\/1\.1 408/);
+    assert.ok(headersMs < 3_000, `slow headers kept for ${headersMs} ms`);
+    assert.match(slowHeaders.received(), /^HTTP\/1\.1 408/);
+    assert.match(idle.received(), /^HTTP\/1\.1 200/);
+    assert.ok(idleMs < 2_500, `idle keep-alive connection kept for ${idleMs} ms`);
+
+    const waited = await pollAt;
+    assert.equal(waited.status, 200, waited.text);
+    assert.deepEqual(waited.json.jobs, []);
+    assert.ok(Date.now() - started >= 2_900, "the long poll waited its full waitMs, past the request timeout");
+  } finally {
+    await tight.stop("SIGTERM");
+  }
+});
+
+test("an authentication failure closes the connection, even while the client is still sending its body", async () => {
+  const conn = rawConnection(base);
+  conn.socket.write(`POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer not-the-token-0123456789\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+  void conn.trickle(" ".repeat(99), 100);
+  const closedMs = await Promise.race([conn.closed, new Promise<number>((r) => setTimeout(() => r(-1), 3_000))]);
+  assert.match(conn.received(), /^HTTP\/1\.1 401/);
+  assert.match(conn.received(), /\r\nconnection: close\r\n/i);
+  assert.ok(closedMs >= 0 && closedMs < 1_000, `connection still open ${closedMs < 0 ? "after 3 s" : `for ${closedMs} ms`}`);
+  conn.socket.destroy();
+});
+
+test("connections beyond --max-connections are closed as they arrive, and counted", async () => {
+  const capped = await startServe(["--max-connections", "3", "--no-watchdog"]);
+  const url = capped.match[1]!;
+  const held = [rawConnection(url), rawConnection(url), rawConnection(url)];
+  try {
+    await new Promise((r) => setTimeout(r, 200));
+    const extra = rawConnection(url);
+    const closedMs = await Promise.race([extra.closed, new Promise<number>((r) => setTimeout(() => r(-1), 2_000))]);
+    assert.ok(closedMs >= 0, "the fourth connection was kept");
+    assert.equal(extra.received(), "");
+    for (const c of held) c.socket.destroy();
+    await Promise.all(held.map((c) => c.closed));
+    await new Promise((r) => setTimeout(r, 100));
+    const metrics = await apiAt(url, "GET", "/metrics");
+    assert.match(metrics.text, /^leasehold_server_connections_dropped_total 1$/m);
+  } finally {
+    for (const c of held) c.socket.destroy();
+    await capped.stop("SIGTERM");
+  }
 });

@@ -12,20 +12,20 @@ import * as store from "../store/index.js";
 import { bearerMatcher, checkToken } from "./auth.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
-import { recordRequests } from "./http-metrics.js";
+import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { registerJobRoutes } from "./job-routes.js";
+import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
 import { routes } from "./schemas.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
-/** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
-export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
 /** How long a stopping server lets requests in flight finish. */
 export const CLOSE_GRACE_MS = 3_000;
 
 export interface ServerOptions {
   leasehold: Leasehold;
   token: string;
-  bodyLimitBytes?: number;
+  /** Timeouts, caps and the body limit; defaults in limits.ts. */
+  limits?: Partial<ServerLimits>;
   /** Log requests (default: only errors). */
   logRequests?: boolean;
 }
@@ -33,10 +33,12 @@ export interface ServerOptions {
 export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
   const authorized = bearerMatcher(checkToken(options.token));
+  const limits = resolveLimits(options.limits);
+  const metrics = serverMetrics(lh.metrics.registry);
   const app = Fastify({
     loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: !options.logRequests }),
-    bodyLimit: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    ...serverOptions(limits),
     // On close: idle keep-alive connections are dropped, requests in flight are answered
     // (long polls are woken first, below), and new requests get 503.
     return503OnClosing: true,
@@ -62,14 +64,21 @@ export function createServer(options: ServerOptions): FastifyInstance {
     },
   });
   app.setErrorHandler(handleError);
-  recordRequests(app, lh.metrics.registry);
+  recordRequests(app, metrics);
+  capConnections(app.server, limits, () => metrics.connectionsDropped.inc());
   app.setNotFoundHandler((request, reply) => {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });
   app.addHook("onRequest", async (request, reply) => {
     if ((request.routeOptions.config as { public?: boolean } | undefined)?.public) return;
     if (!authorized(request.headers.authorization)) {
-      return reply.status(401).header("www-authenticate", "Bearer").send(errorBody("unauthorized", "missing or wrong bearer token"));
+      // Close the connection: whoever sent this gets no further use of it, and node then
+      // discards the rest of the body instead of reading it for the next request.
+      return reply
+        .status(401)
+        .header("www-authenticate", "Bearer")
+        .header("connection", "close")
+        .send(errorBody("unauthorized", "missing or wrong bearer token"));
     }
   });
   app.addHook("preClose", async () => {

@@ -32,11 +32,14 @@ export function registerRunCommands(program: Command, run: Run): void {
     .option("--host <host>", "interface to listen on", "127.0.0.1")
     .option("--port <port>", `TCP port (0 picks a free one)`, int("--port", 0, 65535), DEFAULT_PORT)
     .option("--token <token>", "API bearer token (default: LEASEHOLD_TOKEN)")
-    .option("--body-limit <bytes>", "largest request body", int("--body-limit", 1024, 256 * 1024 * 1024))
+    .option("--body-limit <bytes>", "largest request body (default 4 MiB)", int("--body-limit", 1024, 256 * 1024 * 1024))
+    .option("--request-timeout <ms>", "a request's headers and body must arrive within this (default 30000)", int("--request-timeout", 100, 600_000))
+    .option("--keep-alive-timeout <ms>", "close a kept-alive connection idle this long (default 10000)", int("--keep-alive-timeout", 100, 600_000))
+    .option("--max-connections <n>", "close connections beyond this many as they arrive (default 1000)", int("--max-connections", 1, 1_000_000))
     .option("--no-watchdog", "do not reap expired leases in this process")
     .option("--watchdog-interval <ms>", "how often the watchdog looks for expired leases", int("--watchdog-interval", 100, 3_600_000))
     .action(
-      run(async (cli, opts: { host: string; port: number; token?: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number }) => {
+      run(async (cli, opts: ServeOptions) => {
         const token = opts.token ?? cli.token;
         if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
         checkToken(token); // before connecting: a bad token should not cost a database start
@@ -115,14 +118,31 @@ export function registerRunCommands(program: Command, run: Run): void {
     );
 }
 
-export async function startServer(
-  cli: Cli,
-  lh: Leasehold,
-  opts: { host: string; port: number; token: string; bodyLimit?: number; watchdog: boolean; watchdogInterval?: number; logger: Logger },
-): Promise<string> {
+interface ServeOptions {
+  host: string;
+  port: number;
+  token?: string;
+  bodyLimit?: number;
+  requestTimeout?: number;
+  keepAliveTimeout?: number;
+  maxConnections?: number;
+  watchdog: boolean;
+  watchdogInterval?: number;
+}
+
+export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptions, "token"> & { token: string; logger: Logger }): Promise<string> {
   // Loaded here, not at the top: the other commands should not pay for fastify's start-up.
   const { createServer } = await import("../../server/app.js");
-  const app = createServer({ leasehold: lh, token: opts.token, bodyLimitBytes: opts.bodyLimit });
+  const app = createServer({
+    leasehold: lh,
+    token: opts.token,
+    limits: {
+      bodyLimitBytes: opts.bodyLimit,
+      requestTimeoutMs: opts.requestTimeout,
+      keepAliveTimeoutMs: opts.keepAliveTimeout,
+      maxConnections: opts.maxConnections,
+    },
+  });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
   try {
     await app.listen({ host: opts.host, port: opts.port });
