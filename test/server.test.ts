@@ -11,9 +11,9 @@ import os from "node:os";
 import path from "node:path";
 import { createServer } from "../src/server/app.js";
 import type { JobContext } from "../src/worker/context.js";
-import { eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
-import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, TOKEN } from "./helpers/server.js";
+import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, statementCountingProxy, TOKEN } from "./helpers/server.js";
 
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
 let serve: Awaited<ReturnType<typeof startCli>>;
@@ -416,6 +416,61 @@ test("connections beyond --max-connections are closed as they arrive, and counte
     assert.match(metrics.text, /^leasehold_server_connections_dropped_total 1$/m);
   } finally {
     for (const c of held) c.socket.destroy();
+    await capped.stop("SIGTERM");
+  }
+});
+
+test("idle long polls are cheap: one shared re-check a second for all of them, and it still wakes a claim when a delayed job comes due", async () => {
+  const counter = await statementCountingProxy(databaseUrl());
+  const counted = await startServe(["--no-watchdog"], { DATABASE_URL: counter.url });
+  const url = counted.match[1]!;
+  const claim = (workerId: string, waitMs: number) =>
+    apiAt(url, "POST", "/v1/worker/claim", { workerId, queues: ["idle-q"], tasks: ["idle.t"], limit: 1, leaseMs: 5_000, waitMs });
+  try {
+    assert.equal((await claim("warm-up", 0)).status, 200);
+    const polls = Array.from({ length: 20 }, (_, i) => claim(`idle-${i}`, 4_000));
+    await new Promise((r) => setTimeout(r, 500));
+    const before = counter.statements();
+    await new Promise((r) => setTimeout(r, 3_000));
+    const during = counter.statements() - before;
+    assert.ok(during <= 6, `20 idle long polls cost ${during} statements in 3 s`);
+    for (const r of await Promise.all(polls)) assert.deepEqual([r.status, r.json.jobs, r.json.waited], [200, [], true]);
+
+    // A delayed job sends its notification when enqueued, not when due: the re-check finds it.
+    const started = Date.now();
+    const waiting = claim("delayed-w", 6_000);
+    await new Promise((r) => setTimeout(r, 200));
+    const { id } = await lh.enqueue("idle.t", {}, { queue: "idle-q", delayMs: 1_500 });
+    const got = await waiting;
+    assert.deepEqual(got.json.jobs.map((j: { id: string }) => j.id), [id]);
+    assert.ok(Date.now() - started < 4_000, `claimed after ${Date.now() - started} ms`);
+  } finally {
+    await counted.stop("SIGTERM");
+    await counter.close();
+  }
+});
+
+test("beyond --max-long-polls a claim answers at once with what it finds (waited: false), and it is counted", async () => {
+  const capped = await startServe(["--max-long-polls", "2", "--no-watchdog"]);
+  const url = capped.match[1]!;
+  const claim = (queue: string, waitMs: number) =>
+    apiAt(url, "POST", "/v1/worker/claim", { workerId: `w-${queue}`, queues: [queue], tasks: ["cap.t"], limit: 1, leaseMs: 5_000, waitMs });
+  try {
+    const holding = [claim("cap-a", 3_000), claim("cap-b", 3_000)];
+    await new Promise((r) => setTimeout(r, 300));
+    let started = Date.now();
+    const refused = await claim("cap-c", 3_000);
+    assert.deepEqual([refused.status, refused.json.jobs, refused.json.waited], [200, [], false]);
+    assert.ok(Date.now() - started < 1_000, `the claim over the cap waited ${Date.now() - started} ms`);
+    const { id } = await lh.enqueue("cap.t", {}, { queue: "cap-d" });
+    started = Date.now();
+    const found = await claim("cap-d", 3_000);
+    assert.deepEqual(found.json.jobs.map((j: { id: string }) => j.id), [id]);
+    const metrics = await apiAt(url, "GET", "/metrics");
+    assert.match(metrics.text, /^leasehold_server_long_polls_refused_total 1$/m);
+    assert.match(metrics.text, /^leasehold_server_long_polls_waiting 2$/m);
+    for (const r of await Promise.all(holding)) assert.deepEqual([r.json.jobs, r.json.waited], [[], true]);
+  } finally {
     await capped.stop("SIGTERM");
   }
 });

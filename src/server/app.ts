@@ -10,6 +10,7 @@ import swagger from "@fastify/swagger";
 import type { Leasehold } from "../client.js";
 import * as store from "../store/index.js";
 import { bearerMatcher, checkToken } from "./auth.js";
+import { registerClaimRoute } from "./claim-route.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
@@ -35,8 +36,9 @@ export function createServer(options: ServerOptions): FastifyInstance {
   const authorized = bearerMatcher(checkToken(options.token));
   const limits = resolveLimits(options.limits);
   const metrics = serverMetrics(lh.metrics.registry);
+  const logger = lh.logger.child({ component: "server" });
   const app = Fastify({
-    loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
+    loggerInstance: logger as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: !options.logRequests }),
     ...serverOptions(limits),
     // On close: idle keep-alive connections are dropped, requests in flight are answered
@@ -48,7 +50,14 @@ export function createServer(options: ServerOptions): FastifyInstance {
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
     },
   });
-  const waiter = new ClaimWaiter(lh.databaseUrl, store.notifyChannel(lh.schema));
+  const waiter = new ClaimWaiter({
+    pool: lh.pool,
+    connectionString: lh.databaseUrl,
+    channel: store.notifyChannel(lh.schema),
+    maxLongPolls: limits.maxLongPolls,
+    metrics,
+    logger,
+  });
 
   app.register(swagger, {
     openapi: {
@@ -94,7 +103,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
 
   app.register(async (api) => {
-    registerWorkerRoutes(api, { leasehold: lh, waiter });
+    registerClaimRoute(api, lh, waiter);
+    registerWorkerRoutes(api, lh);
     registerJobRoutes(api, lh);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
       const registry = lh.metrics.registry;

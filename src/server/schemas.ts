@@ -127,7 +127,21 @@ export const routes = {
       },
       ["workerId", "queues", "tasks", "limit", "leaseMs"],
     ),
-    response: { 200: { type: "object", properties: { jobs: { type: "array", items: claimedJobSchema } } }, ...errors(...COMMON_ERRORS) },
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: claimedJobSchema },
+          waited: {
+            type: "boolean",
+            description:
+              "true: the claim was held open until a job came or waitMs passed. false: it was answered at once with what was ready " +
+              "(jobs were ready, waitMs was 0, the server is at its long-poll cap or stopping); after an empty answer, wait before polling again",
+          },
+        },
+      },
+      ...errors(...COMMON_ERRORS),
+    },
   },
   heartbeat: {
     ...secured,

@@ -6,48 +6,16 @@
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "../client.js";
-import type { ClaimedJob } from "../jobs/types.js";
 import { serializePayload } from "../jobs/validate.js";
 import * as store from "../store/index.js";
-import type { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody } from "./errors.js";
 import { routes } from "./schemas.js";
 
-interface Deps {
-  leasehold: Leasehold;
-  waiter: ClaimWaiter;
-}
 
 type Ref = { id: string; attempt: number };
 
-export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, waiter }: Deps): void {
+export function registerWorkerRoutes(app: FastifyInstance, lh: Leasehold): void {
   const pool = lh.pool;
-
-  app.post<{ Body: store.ClaimParams & { waitMs?: number } }>("/v1/worker/claim", { schema: routes.claim }, async (request, reply) => {
-    const { waitMs = 0, ...params } = request.body;
-    const deadline = Date.now() + waitMs;
-    const gone = new AbortController();
-    reply.raw.on("close", () => gone.abort());
-    let jobs: ClaimedJob[] = [];
-    for (;;) {
-      if (gone.signal.aborted) return clientGone(reply); // claim nothing for a client that left
-      jobs = await store.claimJobs(pool, params);
-      if (jobs.length > 0 || Date.now() >= deadline || waiter.closed) break;
-      await waiter.wait(params.queues, deadline - Date.now(), gone.signal);
-    }
-    if (jobs.length > 0 && gone.signal.aborted) {
-      // Claimed for a client that left while the statement ran: give the jobs back now
-      // rather than leave them to the watchdog.
-      await store.releaseJobs(pool, {
-        workerId: params.workerId,
-        jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })),
-        reason: "released: the claim's response could not be delivered",
-      });
-      return clientGone(reply);
-    }
-    for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: job.queue });
-    return { jobs };
-  });
 
   app.post<{ Body: { workerId: string; leaseMs: number; beats: (Ref & { progress?: unknown; checkpoint?: unknown })[] } }>(
     "/v1/worker/heartbeat",
@@ -125,9 +93,4 @@ async function refuse(reply: FastifyReply, kind: string, refs: Ref[], lh: Leaseh
   for (const j of jobs) lh.metrics.staleReports.inc({ kind, reason: j.reason });
   const what = refs.length === 1 ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})` : `none of these ${refs.length} attempts holds its lease`;
   return reply.status(409).send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
-}
-
-/** Nobody will read this answer; it only ends the request. */
-function clientGone(reply: FastifyReply): FastifyReply {
-  return reply.status(499).send(errorBody("client_closed", "the client closed the request"));
 }

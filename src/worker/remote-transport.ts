@@ -75,14 +75,16 @@ export class RemoteTransport implements WorkerTransport {
     const controller = new AbortController();
     this.claiming = controller;
     try {
-      const res = await this.post<{ jobs: (Omit<ClaimedJob, "createdAt"> & { createdAt: string })[] }>(
+      const res = await this.post<{ jobs: (Omit<ClaimedJob, "createdAt"> & { createdAt: string })[]; waited?: boolean }>(
         "/v1/worker/claim",
         { ...p, waitMs: this.waitMs },
         this.waitMs + this.timeoutMs,
         controller.signal,
       );
-      // The server already waited for work: poll again at once instead of sleeping.
-      if (this.waitMs > 0) this.wake?.();
+      // The server already waited for work: poll again at once instead of sleeping. If it
+      // answered without waiting (at its long-poll cap, or stopping), the worker's poll
+      // interval paces the next claim instead.
+      if (this.waitMs > 0 && (res.body.waited !== false || res.body.jobs.length > 0)) this.wake?.();
       return res.body.jobs.map((j) => ({ ...j, checkpoint: j.checkpoint ?? null, progress: j.progress ?? null, createdAt: new Date(j.createdAt) }));
     } catch (err) {
       if (controller.signal.aborted) return []; // interrupted by stop()

@@ -151,3 +151,54 @@ export function rawConnection(base: string) {
     },
   };
 }
+
+/**
+ * A TCP proxy in front of PostgreSQL that counts the statements its clients run: simple
+ * queries ('Q') and extended-protocol executions ('E'), read from the client's byte stream.
+ */
+export async function statementCountingProxy(databaseUrl: string) {
+  const target = new URL(databaseUrl);
+  let statements = 0;
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((client) => {
+    const upstream = net.connect(Number(target.port || 5432), target.hostname);
+    sockets.add(client).add(upstream);
+    let pending = Buffer.alloc(0);
+    let started = false; // the startup message has no type byte
+    client.on("data", (chunk: Buffer) => {
+      upstream.write(chunk);
+      pending = Buffer.concat([pending, chunk]);
+      for (;;) {
+        if (!started) {
+          if (pending.length < 4 || pending.length < pending.readInt32BE(0)) break;
+          pending = pending.subarray(pending.readInt32BE(0));
+          started = true;
+          continue;
+        }
+        if (pending.length < 5 || pending.length < 1 + pending.readInt32BE(1)) break;
+        const type = String.fromCharCode(pending[0]!);
+        if (type === "Q" || type === "E") statements++;
+        pending = pending.subarray(1 + pending.readInt32BE(1));
+      }
+    });
+    upstream.on("data", (d) => client.write(d));
+    const close = () => {
+      client.destroy();
+      upstream.destroy();
+    };
+    client.on("error", close).on("close", close);
+    upstream.on("error", close).on("close", close);
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const proxied = new URL(databaseUrl);
+  proxied.hostname = "127.0.0.1";
+  proxied.port = String((server.address() as net.AddressInfo).port);
+  return {
+    url: proxied.toString(),
+    statements: () => statements,
+    close: () => {
+      for (const socket of sockets) socket.destroy();
+      return new Promise((r) => server.close(r));
+    },
+  };
+}

@@ -36,6 +36,7 @@ export function registerRunCommands(program: Command, run: Run): void {
     .option("--request-timeout <ms>", "a request's headers and body must arrive within this (default 30000)", int("--request-timeout", 100, 600_000))
     .option("--keep-alive-timeout <ms>", "close a kept-alive connection idle this long (default 10000)", int("--keep-alive-timeout", 100, 600_000))
     .option("--max-connections <n>", "close connections beyond this many as they arrive (default 1000)", int("--max-connections", 1, 1_000_000))
+    .option("--max-long-polls <n>", "claims that may wait for jobs at once; beyond, a claim answers at once (default 500)", int("--max-long-polls", 0, 1_000_000))
     .option("--no-watchdog", "do not reap expired leases in this process")
     .option("--watchdog-interval <ms>", "how often the watchdog looks for expired leases", int("--watchdog-interval", 100, 3_600_000))
     .action(
@@ -126,6 +127,7 @@ interface ServeOptions {
   requestTimeout?: number;
   keepAliveTimeout?: number;
   maxConnections?: number;
+  maxLongPolls?: number;
   watchdog: boolean;
   watchdogInterval?: number;
 }
@@ -141,6 +143,7 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
       requestTimeoutMs: opts.requestTimeout,
       keepAliveTimeoutMs: opts.keepAliveTimeout,
       maxConnections: opts.maxConnections,
+      maxLongPolls: opts.maxLongPolls,
     },
   });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
