@@ -101,33 +101,86 @@ test("the OpenAPI document describes every route the server has, with its method
   assert.ok(served.json.components.securitySchemes.bearerAuth);
 });
 
-test("a stale heartbeat or report is 409 stale_lease and changes nothing", async () => {
+test("a stale heartbeat or report, even with its receipt, is 409 stale_lease and changes nothing", async () => {
   const { json: job } = await api("POST", "/v1/jobs", { task: "fenced", payload: { n: 1 } });
-  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-a", queues: ["default"], tasks: ["fenced"], limit: 1, leaseMs: 60_000 });
-  assert.equal(claim.status, 200);
-  assert.equal(claim.json.jobs[0].id, job.id);
-  const attempt = claim.json.jobs[0].attempt as number;
+  const claimOnce = async () => {
+    const claim = await api("POST", "/v1/worker/claim", { workerId: "w-a", queues: ["default"], tasks: ["fenced"], limit: 1, leaseMs: 60_000 });
+    assert.equal(claim.status, 200);
+    assert.equal(claim.json.jobs[0].id, job.id);
+    return { id: job.id as string, attempt: claim.json.jobs[0].attempt as number, receipt: claim.json.jobs[0].receipt as string };
+  };
+  // The first attempt is given back and the job claimed again: the first is stale, its receipt still valid.
+  const first = await claimOnce();
+  assert.equal((await api("POST", "/v1/worker/release", { workerId: "w-a", jobs: [first], reason: "test" })).status, 200);
+  const second = await claimOnce();
+  assert.equal(second.attempt, first.attempt + 1);
   const db = await rawClient(lh.schema);
   const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [job.id])).rows[0];
   try {
     const before = await row();
-    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-a", leaseMs: 60_000, beats: [{ id: job.id, attempt: attempt + 1, progress: { evil: true } }] });
+    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-a", leaseMs: 60_000, beats: [{ ...first, progress: { evil: true } }] });
     assert.equal(beat.status, 409);
     assert.equal(beat.json.error.code, "stale_lease");
-    assert.deepEqual(beat.json.error.jobs.map((j: { id: string }) => j.id), [job.id]);
-    const otherWorker = await api("POST", "/v1/worker/succeed", { workerId: "w-b", jobs: [{ id: job.id, attempt }] });
-    assert.equal(otherWorker.status, 409);
-    assert.equal(otherWorker.json.error.code, "stale_lease");
-    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ id: job.id, attempt: attempt + 1, error: "late", retryDelayMs: 0 }] });
+    assert.deepEqual(beat.json.error.jobs, [{ id: job.id, attempt: first.attempt, reason: "reclaimed" }]);
+    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ ...first, error: "late", retryDelayMs: 0 }] });
     assert.equal(staleFail.status, 409);
+    const staleSuccess = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [first] });
+    assert.equal(staleSuccess.status, 409);
     assert.deepEqual(await row(), before);
 
-    const good = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    const good = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [second] });
     assert.equal(good.status, 200);
     assert.deepEqual(good.json.applied, [{ id: job.id, state: "succeeded" }]);
-    const late = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    const late = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [second] });
     assert.equal(late.status, 409);
     assert.equal(late.json.error.jobs[0].reason, "finished");
+  } finally {
+    await db.end();
+  }
+});
+
+test("without the claim's receipt nobody can beat, finish, fail, release or ask about another worker's attempt", async () => {
+  const { id } = await lh.enqueue("guarded", { n: 1 }, { queue: "receipts" });
+  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-owner", queues: ["receipts"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 });
+  const { attempt, receipt } = claim.json.jobs[0] as { attempt: number; receipt: string };
+  const owned = { id: claim.json.jobs[0].id as string, attempt, receipt };
+  assert.equal(owned.id, id);
+  assert.match(owned.receipt, /^[A-Za-z0-9_-]{43}$/);
+  // A receipt the attacker holds for its own claim is no good for the owner's attempt.
+  await lh.enqueue("guarded", { n: 2 }, { queue: "receipts-other" });
+  const theirs = (await api("POST", "/v1/worker/claim", { workerId: "w-attacker", queues: ["receipts-other"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 })).json.jobs[0];
+  const db = await rawClient(lh.schema);
+  const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [id])).rows[0];
+  try {
+    const before = await row();
+    const ref = { id, attempt: owned.attempt };
+    for (const forged of [ref, { ...ref, receipt: "A".repeat(43) }, { ...ref, receipt: theirs.receipt }, { ...ref, receipt: owned.receipt + "=" }]) {
+      // The attacker names the owner's worker id: the fence alone would let these through.
+      const asOwner = { workerId: "w-owner" };
+      const success = await api("POST", "/v1/worker/succeed", { ...asOwner, jobs: [forged] });
+      assert.equal(success.status, 200, success.text);
+      assert.deepEqual([success.json.applied, success.json.refused], [[], [{ id, attempt: owned.attempt, reason: "invalid_receipt" }]]);
+      const failure = await api("POST", "/v1/worker/fail", { ...asOwner, failures: [{ ...forged, error: "x", retryDelayMs: 0, giveUp: true }] });
+      assert.deepEqual(failure.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      const release = await api("POST", "/v1/worker/release", { ...asOwner, jobs: [forged], reason: "stolen" });
+      assert.deepEqual(release.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      const beat = await api("POST", "/v1/worker/heartbeat", { ...asOwner, leaseMs: 1_000, beats: [{ ...forged, progress: { evil: true } }] });
+      assert.deepEqual([beat.status, beat.json.renewed, beat.json.invalid.map((i: { code: string }) => i.code)], [200, [], ["invalid_receipt"]]);
+      const lost = await api("POST", "/v1/worker/lost", { ...asOwner, attempts: [forged] });
+      assert.deepEqual([lost.json.lost, lost.json.invalid.map((i: { code: string }) => i.code)], [[], ["invalid_receipt"]]);
+    }
+    assert.deepEqual(await row(), before);
+    // An id beyond bigint has no receipt either: refused before the database sees it.
+    const huge = await api("POST", "/v1/worker/heartbeat", { workerId: "w-owner", leaseMs: 5_000, beats: [{ id: "9223372036854775808", attempt: 1, receipt: owned.receipt }] });
+    assert.deepEqual([huge.status, huge.json.invalid[0].code], [200, "invalid_receipt"]);
+    const metrics = (await api("GET", "/metrics")).text;
+    assert.match(metrics, /^leasehold_server_invalid_receipts_total\{kind="complete"\} 4$/m);
+
+    // The owner, with its receipt, is served as before.
+    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-owner", leaseMs: 60_000, beats: [{ ...owned, progress: { pct: 50 } }] });
+    assert.deepEqual([beat.json.renewed, beat.json.invalid], [[{ id, cancelRequested: false }], []], beat.text);
+    const done = await api("POST", "/v1/worker/succeed", { workerId: "w-owner", jobs: [owned] });
+    assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
   } finally {
     await db.end();
   }
@@ -189,8 +242,13 @@ test("a claim whose response never reaches the worker is not lost: the lease exp
   assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
 });
 
-test("two server replicas on one database: remote workers on each run every job exactly once", async () => {
+test("two server replicas on one database: a receipt from one is good at the other; remote workers on each run every job exactly once", async () => {
   const second = await startServe(["--no-watchdog"]);
+  // Replicas with the same token derive the same receipt key: a worker may claim at one and report at the other.
+  const { id } = await lh.enqueue("cross", {}, { queue: "cross-replica" });
+  const claimed = (await api("POST", "/v1/worker/claim", { workerId: "w-x", queues: ["cross-replica"], tasks: ["cross"], limit: 1, leaseMs: 30_000 })).json.jobs[0];
+  const done = await apiAt(second.match[1]!, "POST", "/v1/worker/succeed", { workerId: "w-x", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] });
+  assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
   const runs = new Map<string, number>();
   const perWorker = [0, 0];
   const handler = (i: number) => async (_p: unknown, ctx: JobContext) => {

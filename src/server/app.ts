@@ -16,6 +16,7 @@ import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { registerJobRoutes } from "./job-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
+import { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
@@ -25,6 +26,8 @@ export const CLOSE_GRACE_MS = 3_000;
 export interface ServerOptions {
   leasehold: Leasehold;
   token: string;
+  /** Secret the claim receipts' key is derived from; default: the operator token. */
+  receiptKey?: string;
   /** Timeouts, caps and the body limit; defaults in limits.ts. */
   limits?: Partial<ServerLimits>;
   /** Log requests (default: only errors). */
@@ -34,6 +37,9 @@ export interface ServerOptions {
 export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
   const authorized = bearerMatcher(checkToken(options.token));
+  const receipts = new Receipts(
+    options.receiptKey === undefined ? options.token : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
+  );
   const limits = resolveLimits(options.limits);
   const metrics = serverMetrics(lh.metrics.registry);
   const logger = lh.logger.child({ component: "server" });
@@ -67,7 +73,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
         version: "1",
         description:
           "Remote workers claim, heartbeat and report jobs over this API; operators enqueue and inspect them. " +
-          "Every report is fenced by (job id, attempt, worker id): a stale one is answered 409 stale_lease and changes nothing.",
+          "A claim returns a receipt per job, and every heartbeat and report about that attempt must carry it (a missing or wrong " +
+          "receipt refuses that attempt). Every report is fenced by (job id, attempt, worker id): a stale one changes nothing.",
       },
       components: { securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } } },
     },
@@ -103,8 +110,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
 
   app.register(async (api) => {
-    registerClaimRoute(api, lh, waiter);
-    registerWorkerRoutes(api, lh);
+    registerClaimRoute(api, lh, waiter, receipts);
+    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics });
     registerJobRoutes(api, lh);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
       const registry = lh.metrics.registry;

@@ -9,11 +9,12 @@ import type { ClaimedJob } from "../jobs/types.js";
 import * as store from "../store/index.js";
 import type { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody } from "./errors.js";
+import type { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 
 type ClaimBody = store.ClaimParams & { waitMs?: number };
 
-export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter): void {
+export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts): void {
   const pool = lh.pool;
 
   app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim }, async (request, reply) => {
@@ -46,7 +47,8 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       return clientGone(reply);
     }
     for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: job.queue });
-    return { jobs, waited };
+    // Each job's receipt: later requests about this attempt must carry it.
+    return { jobs: jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) })), waited };
   });
 }
 

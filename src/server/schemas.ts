@@ -21,7 +21,14 @@ const object = (properties: Record<string, unknown>, required: string[] = []) =>
   additionalProperties: false,
 });
 
-const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT }, ["id", "attempt"]);
+/** Optional in the schema so that a missing one is refused for its attempt alone, not the whole request. */
+const RECEIPT = { type: "string", maxLength: 128, description: "the receipt the claim returned for this attempt; without it the attempt is refused" } as const;
+const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
+/** An attempt refused before the database was asked, and why. */
+const INVALID_ITEM = {
+  type: "object",
+  properties: { id: JOB_ID, attempt: ATTEMPT, code: { type: "string", description: "invalid_receipt, or invalid_input (a progress or checkpoint value that cannot be stored)" }, message: { type: "string" } },
+};
 
 export const errorSchema = {
   type: "object",
@@ -29,7 +36,10 @@ export const errorSchema = {
     error: {
       type: "object",
       properties: {
-        code: { type: "string", description: "stable code: invalid_input, unauthorized, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found" },
+        code: {
+          type: "string",
+          description: "stable code: invalid_input, unauthorized, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+        },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
       },
@@ -58,8 +68,9 @@ export const claimedJobSchema = {
     id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" }, attempt: ATTEMPT,
     spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
     checkpoint: {}, progress: {}, createdAt: { type: "string", format: "date-time" },
+    receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
-  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt"],
+  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt", "receipt"],
 };
 
 export const jobRecordSchema = {
@@ -88,7 +99,11 @@ const reportResult = {
   type: "object",
   properties: {
     applied: { type: "array", items: { type: "object", properties: { id: JOB_ID, state: { type: "string" } } } },
-    refused: { type: "array", items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } } },
+    refused: {
+      type: "array",
+      description: "attempts that did not apply: refused by the fence (lease_expired, reclaimed, cancelled, finished, missing) or for a missing or wrong receipt (invalid_receipt)",
+      items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } },
+    },
   },
 };
 
@@ -155,7 +170,7 @@ export const routes = {
           type: "array",
           minItems: 1,
           maxItems: MAX_BATCH,
-          items: object({ id: JOB_ID, attempt: ATTEMPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
+          items: object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
         },
       },
       ["workerId", "leaseMs", "beats"],
@@ -167,6 +182,7 @@ export const routes = {
         properties: {
           renewed: { type: "array", items: { type: "object", properties: { id: JOB_ID, cancelRequested: { type: "boolean" } } } },
           lost: { type: "array", items: JOB_ID },
+          invalid: { type: "array", description: "beats refused on their own, before the fence: not renewed, nothing stored", items: INVALID_ITEM },
         },
       },
       ...errors(...COMMON_ERRORS, 409),
@@ -191,7 +207,7 @@ export const routes = {
           minItems: 1,
           maxItems: MAX_BATCH,
           items: object(
-            { id: JOB_ID, attempt: ATTEMPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
+            { id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
             ["id", "attempt", "error", "retryDelayMs"],
           ),
         },
@@ -214,12 +230,13 @@ export const routes = {
     ...secured,
     tags: ["worker"],
     summary: "Why these attempts no longer hold their jobs (and how each ended)",
-    body: object({ attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["attempts"]),
+    body: object({ workerId: WORKER_ID, attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["workerId", "attempts"]),
     response: {
       200: {
         type: "object",
         properties: {
           lost: { type: "array", items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] } } } },
+          invalid: { type: "array", description: "attempts not looked up: missing or wrong receipt", items: INVALID_ITEM },
         },
       },
       ...errors(...COMMON_ERRORS),
