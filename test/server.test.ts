@@ -11,6 +11,7 @@ import os from "node:os";
 import path from "node:path";
 import { createServer } from "../src/server/app.js";
 import type { JobContext } from "../src/worker/context.js";
+import { RemoteTransport } from "../src/worker/remote-transport.js";
 import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, statementCountingProxy, TOKEN } from "./helpers/server.js";
@@ -530,5 +531,62 @@ test("beyond --max-long-polls a claim answers at once with what it finds (waited
     for (const r of await Promise.all(holding)) assert.deepEqual([r.json.jobs, r.json.waited], [[], true]);
   } finally {
     await capped.stop("SIGTERM");
+  }
+});
+
+test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas with one --receipt-key accept each other's receipts", async () => {
+  const WORKER_TOKEN = "worker-token-0123456789abcdef";
+  const OTHER_TOKEN = "another-operator-token-0123456789";
+  const RECEIPT_KEY = "receipt-key-0123456789abcdef";
+  const one = await startServe(["--no-watchdog", "--receipt-key", RECEIPT_KEY], { LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN });
+  const two = await startServe(["--no-watchdog"], { LEASEHOLD_TOKEN: OTHER_TOKEN, LEASEHOLD_RECEIPT_KEY: RECEIPT_KEY });
+  const [urlOne, urlTwo] = [one.match[1]!, two.match[1]!];
+  const asWorker = { authorization: `Bearer ${WORKER_TOKEN}` };
+  try {
+    for (const [method, path] of [["GET", "/v1/stats"], ["GET", "/v1/jobs"], ["POST", "/v1/jobs"], ["POST", "/v1/jobs/batch"], ["GET", "/v1/jobs/1"], ["POST", "/v1/jobs/1/cancel"], ["POST", "/v1/jobs/1/retry"], ["GET", "/metrics"], ["GET", "/openapi.json"]] as const) {
+      const r = await apiAt(urlOne, method, path, method === "POST" ? { task: "x" } : undefined, asWorker);
+      assert.equal(r.status, 403, `${method} ${path}: ${r.text}`);
+      assert.equal(r.json.error.code, "forbidden");
+    }
+    assert.equal((await apiAt(urlOne, "GET", "/v1/nothing", undefined, asWorker)).status, 404);
+    assert.deepEqual((await apiAt(urlOne, "GET", "/v1/worker/check", undefined, asWorker)).json, { scope: "worker" });
+    assert.deepEqual((await apiAt(urlOne, "GET", "/v1/worker/check")).json, { scope: "operator" });
+    assert.equal((await apiAt(urlOne, "GET", "/v1/stats")).status, 200);
+    // The worker token is not accepted where it was not configured.
+    assert.equal((await apiAt(urlTwo, "GET", "/v1/worker/check", undefined, asWorker)).status, 401);
+
+    // Claimed at one replica with the worker token, finished at the other (another operator token, same receipt key).
+    const { id } = await lh.enqueue("scoped", {}, { queue: "scopes" });
+    const claimed = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
+    const done = await apiAt(urlTwo, "POST", "/v1/worker/succeed", { workerId: "w-s", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] }, { authorization: `Bearer ${OTHER_TOKEN}` });
+    assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
+    // The main server derives its key from its token, so it refuses that receipt.
+    const { id: id2 } = await lh.enqueue("scoped", {}, { queue: "scopes" });
+    const other = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
+    const refused = await api("POST", "/v1/worker/release", { workerId: "w-s", jobs: [{ id: id2, attempt: other.attempt, receipt: other.receipt }], reason: "x" });
+    assert.deepEqual(refused.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+
+    // A remote worker holding only the worker token checks the server and runs jobs.
+    const worker = remoteWorker(urlOne, { scoped: () => {} }, { token: WORKER_TOKEN });
+    const { id: id3 } = await lh.enqueue("scoped", {}, { queue: "default" });
+    const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id3);
+    await new RemoteTransport({ serverUrl: urlOne, token: WORKER_TOKEN }).check();
+    await worker.start();
+    try {
+      assert.equal((await ended)[1].state, "succeeded");
+    } finally {
+      await worker.stop();
+    }
+  } finally {
+    await Promise.all([one.stop("SIGTERM"), two.stop("SIGTERM")]);
+  }
+  for (const [args, message] of [
+    [["--worker-token", "short"], /worker token must be at least 16 characters/],
+    [["--worker-token", TOKEN], /worker token must differ from the operator token/],
+    [["--receipt-key", "key with spaces 0123456789"], /receipt key must be printable ASCII/],
+  ] as [string[], RegExp][]) {
+    const r = await runCli(["serve", "--port", "0", ...args], { schema: lh.schema, env: { LEASEHOLD_TOKEN: TOKEN } });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, message);
   }
 });

@@ -3,13 +3,15 @@
  * OpenAPI document, Prometheus metrics and a health check. It holds no job state (every
  * answer comes from the database), so several replicas can serve one database.
  *
- * Every route but /healthz needs `Authorization: Bearer <token>`.
+ * Every route but /healthz needs `Authorization: Bearer <token>`: the operator token, or for
+ * the /v1/worker/* routes also the worker token.
  */
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import swagger from "@fastify/swagger";
 import type { Leasehold } from "../client.js";
 import * as store from "../store/index.js";
-import { bearerMatcher, checkToken } from "./auth.js";
+import { ConfigError } from "../errors.js";
+import { checkToken, scopeMatcher } from "./auth.js";
 import { registerClaimRoute } from "./claim-route.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
@@ -26,6 +28,8 @@ export const CLOSE_GRACE_MS = 3_000;
 export interface ServerOptions {
   leasehold: Leasehold;
   token: string;
+  /** A second token that may only use the remote workers' routes (/v1/worker/*). */
+  workerToken?: string;
   /** Secret the claim receipts' key is derived from; default: the operator token. */
   receiptKey?: string;
   /** Timeouts, caps and the body limit; defaults in limits.ts. */
@@ -34,9 +38,17 @@ export interface ServerOptions {
   logRequests?: boolean;
 }
 
+function tokensOf(options: ServerOptions): { operator: string; worker?: string } {
+  const operator = checkToken(options.token);
+  if (options.workerToken === undefined) return { operator };
+  const worker = checkToken(options.workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
+  if (worker === operator) throw new ConfigError("the worker token must differ from the operator token");
+  return { operator, worker };
+}
+
 export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
-  const authorized = bearerMatcher(checkToken(options.token));
+  const scopeOf = scopeMatcher(tokensOf(options));
   const receipts = new Receipts(
     options.receiptKey === undefined ? options.token : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
   );
@@ -86,8 +98,10 @@ export function createServer(options: ServerOptions): FastifyInstance {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });
   app.addHook("onRequest", async (request, reply) => {
-    if ((request.routeOptions.config as { public?: boolean } | undefined)?.public) return;
-    if (!authorized(request.headers.authorization)) {
+    const config = request.routeOptions.config;
+    if (config?.public) return;
+    const scope = scopeOf(request.headers.authorization);
+    if (!scope) {
       // Close the connection: whoever sent this gets no further use of it, and node then
       // discards the rest of the body instead of reading it for the next request.
       return reply
@@ -95,6 +109,10 @@ export function createServer(options: ServerOptions): FastifyInstance {
         .header("www-authenticate", "Bearer")
         .header("connection", "close")
         .send(errorBody("unauthorized", "missing or wrong bearer token"));
+    }
+    // Routes are the operator's unless marked for workers; an unknown route stays a 404.
+    if (scope === "worker" && config?.scope !== "worker" && !request.is404) {
+      return reply.status(403).send(errorBody("forbidden", "the worker token may only use the /v1/worker/* routes"));
     }
   });
   app.addHook("preClose", async () => {
@@ -118,6 +136,9 @@ export function createServer(options: ServerOptions): FastifyInstance {
       return reply.type(registry.contentType).send(await registry.metrics());
     });
     api.get("/openapi.json", { schema: routes.openapi }, async () => app.swagger());
+    api.get("/v1/worker/check", { schema: routes.workerCheck, config: { scope: "worker" } }, async (request) => ({
+      scope: scopeOf(request.headers.authorization),
+    }));
     api.get("/healthz", { schema: routes.health, config: { public: true } }, async () => {
       await lh.pool.query("SELECT 1");
       return { ok: true };

@@ -29,12 +29,32 @@ export function checkToken(token: string | undefined, what = "the API token", so
 
 const digest = (s: string) => createHash("sha256").update(s).digest();
 
-/** Returns a matcher for `Authorization` header values. */
-export function bearerMatcher(token: string): (header: string | undefined) => boolean {
-  const expected = digest(token);
+/**
+ * Two scopes: the operator token may use every route; the optional worker token only the
+ * remote workers' routes (/v1/worker/*), so a worker host cannot enqueue, cancel or read jobs.
+ */
+export type Scope = "operator" | "worker";
+
+/** Returns the scope an `Authorization` header value grants, if any. */
+export function scopeMatcher(tokens: { operator: string; worker?: string }): (header: string | undefined) => Scope | undefined {
+  const operator = digest(tokens.operator);
+  const worker = tokens.worker === undefined ? undefined : digest(tokens.worker);
   return (header) => {
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header ?? "");
-    // Hash something even when the header is missing, so both paths cost the same.
-    return timingSafeEqual(digest(match?.[1] ?? ""), expected) && match !== null;
+    // Hash and compare against both even when the header is missing, so every path costs the same.
+    const given = digest(match?.[1] ?? "");
+    const isOperator = timingSafeEqual(given, operator);
+    const isWorker = worker !== undefined && timingSafeEqual(given, worker);
+    if (match === null) return undefined;
+    return isOperator ? "operator" : isWorker ? "worker" : undefined;
   };
+}
+
+declare module "fastify" {
+  interface FastifyContextConfig {
+    /** No token needed (GET /healthz). */
+    public?: boolean;
+    /** "worker": the worker token may use this route too; otherwise only the operator token. */
+    scope?: Scope;
+  }
 }

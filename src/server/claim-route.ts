@@ -17,7 +17,7 @@ type ClaimBody = store.ClaimParams & { waitMs?: number };
 export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts): void {
   const pool = lh.pool;
 
-  app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim }, async (request, reply) => {
+  app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim, config: { scope: "worker" } }, async (request, reply) => {
     const { waitMs = 0, ...params } = request.body;
     const deadline = Date.now() + waitMs;
     const gone = new AbortController();

@@ -38,7 +38,7 @@ export const errorSchema = {
       properties: {
         code: {
           type: "string",
-          description: "stable code: invalid_input, unauthorized, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+          description: "stable code: invalid_input, unauthorized, forbidden, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -54,6 +54,7 @@ const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) =>
 const ERROR_TEXT: Record<number, string> = {
   400: "invalid request",
   401: "missing or wrong bearer token",
+  403: "the worker token may only use the /v1/worker/* routes",
   404: "no such job",
   409: "the operation does not apply: stale lease (nothing changed) or wrong job state",
   413: "request body too large",
@@ -125,6 +126,8 @@ const newJob = object(
 const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" } } };
 const idParams = object({ id: JOB_ID }, ["id"]);
 const secured = { security: [{ bearerAuth: [] }] };
+/** Operators' routes: a worker token is refused with 403. */
+const OPERATOR_ERRORS = [...COMMON_ERRORS, 403];
 
 export const routes = {
   claim: {
@@ -254,14 +257,14 @@ export const routes = {
     tags: ["jobs"],
     summary: "Enqueue one job",
     body: newJob,
-    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...COMMON_ERRORS) },
+    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...OPERATOR_ERRORS) },
   },
   enqueueBatch: {
     ...secured,
     tags: ["jobs"],
     summary: "Enqueue many jobs atomically (all or none)",
     body: object({ jobs: { type: "array", items: newJob, minItems: 1, maxItems: MAX_ENQUEUE_BATCH } }, ["jobs"]),
-    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...COMMON_ERRORS) },
+    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...OPERATOR_ERRORS) },
   },
   listJobs: {
     ...secured,
@@ -272,7 +275,7 @@ export const routes = {
       queue: NAME,
       limit: { type: "string", pattern: "^[0-9]{1,5}$", description: "1..10000, default 50" },
     }),
-    response: { 200: { type: "object", properties: { jobs: { type: "array", items: jobRecordSchema } } }, ...errors(400, 401, 503) },
+    response: { 200: { type: "object", properties: { jobs: { type: "array", items: jobRecordSchema } } }, ...errors(400, 401, 403, 503) },
   },
   getJob: {
     ...secured,
@@ -281,7 +284,7 @@ export const routes = {
     params: idParams,
     response: {
       200: { type: "object", properties: { job: jobRecordSchema, attempts: { type: "array", items: attemptRecordSchema } } },
-      ...errors(400, 401, 404, 503),
+      ...errors(400, 401, 403, 404, 503),
     },
   },
   cancel: {
@@ -291,7 +294,7 @@ export const routes = {
     params: idParams,
     response: {
       200: { type: "object", properties: { result: { type: "string", enum: ["cancelled", "cancel_requested"] } } },
-      ...errors(400, 401, 404, 409, 503),
+      ...errors(400, 401, 403, 404, 409, 503),
     },
   },
   retry: {
@@ -299,7 +302,7 @@ export const routes = {
     tags: ["jobs"],
     summary: "Move a dead or cancelled job back to waiting with a fresh retry budget",
     params: idParams,
-    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 404, 409, 503) },
+    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 403, 404, 409, 503) },
   },
   stats: {
     ...secured,
@@ -316,11 +319,17 @@ export const routes = {
           oldestReadyAgeSeconds: { type: ["number", "null"] },
         },
       },
-      ...errors(401, 503),
+      ...errors(401, 403, 503),
     },
   },
-  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401) } },
-  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401) } },
+  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401, 403) } },
+  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401, 403) } },
+  workerCheck: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Check the server and the token before working: answers the token's scope",
+    response: { 200: { type: "object", properties: { scope: { type: "string", enum: ["operator", "worker"] } } }, ...errors(401) },
+  },
   health: {
     tags: ["operations"],
     summary: "Liveness and database reachability; the only route without a token (it reveals nothing else)",

@@ -26,6 +26,9 @@ type Ref = { id: string; attempt: number };
 type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
 type Kind = "heartbeat" | "complete" | "fail" | "release" | "lost";
 
+/** Route config: the worker token may use these routes too. */
+const worker = { scope: "worker" } as const;
+
 export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
   const pool = lh.pool;
   /** Attempts with a valid receipt; the others are counted and answered as refused. */
@@ -38,7 +41,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
 
   app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[] } }>(
     "/v1/worker/heartbeat",
-    { schema: routes.heartbeat },
+    { schema: routes.heartbeat, config: worker },
     async (request, reply) => {
       const { workerId, leaseMs, beats } = request.body;
       const { valid, invalid } = checked("heartbeat", beats, workerId);
@@ -61,14 +64,14 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     },
   );
 
-  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>("/v1/worker/succeed", { schema: routes.succeed }, async (request, reply) => {
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>("/v1/worker/succeed", { schema: routes.succeed, config: worker }, async (request, reply) => {
     const { workerId, jobs } = request.body;
     const { valid, invalid } = checked("complete", jobs, workerId);
     const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
     return answerReport(reply, "complete", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; failures: (store.Failure & ReceiptRef)[] } }>("/v1/worker/fail", { schema: routes.fail }, async (request, reply) => {
+  app.post<{ Body: { workerId: string; failures: (store.Failure & ReceiptRef)[] } }>("/v1/worker/fail", { schema: routes.fail, config: worker }, async (request, reply) => {
     const { workerId, failures } = request.body;
     const { valid, invalid } = checked("fail", failures, workerId);
     const applied = await store.failJobs(pool, {
@@ -78,21 +81,21 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     return answerReport(reply, "fail", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>("/v1/worker/release", { schema: routes.release }, async (request, reply) => {
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>("/v1/worker/release", { schema: routes.release, config: worker }, async (request, reply) => {
     const { workerId, jobs, reason } = request.body;
     const { valid, invalid } = checked("release", jobs, workerId);
     const applied = await store.releaseJobs(pool, { workerId, jobs: valid.map(ref), reason });
     return answerReport(reply, "release", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost }, async (request) => {
+  app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost, config: worker }, async (request) => {
     const { workerId, attempts } = request.body;
     const { valid, invalid } = checked("lost", attempts, workerId);
     const lost = valid.length > 0 ? await store.describeLostLeases(pool, valid.map(ref)) : new Map<string, store.LostLease>();
     return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs })), invalid: invalid.map(invalidEntry) };
   });
 
-  app.post<{ Body: { workerName: string; currentWorkerId: string } }>("/v1/worker/reconcile", { schema: routes.reconcile }, async (request) => {
+  app.post<{ Body: { workerName: string; currentWorkerId: string } }>("/v1/worker/reconcile", { schema: routes.reconcile, config: worker }, async (request) => {
     const released = await store.releaseJobsOfEarlierProcess(pool, request.body);
     if (released.size > 0) lh.metrics.released.inc({ cause: "reconciliation" }, released.size);
     return { released: released.size };

@@ -176,7 +176,7 @@ export class RemoteTransport implements WorkerTransport {
 
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
   async check(): Promise<void> {
-    await this.request("GET", "/v1/stats", undefined, this.timeoutMs);
+    await this.request("GET", "/v1/worker/check", undefined, this.timeoutMs);
   }
 
   interrupt(): void {
