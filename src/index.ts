@@ -6,7 +6,7 @@
  * dedup key and the fencing token for writes elsewhere. See docs/concepts.md.
  */
 export { Leasehold, ENQUEUE_CHUNK } from "./client.js";
-export type { LeaseholdOptions } from "./client.js";
+export type { LeaseholdOptions, ListJobsOptions } from "./client.js";
 export { Worker, makeWorkerId } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
 export { JobAbortedError, PermanentJobError } from "./worker/context.js";

@@ -590,3 +590,72 @@ test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas
     assert.match(r.stderr, message);
   }
 });
+
+/** `n` jobs with payloads of about 1 MB each in `queue`. */
+async function enqueueBig(queue: string, n: number): Promise<string[]> {
+  const jobs = await lh.enqueueMany(Array.from({ length: n }, (_, i) => ({ task: "big", queue, payload: { i, blob: String(i % 10).repeat(1_000_000) } })));
+  return jobs.map((j) => j.id);
+}
+
+test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB continued with a cursor, also through the CLI", async () => {
+  const ids = await enqueueBig("big-list", 12);
+  const plain = await api("GET", "/v1/jobs?queue=big-list&limit=100");
+  assert.equal(plain.status, 200);
+  assert.equal(plain.json.jobs.length, 12);
+  assert.ok(plain.json.jobs.every((j: object) => !("payload" in j)), "payloads left out by default");
+  assert.ok(plain.text.length < 20_000, `${plain.text.length} bytes without payloads`);
+  assert.equal(plain.json.next, null);
+
+  const seen: string[] = [];
+  let before: string | null = null;
+  let pages = 0;
+  do {
+    const page = await api("GET", `/v1/jobs?queue=big-list&limit=100&payload=true${before ? `&before=${before}` : ""}`);
+    assert.equal(page.status, 200, page.text.slice(0, 300));
+    assert.ok(page.text.length <= 8 * 1024 * 1024 + 1024, `a page of ${page.text.length} bytes`);
+    for (const j of page.json.jobs as { id: string; payload: { i: number; blob: string } }[]) {
+      assert.equal(j.payload.blob.length, 1_000_000);
+      seen.push(j.id);
+    }
+    before = page.json.next;
+    pages++;
+  } while (before);
+  assert.ok(pages >= 2, `${pages} pages`);
+  assert.deepEqual(seen, [...ids].reverse(), "every job once, newest first");
+  const limited = await api("GET", "/v1/jobs?queue=big-list&limit=3");
+  assert.deepEqual([limited.json.jobs.length, limited.json.next], [3, ids[9]]);
+  const rest = await api("GET", `/v1/jobs?queue=big-list&limit=100&before=${limited.json.next}`);
+  assert.deepEqual(rest.json.jobs.map((j: { id: string }) => j.id), ids.slice(0, 9).reverse());
+  const tooBig = await api("GET", "/v1/jobs?before=9223372036854775808");
+  assert.deepEqual([tooBig.status, tooBig.json.error.code], [400, "invalid_input"]);
+  assert.match(tooBig.json.error.message, /before must be a positive integer no larger than 9223372036854775807/);
+
+  const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
+  const cli = (args: string[]) => runCli(["--server", base, "jobs", "list", "--queue", "big-list", "--json", ...args], { schema: lh.schema, env });
+  const withPayloads = JSON.parse((await cli(["--payload", "--limit", "100"])).stdout) as { id: string; payload: { blob: string } }[];
+  assert.deepEqual(withPayloads.map((j) => j.id), [...ids].reverse());
+  assert.ok(withPayloads.every((j) => j.payload.blob.length === 1_000_000));
+  const without = JSON.parse((await cli([])).stdout) as object[];
+  assert.ok(without.length === 12 && without.every((j) => !("payload" in j)));
+  const older = JSON.parse((await cli(["--before", ids[2]!])).stdout) as { id: string }[];
+  assert.deepEqual(older.map((j) => j.id), [ids[1], ids[0]]);
+});
+
+test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once, with no retry spent", async () => {
+  const ids = await enqueueBig("big-claim", 10);
+  const claim = () => api("POST", "/v1/worker/claim", { workerId: "w-big", queues: ["big-claim"], tasks: ["big"], limit: 10, leaseMs: 60_000 });
+  const first = await claim();
+  assert.equal(first.status, 200);
+  assert.ok(first.text.length <= 8 * 1024 * 1024, `${first.text.length} bytes`);
+  const got = (first.json.jobs as { id: string }[]).map((j) => j.id);
+  assert.ok(got.length >= 1 && got.length < 10, `${got.length} jobs in one answer`);
+  const released = ids.filter((id) => !got.includes(id));
+  for (const id of released) {
+    const { job, attempts } = await lh.getJob(id);
+    assert.deepEqual([job.state, job.attempt, job.spentAttempts], ["waiting", 1, 0]);
+    assert.deepEqual(attempts.map((a) => a.outcome), ["released"]);
+  }
+  const second = await claim();
+  assert.deepEqual((second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]), released.map((id) => [id, 2]));
+  assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
+});

@@ -9,6 +9,7 @@ import type { ClaimedJob } from "../jobs/types.js";
 import * as store from "../store/index.js";
 import type { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody } from "./errors.js";
+import { MAX_CLAIM_RESPONSE_BYTES } from "./limits.js";
 import type { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 
@@ -46,14 +47,32 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       if (jobs.length > 0) await release(lh, params.workerId, jobs, "released: the claim's response could not be delivered");
       return clientGone(reply);
     }
-    for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: job.queue });
     // Each job's receipt: later requests about this attempt must carry it.
-    return { jobs: jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) })), waited };
+    const answer = jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) }));
+    const { keep, excess } = splitAtBytes(answer, MAX_CLAIM_RESPONSE_BYTES);
+    if (excess.length > 0) {
+      // Give back at once what does not fit: a release spends no retry budget and the job
+      // is claimable again (its fencing token only grows). The claim SQL stays as it is.
+      await release(lh, params.workerId, excess, "released: the claim's answer would have exceeded the server's response size cap");
+      lh.metrics.released.inc({ cause: "response_cap" }, excess.length);
+    }
+    for (const job of keep) lh.metrics.jobsClaimed.inc({ queue: job.queue });
+    return { jobs: keep, waited };
   });
 }
 
-async function release(lh: Leasehold, workerId: string, jobs: ClaimedJob[], reason: string): Promise<void> {
+async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string): Promise<void> {
   await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason });
+}
+
+/** The jobs whose JSON fits in `maxBytes` (at least one), and the rest. */
+function splitAtBytes<T>(jobs: T[], maxBytes: number): { keep: T[]; excess: T[] } {
+  let bytes = 0;
+  for (let i = 0; i < jobs.length; i++) {
+    bytes += Buffer.byteLength(JSON.stringify(jobs[i])) + 1;
+    if (i > 0 && bytes > maxBytes) return { keep: jobs.slice(0, i), excess: jobs.slice(i) };
+  }
+  return { keep: jobs, excess: [] };
 }
 
 /** Nobody will read this answer; it only ends the request. */

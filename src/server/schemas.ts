@@ -77,7 +77,7 @@ export const claimedJobSchema = {
 export const jobRecordSchema = {
   type: "object",
   properties: {
-    id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" },
+    id: JOB_ID, queue: NAME, task: NAME, payload: { description: "lists leave it out unless asked for" }, priority: { type: "integer" },
     state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
     attempt: { type: "integer" }, spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" },
     runAt: TIME, leaseUntil: TIME, lockedBy: { type: ["string", "null"] }, heartbeatAt: TIME, cancelRequestedAt: TIME,
@@ -269,13 +269,27 @@ export const routes = {
   listJobs: {
     ...secured,
     tags: ["jobs"],
-    summary: "List jobs, newest first",
+    summary: "List jobs, newest first, a page at a time (payloads only with payload=true)",
+    description:
+      "A page holds at most `limit` jobs and about 8 MiB of JSON (always at least one job). `next` is the cursor that continues " +
+      "the list: pass it as `before`; it is null when the list has ended.",
     querystring: object({
       state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
       queue: NAME,
       limit: { type: "string", pattern: "^[0-9]{1,5}$", description: "1..10000, default 50" },
+      before: { ...JOB_ID, description: "only jobs with a smaller id: the `next` of the previous page" },
+      payload: { type: "string", enum: ["true", "false"], description: "include each job's payload (default false)" },
     }),
-    response: { 200: { type: "object", properties: { jobs: { type: "array", items: jobRecordSchema } } }, ...errors(400, 401, 403, 503) },
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: jobRecordSchema },
+          next: { type: ["string", "null"], description: "pass as `before` for the next page; null at the end" },
+        },
+      },
+      ...errors(400, 401, 403, 503),
+    },
   },
   getJob: {
     ...secured,
