@@ -659,3 +659,50 @@ test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once,
   assert.deepEqual((second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]), released.map((id) => [id, 2]));
   assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
 });
+
+test("a heartbeat judges each beat alone: a progress or checkpoint that cannot be stored refuses that beat, the others are renewed", async () => {
+  await lh.enqueueMany(Array.from({ length: 7 }, (_, n) => ({ task: "beat.t", queue: "beats", payload: { n } })));
+  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-beats", queues: ["beats"], tasks: ["beat.t"], limit: 7, leaseMs: 60_000 });
+  const refs = (claim.json.jobs as { id: string; attempt: number; receipt: string }[]).map(({ id, attempt, receipt }) => ({ id, attempt, receipt }));
+  assert.equal(refs.length, 7);
+  const [good, plain, nul, surrogate, nulKey, deep, huge] = refs as [typeof refs[0], ...typeof refs];
+  const DEEP = "__deep__";
+  const beats = [
+    { ...good, progress: { pct: 10 } },
+    plain,
+    { ...nul, progress: "a\u0000b" },
+    { ...surrogate, checkpoint: { s: "\ud83d" } },
+    { ...nulKey, progress: { ["a\u0000b"]: 1 } },
+    { ...deep, progress: DEEP },
+    { ...huge, checkpoint: "x".repeat(1_100_000) },
+  ];
+  // 5,000 levels of nesting: more than JSON.stringify can write, so the text is built by hand.
+  const body = JSON.stringify({ workerId: "w-beats", leaseMs: 120_000, beats }).replace(`"${DEEP}"`, "[".repeat(5_000) + "]".repeat(5_000));
+  const db = await rawClient(lh.schema);
+  const rows = async () =>
+    new Map((await db.query("SELECT id::text, lease_until, progress, checkpoint FROM jobs WHERE queue = 'beats'")).rows.map((r) => [r.id as string, r]));
+  try {
+    const before = await rows();
+    const r = await api("POST", "/v1/worker/heartbeat", body);
+    assert.equal(r.status, 200, r.text.slice(0, 500));
+    assert.deepEqual(new Set(r.json.renewed.map((x: { id: string }) => x.id)), new Set([good.id, plain.id]));
+    const invalid = r.json.invalid as { id: string; attempt: number; code: string; message: string }[];
+    assert.deepEqual(new Set(invalid.map((i) => i.id)), new Set([nul.id, surrogate.id, nulKey.id, deep.id, huge.id]));
+    for (const i of invalid) {
+      assert.equal(i.code, "invalid_input");
+      assert.match(i.message, new RegExp(`^job ${i.id}: `));
+      assert.doesNotMatch(i.message, /UPDATE|SELECT|unnest/);
+    }
+    assert.match(invalid.find((i) => i.id === nul.id)!.message, /NUL/);
+    assert.match(invalid.find((i) => i.id === deep.id)!.message, /nested too deeply|depth/);
+    assert.match(invalid.find((i) => i.id === huge.id)!.message, /larger than/);
+    const after = await rows();
+    assert.deepEqual(after.get(good.id)!.progress, { pct: 10 });
+    assert.ok(after.get(good.id)!.lease_until > before.get(good.id)!.lease_until);
+    assert.ok(after.get(plain.id)!.lease_until > before.get(plain.id)!.lease_until);
+    for (const bad of [nul, surrogate, nulKey, deep, huge]) assert.deepEqual(after.get(bad.id), before.get(bad.id), `job ${bad.id} untouched`);
+    assert.match((await api("GET", "/metrics")).text, /^leasehold_server_invalid_beats_total 5$/m);
+  } finally {
+    await db.end();
+  }
+});

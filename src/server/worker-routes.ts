@@ -9,8 +9,8 @@
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "../client.js";
-import { serializePayload } from "../jobs/validate.js";
 import * as store from "../store/index.js";
+import { renewBeats } from "./beats.js";
 import { errorBody } from "./errors.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
@@ -45,21 +45,14 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     async (request, reply) => {
       const { workerId, leaseMs, beats } = request.body;
       const { valid, invalid } = checked("heartbeat", beats, workerId);
-      const result = await store.extendLeases(pool, {
-        workerId,
-        leaseMs,
-        beats: valid.map((b) => ({
-          id: b.id,
-          attempt: b.attempt,
-          progressJson: b.progress === undefined ? null : serializePayload(b.progress, `job ${b.id}: progress`),
-          checkpointJson: b.checkpoint === undefined ? null : serializePayload(b.checkpoint, `job ${b.id}: checkpoint`),
-        })),
-      });
-      if (result.renewed.size === 0 && invalid.length === 0) return refuse(reply, "heartbeat", valid, lh);
+      // Each beat's values are judged on their own: a bad one is refused, the others renewed.
+      const { result, invalid: badValues } = await renewBeats(pool, { workerId, leaseMs, beats: valid });
+      if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
+      if (result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0) return refuse(reply, "heartbeat", valid, lh);
       return {
         renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
         lost: result.lost,
-        invalid: invalid.map(invalidEntry),
+        invalid: [...invalid.map(invalidEntry), ...badValues],
       };
     },
   );

@@ -114,7 +114,7 @@ export class RemoteTransport implements WorkerTransport {
       ...(b.progressJson != null && { progress: JSON.parse(b.progressJson) }),
       ...(b.checkpointJson != null && { checkpoint: JSON.parse(b.checkpointJson) }),
     }));
-    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: { id: string }[] }>(
+    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: (Ref & { code: string })[] }>(
       "/v1/worker/heartbeat",
       { workerId: p.workerId, leaseMs: p.leaseMs, beats },
       this.timeoutMs,
@@ -122,9 +122,22 @@ export class RemoteTransport implements WorkerTransport {
       [409],
     );
     if (res.status === 409) return { renewed: new Map(), lost: p.beats.map((b) => b.id) };
+    const result: store.BeatResult = {
+      renewed: new Map(res.body.renewed.map((r) => [r.id, { cancelRequested: r.cancelRequested }])),
+      lost: res.body.lost,
+    };
+    const invalid = res.body.invalid ?? [];
     // A beat refused for its receipt can never be renewed: the attempt is as good as lost.
-    const refused = (res.body.invalid ?? []).map((i) => i.id);
-    return { renewed: new Map(res.body.renewed.map((r) => [r.id, { cancelRequested: r.cancelRequested }])), lost: [...res.body.lost, ...refused] };
+    result.lost.push(...invalid.filter((i) => i.code === "invalid_receipt").map((i) => i.id));
+    // A beat refused for its progress or checkpoint (a value the server cannot store) would
+    // be refused again: renew its lease without the values, which are dropped.
+    const badValues = p.beats.filter((b) => invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt));
+    if (badValues.length > 0) {
+      const retried = await this.heartbeat({ workerId: p.workerId, leaseMs: p.leaseMs, beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })) });
+      for (const [id, r] of retried.renewed) result.renewed.set(id, r);
+      result.lost.push(...retried.lost);
+    }
+    return result;
   }
 
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
