@@ -706,3 +706,25 @@ test("a heartbeat judges each beat alone: a progress or checkpoint that cannot b
     await db.end();
   }
 });
+
+test("a remote worker whose progress the server cannot store keeps its lease: the transport renews it without the value", async () => {
+  const worker = remoteWorker(base, {
+    unstorable: async (_p: unknown, ctx) => {
+      // A lone surrogate: PostgreSQL's jsonb refuses it. (Where the worker refuses it first, nothing is sent.)
+      try {
+        ctx.progress({ s: "\ud83d" });
+      } catch {}
+      await new Promise((r) => setTimeout(r, 4_000)); // beyond the 3 s lease: only renewals keep it
+    },
+  });
+  const { id } = await lh.enqueue("unstorable", {});
+  const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
+  await worker.start();
+  try {
+    assert.equal((await ended)[1].state, "succeeded");
+  } finally {
+    await worker.stop();
+  }
+  const { job, attempts } = await lh.getJob(id);
+  assert.deepEqual([job.state, job.progress, attempts.map((a) => a.outcome)], ["succeeded", null, ["succeeded"]]);
+});

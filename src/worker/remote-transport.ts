@@ -131,7 +131,9 @@ export class RemoteTransport implements WorkerTransport {
     result.lost.push(...invalid.filter((i) => i.code === "invalid_receipt").map((i) => i.id));
     // A beat refused for its progress or checkpoint (a value the server cannot store) would
     // be refused again: renew its lease without the values, which are dropped.
-    const badValues = p.beats.filter((b) => invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt));
+    const badValues = p.beats.filter(
+      (b) => (b.progressJson != null || b.checkpointJson != null) && invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt),
+    );
     if (badValues.length > 0) {
       const retried = await this.heartbeat({ workerId: p.workerId, leaseMs: p.leaseMs, beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })) });
       for (const [id, r] of retried.renewed) result.renewed.set(id, r);
