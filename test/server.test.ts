@@ -728,3 +728,30 @@ test("a remote worker whose progress the server cannot store keeps its lease: th
   const { job, attempts } = await lh.getJob(id);
   assert.deepEqual([job.state, job.progress, attempts.map((a) => a.outcome)], ["succeeded", null, ["succeeded"]]);
 });
+
+test("RemoteTransport keeps a claim's receipt while its attempt may still be reported, and drops it once the end is reported", async () => {
+  const transport = new RemoteTransport({ serverUrl: base, token: TOKEN, waitMs: 0 });
+  const invalidReceipts = async () => Number(/^leasehold_server_invalid_receipts_total\{kind="complete"\} (\d+)$/m.exec((await api("GET", "/metrics")).text)?.[1] ?? 0);
+  await lh.enqueueMany([{ task: "rt.t", queue: "rt" }, { task: "rt.t", queue: "rt", leaseMs: 1_000 }]);
+  const claimed = await transport.claim({ queues: ["rt"], tasks: ["rt.t"], limit: 2, workerId: "w-rt", leaseMs: 30_000 });
+  assert.equal(claimed.length, 2);
+  assert.ok(claimed.every((j) => !("receipt" in j)), "the runtime never sees receipts");
+  const [done, expiring] = claimed as [(typeof claimed)[0], (typeof claimed)[0]];
+  const ref = (j: typeof done) => ({ id: j.id, attempt: j.attempt });
+
+  const before = await invalidReceipts();
+  assert.deepEqual([...(await transport.complete({ workerId: "w-rt", jobs: [ref(done)] }))], [[done.id, "succeeded"]]);
+  // Its end is reported: the receipt is gone, so the same report again goes without one.
+  assert.equal((await transport.complete({ workerId: "w-rt", jobs: [ref(done)] })).size, 0);
+  assert.equal(await invalidReceipts(), before + 1);
+
+  // The other's lease (1 s) runs out and the watchdog reaps it: a heartbeat finds it lost.
+  await eventually(async () => (await lh.getJob(expiring.id)).job.state === "waiting", "reaped");
+  const beat = await transport.heartbeat({ workerId: "w-rt", leaseMs: 30_000, beats: [ref(expiring)] });
+  assert.deepEqual(beat.lost, [expiring.id]);
+  assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
+  // A report of it may still follow (e.g. a retry after an ambiguous commit): it carries the receipt and meets the fence.
+  assert.equal((await transport.complete({ workerId: "w-rt", jobs: [ref(expiring)] })).size, 0);
+  assert.equal(await invalidReceipts(), before + 1);
+  assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
+});

@@ -12,8 +12,10 @@
  *
  * A claim returns a receipt per job, which the server requires on every later request about
  * that attempt. This transport keeps them (by "id:attempt") and attaches them, so the
- * runtime never sees them; one is dropped when its attempt's end has been reported or the
- * attempt was found lost.
+ * runtime never sees them. One is dropped when its attempt's end was reported and applied,
+ * when it was released, or when a report was refused and the attempt then found lost. An
+ * attempt found lost by a heartbeat keeps its receipt: a report of it may still be in
+ * flight (its retry, after an ambiguous commit, must carry it); unused receipts age out.
  */
 import type { ClaimedJob } from "../jobs/types.js";
 import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
@@ -22,7 +24,10 @@ import type { WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
-/** Receipts kept at most: far beyond what a worker holds (twice its concurrency); bounds a leak. */
+/**
+ * Receipts kept at most: far beyond what a worker holds (twice its concurrency). The least
+ * recently used go first, so receipts of attempts the worker no longer mentions age out.
+ */
 const MAX_RECEIPTS = 100_000;
 
 export interface RemoteTransportOptions {
@@ -66,8 +71,8 @@ export class RemoteTransport implements WorkerTransport {
   private readonly timeoutMs: number;
   private wake?: () => void;
   private claiming?: AbortController;
-  /** "id:attempt" → the claim's receipt and the worker id it was issued to. */
-  private readonly receipts = new Map<string, { receipt: string; workerId: string }>();
+  /** "id:attempt" → the claim's receipt, the worker id it was issued to, and whether a report of it was refused. */
+  private readonly receipts = new Map<string, { receipt: string; workerId: string; refused?: boolean }>();
 
   constructor(private readonly options: RemoteTransportOptions) {
     try {
@@ -172,7 +177,8 @@ export class RemoteTransport implements WorkerTransport {
     for (const [workerId, refs] of byWorker) {
       const res = await this.post<{ lost: ({ id: string } & store.LostLease)[] }>("/v1/worker/lost", { workerId, attempts: refs }, this.timeoutMs);
       for (const l of res.body.lost) out.set(l.id, { reason: l.reason, endedAs: l.endedAs });
-      for (const r of refs) this.receipts.delete(key(r));
+      // The reporter asks after a refused report, and then says nothing more about the attempt.
+      for (const r of refs) if (this.receipts.get(key(r))?.refused) this.receipts.delete(key(r));
     }
     return out;
   }
@@ -200,15 +206,18 @@ export class RemoteTransport implements WorkerTransport {
 
   /**
    * A fenced batch report: applied attempts map to their end state; a 409 means none applied.
-   * An applied attempt has ended, so its receipt is dropped; a refused one keeps it, for the
+   * An applied attempt has ended, so its receipt is dropped; a refused one keeps it for the
    * describeLost that follows.
    */
   private async report<S extends string>(path: string, body: unknown, sent: Ref[]): Promise<Map<string, S>> {
     if (sent.length === 0) return new Map();
     const res = await this.post<{ applied: { id: string; state: S }[] }>(path, body, this.timeoutMs, undefined, [409]);
-    if (res.status === 409) return new Map();
-    const applied = new Map(res.body.applied.map((a) => [a.id, a.state]));
-    for (const r of sent) if (applied.has(r.id)) this.receipts.delete(key(r));
+    const applied = new Map(res.status === 409 ? [] : res.body.applied.map((a) => [a.id, a.state]));
+    for (const r of sent) {
+      const kept = this.receipts.get(key(r));
+      if (applied.has(r.id)) this.receipts.delete(key(r));
+      else if (kept) kept.refused = true;
+    }
     return applied;
   }
 
@@ -219,8 +228,13 @@ export class RemoteTransport implements WorkerTransport {
 
   /** The attempt as the server wants it: with its receipt (left out if this transport has none; the server then refuses it). */
   private withReceipt(r: Ref): Ref & { receipt?: string } {
-    const kept = this.receipts.get(key(r));
-    return kept ? { id: r.id, attempt: r.attempt, receipt: kept.receipt } : { id: r.id, attempt: r.attempt };
+    const k = key(r);
+    const kept = this.receipts.get(k);
+    if (!kept) return { id: r.id, attempt: r.attempt };
+    // Used again: move it to the end of the map's order (least recently used first).
+    this.receipts.delete(k);
+    this.receipts.set(k, kept);
+    return { id: r.id, attempt: r.attempt, receipt: kept.receipt };
   }
 
   private post<T>(path: string, body: unknown, timeoutMs: number, signal?: AbortSignal, accept: number[] = []): Promise<{ status: number; body: T }> {
