@@ -11,9 +11,10 @@ import pino, { type Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { EmbeddedPostgres, EmbeddedPostgresOptions } from "./embedded/postgres.js";
 import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
-import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "./jobs/types.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
-import { checkJobId, checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { checkJobId } from "./jobs/ids.js";
+import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
 import type { Queryable } from "./store/db.js";
@@ -38,6 +39,17 @@ export interface LeaseholdOptions {
   poolSize?: number;
   logger?: Logger;
   metricsRegistry?: Registry;
+}
+
+export interface ListJobsOptions {
+  state?: string;
+  queue?: string;
+  /** 1 to 10,000; default 50. */
+  limit?: number;
+  /** Only jobs older than this id (the last id of the previous page). */
+  before?: string;
+  /** Default true; false leaves payloads out. */
+  includePayload?: boolean;
 }
 
 /** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
@@ -129,13 +141,20 @@ export class Leasehold {
     return { job, attempts };
   }
 
-  async listJobs(filter: { state?: string; queue?: string; limit?: number } = {}): Promise<JobRecord[]> {
+  /**
+   * Jobs, newest first. Page with `before`: the last id of the previous page. With
+   * `includePayload: false` the records carry no payload (cheap for large payloads).
+   */
+  async listJobs(filter: ListJobsOptions = {}): Promise<ListedJob[]> {
     if (filter.state !== undefined && !JOB_STATES.includes(filter.state as never)) {
       throw new ValidationError(`state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(filter.state)})`);
     }
     if (filter.queue !== undefined) checkName(filter.queue, "queue");
+    if (filter.before !== undefined) checkJobId(filter.before, "before");
     const limit = integerIn(filter.limit ?? 50, 1, 10_000, "limit");
-    return store.listJobs(this.pool, { state: filter.state as JobRecord["state"], queue: filter.queue, limit });
+    const includePayload = filter.includePayload ?? true;
+    if (typeof includePayload !== "boolean") throw new ValidationError("includePayload must be true or false");
+    return store.listJobs(this.pool, { state: filter.state as JobRecord["state"], queue: filter.queue, limit, before: filter.before, includePayload });
   }
 
   /**

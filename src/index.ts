@@ -10,7 +10,7 @@
  * importing the library never loads it.
  */
 export { Leasehold } from "./client.js";
-export type { LeaseholdOptions, EnqueueTarget } from "./client.js";
+export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
 export { JobAbortedError, PermanentJobError } from "./worker/context.js";

@@ -76,7 +76,7 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
     retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs deleted by retention.", registers }),
     released: new Counter({
       name: "leasehold_jobs_released_total",
-      help: "Jobs given back without spending an attempt, by cause (shutdown, reconciliation).",
+      help: "Jobs given back without spending an attempt, by cause (shutdown, reconciliation, response_cap).",
       labelNames: ["cause"],
       registers,
     }),

@@ -26,10 +26,13 @@ test("enqueue, jobs list/show/cancel/retry and stats, in human and --json form",
   const again = await cli("enqueue", "report.build", "--unique-key", "r-1");
   assert.match(again.stdout, /is unfinished; not enqueued again/);
 
-  const list = await cli("jobs", "list", "--queue", "mail", "--json");
+  const list = await cli("jobs", "list", "--queue", "mail", "--json", "--payload");
   const jobs = JSON.parse(list.stdout) as { id: string; task: string; priority: number; payload: unknown }[];
   assert.deepEqual(jobs.map((j) => [j.id, j.task, j.priority]), [[id, "email.send", -5]]);
   assert.deepEqual(jobs[0]!.payload, { to: "ada@example.com" });
+  // Payloads are left out unless asked for, as through a server.
+  const bare = JSON.parse((await cli("jobs", "list", "--queue", "mail", "--json")).stdout) as object[];
+  assert.ok(bare.length === 1 && !("payload" in bare[0]!));
   const table = await cli("jobs", "list");
   assert.match(table.stdout, /^ID\s+STATE\s+QUEUE\s+TASK/);
   assert.match(table.stdout, /report\.build/);

@@ -7,79 +7,22 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { Registry } from "prom-client";
 import { createServer } from "../src/server/app.js";
-import { RemoteTransport } from "../src/worker/remote-transport.js";
-import { Worker } from "../src/worker/worker.js";
 import type { JobContext } from "../src/worker/context.js";
-import { eventually, freshLeasehold, rawClient, silent, waitForEvent } from "./helpers/db.js";
+import { RemoteTransport } from "../src/worker/remote-transport.js";
+import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
+import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, statementCountingProxy, TOKEN } from "./helpers/server.js";
 
-const TOKEN = "test-token-0123456789abcdef";
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
 let serve: Awaited<ReturnType<typeof startCli>>;
 let base: string;
 
-async function api(method: string, path: string, body?: unknown, headers: Record<string, string> = { authorization: `Bearer ${TOKEN}` }) {
-  const res = await fetch(base + path, {
-    method,
-    headers: { ...headers, ...(body !== undefined && { "content-type": "application/json" }) },
-    body: body === undefined ? undefined : typeof body === "string" ? body : JSON.stringify(body),
-  });
-  const text = await res.text();
-  let json: any;
-  try {
-    json = JSON.parse(text);
-  } catch {
-    json = undefined;
-  }
-  return { status: res.status, json, text };
-}
-
-/**
- * Announces a body of `bytes` and sends only its headers: the server must refuse on the
- * announced length (a real client that kept writing could see its connection reset instead).
- */
-function postAnnouncing(path: string, bytes: number): Promise<{ status: number; text: string }> {
-  return new Promise((resolve, reject) => {
-    const req = http.request(base + path, {
-      method: "POST",
-      headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json", "content-length": String(bytes) },
-    });
-    req.on("response", (res) => {
-      let text = "";
-      res.on("data", (b: Buffer) => (text += b.toString()));
-      res.on("end", () => {
-        req.destroy();
-        resolve({ status: res.statusCode!, text });
-      });
-    });
-    req.on("error", reject);
-    req.flushHeaders();
-  });
-}
-
-function remoteWorker(serverUrl: string, handlers: Record<string, (p: any, ctx: JobContext) => unknown>, extra: { leaseMs?: number; concurrency?: number; requestTimeoutMs?: number } = {}) {
-  return new Worker({
-    handlers,
-    leaseMs: extra.leaseMs ?? 3_000,
-    concurrency: extra.concurrency ?? 5,
-    logger: silent,
-    metricsRegistry: new Registry(),
-    transport: new RemoteTransport({ serverUrl, token: TOKEN, waitMs: 500, requestTimeoutMs: extra.requestTimeoutMs ?? 5_000 }),
-  });
-}
-
-function startServe(extra: string[] = []) {
-  return startCli(["serve", "--port", "0", "--watchdog-interval", "200", ...extra], {
-    schema: lh.schema,
-    env: { LEASEHOLD_TOKEN: TOKEN, LEASEHOLD_LOG_LEVEL: "warn" },
-    ready: /listening on (http:\/\/[^\s]+)/,
-  });
-}
+const api = (method: string, path: string, body?: unknown, headers?: Record<string, string>) => apiAt(base, method, path, body, headers);
+const postAnnouncing = (path: string, bytes: number) => postAnnouncingAt(base, path, bytes);
+const startServe = (extra: string[] = [], env: Record<string, string | undefined> = {}) => startServeOn(lh.schema, extra, env);
 
 before(async () => {
   lh = await freshLeasehold();
@@ -94,7 +37,8 @@ after(async () => {
 });
 
 test("every call but /healthz needs the bearer token: missing or wrong is 401 with a typed body", async () => {
-  for (const headers of [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }]) {
+  const attempts: Record<string, string>[] = [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }];
+  for (const headers of attempts) {
     for (const [method, path] of [["GET", "/v1/stats"], ["POST", "/v1/worker/claim"], ["GET", "/metrics"], ["GET", "/openapi.json"], ["GET", "/v1/jobs/1"]] as const) {
       const r = await api(method, path, method === "POST" ? {} : undefined, headers);
       assert.equal(r.status, 401, `${method} ${path} with ${JSON.stringify(headers)}`);
@@ -158,33 +102,86 @@ test("the OpenAPI document describes every route the server has, with its method
   assert.ok(served.json.components.securitySchemes.bearerAuth);
 });
 
-test("a stale heartbeat or report is 409 stale_lease and changes nothing", async () => {
+test("a stale heartbeat or report, even with its receipt, is 409 stale_lease and changes nothing", async () => {
   const { json: job } = await api("POST", "/v1/jobs", { task: "fenced", payload: { n: 1 } });
-  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-a", queues: ["default"], tasks: ["fenced"], limit: 1, leaseMs: 60_000 });
-  assert.equal(claim.status, 200);
-  assert.equal(claim.json.jobs[0].id, job.id);
-  const attempt = claim.json.jobs[0].attempt as number;
+  const claimOnce = async () => {
+    const claim = await api("POST", "/v1/worker/claim", { workerId: "w-a", queues: ["default"], tasks: ["fenced"], limit: 1, leaseMs: 60_000 });
+    assert.equal(claim.status, 200);
+    assert.equal(claim.json.jobs[0].id, job.id);
+    return { id: job.id as string, attempt: claim.json.jobs[0].attempt as number, receipt: claim.json.jobs[0].receipt as string };
+  };
+  // The first attempt is given back and the job claimed again: the first is stale, its receipt still valid.
+  const first = await claimOnce();
+  assert.equal((await api("POST", "/v1/worker/release", { workerId: "w-a", jobs: [first], reason: "test" })).status, 200);
+  const second = await claimOnce();
+  assert.equal(second.attempt, first.attempt + 1);
   const db = await rawClient(lh.schema);
   const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [job.id])).rows[0];
   try {
     const before = await row();
-    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-a", leaseMs: 60_000, beats: [{ id: job.id, attempt: attempt + 1, progress: { evil: true } }] });
+    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-a", leaseMs: 60_000, beats: [{ ...first, progress: { evil: true } }] });
     assert.equal(beat.status, 409);
     assert.equal(beat.json.error.code, "stale_lease");
-    assert.deepEqual(beat.json.error.jobs.map((j: { id: string }) => j.id), [job.id]);
-    const otherWorker = await api("POST", "/v1/worker/succeed", { workerId: "w-b", jobs: [{ id: job.id, attempt }] });
-    assert.equal(otherWorker.status, 409);
-    assert.equal(otherWorker.json.error.code, "stale_lease");
-    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ id: job.id, attempt: attempt + 1, error: "late", retryDelayMs: 0 }] });
+    assert.deepEqual(beat.json.error.jobs, [{ id: job.id, attempt: first.attempt, reason: "reclaimed" }]);
+    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ ...first, error: "late", retryDelayMs: 0 }] });
     assert.equal(staleFail.status, 409);
+    const staleSuccess = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [first] });
+    assert.equal(staleSuccess.status, 409);
     assert.deepEqual(await row(), before);
 
-    const good = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    const good = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [second] });
     assert.equal(good.status, 200);
     assert.deepEqual(good.json.applied, [{ id: job.id, state: "succeeded" }]);
-    const late = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [{ id: job.id, attempt }] });
+    const late = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [second] });
     assert.equal(late.status, 409);
     assert.equal(late.json.error.jobs[0].reason, "finished");
+  } finally {
+    await db.end();
+  }
+});
+
+test("without the claim's receipt nobody can beat, finish, fail, release or ask about another worker's attempt", async () => {
+  const { id } = await lh.enqueue("guarded", { n: 1 }, { queue: "receipts" });
+  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-owner", queues: ["receipts"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 });
+  const { attempt, receipt } = claim.json.jobs[0] as { attempt: number; receipt: string };
+  const owned = { id: claim.json.jobs[0].id as string, attempt, receipt };
+  assert.equal(owned.id, id);
+  assert.match(owned.receipt, /^[A-Za-z0-9_-]{43}$/);
+  // A receipt the attacker holds for its own claim is no good for the owner's attempt.
+  await lh.enqueue("guarded", { n: 2 }, { queue: "receipts-other" });
+  const theirs = (await api("POST", "/v1/worker/claim", { workerId: "w-attacker", queues: ["receipts-other"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 })).json.jobs[0];
+  const db = await rawClient(lh.schema);
+  const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [id])).rows[0];
+  try {
+    const before = await row();
+    const ref = { id, attempt: owned.attempt };
+    for (const forged of [ref, { ...ref, receipt: "A".repeat(43) }, { ...ref, receipt: theirs.receipt }, { ...ref, receipt: owned.receipt + "=" }]) {
+      // The attacker names the owner's worker id: the fence alone would let these through.
+      const asOwner = { workerId: "w-owner" };
+      const success = await api("POST", "/v1/worker/succeed", { ...asOwner, jobs: [forged] });
+      assert.equal(success.status, 200, success.text);
+      assert.deepEqual([success.json.applied, success.json.refused], [[], [{ id, attempt: owned.attempt, reason: "invalid_receipt" }]]);
+      const failure = await api("POST", "/v1/worker/fail", { ...asOwner, failures: [{ ...forged, error: "x", retryDelayMs: 0, giveUp: true }] });
+      assert.deepEqual(failure.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      const release = await api("POST", "/v1/worker/release", { ...asOwner, jobs: [forged], reason: "stolen" });
+      assert.deepEqual(release.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      const beat = await api("POST", "/v1/worker/heartbeat", { ...asOwner, leaseMs: 1_000, beats: [{ ...forged, progress: { evil: true } }] });
+      assert.deepEqual([beat.status, beat.json.renewed, beat.json.invalid.map((i: { code: string }) => i.code)], [200, [], ["invalid_receipt"]]);
+      const lost = await api("POST", "/v1/worker/lost", { ...asOwner, attempts: [forged] });
+      assert.deepEqual([lost.json.lost, lost.json.invalid.map((i: { code: string }) => i.code)], [[], ["invalid_receipt"]]);
+    }
+    assert.deepEqual(await row(), before);
+    // An id beyond bigint has no receipt either: refused before the database sees it.
+    const huge = await api("POST", "/v1/worker/heartbeat", { workerId: "w-owner", leaseMs: 5_000, beats: [{ id: "9223372036854775808", attempt: 1, receipt: owned.receipt }] });
+    assert.deepEqual([huge.status, huge.json.invalid[0].code], [200, "invalid_receipt"]);
+    const metrics = (await api("GET", "/metrics")).text;
+    assert.match(metrics, /^leasehold_server_invalid_receipts_total\{kind="complete"\} 4$/m);
+
+    // The owner, with its receipt, is served as before.
+    const beat = await api("POST", "/v1/worker/heartbeat", { workerId: "w-owner", leaseMs: 60_000, beats: [{ ...owned, progress: { pct: 50 } }] });
+    assert.deepEqual([beat.json.renewed, beat.json.invalid], [[{ id, cancelRequested: false }], []], beat.text);
+    const done = await api("POST", "/v1/worker/succeed", { workerId: "w-owner", jobs: [owned] });
+    assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
   } finally {
     await db.end();
   }
@@ -227,34 +224,6 @@ test("a remote worker runs the same runtime over the server: progress rides hear
   }
 });
 
-/** A TCP proxy that loses the first claim response carrying jobs: the server sent it, the worker never gets it. */
-async function claimDroppingProxy(port: number) {
-  let dropped = 0;
-  const sockets = new Set<net.Socket>();
-  const server = net.createServer((client) => {
-    const upstream = net.connect(port, "127.0.0.1");
-    sockets.add(client).add(upstream);
-    let dropping = false;
-    client.on("data", (d) => upstream.write(d));
-    upstream.on("data", (d) => {
-      if (dropped === 0 && d.toString().includes('"jobs":[{')) {
-        dropping = true;
-        dropped++;
-      }
-      if (!dropping) client.write(d);
-    });
-    client.on("error", () => upstream.destroy());
-    upstream.on("error", () => client.destroy());
-    client.on("close", () => upstream.destroy());
-    upstream.on("close", () => client.destroy());
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  return { url: `http://127.0.0.1:${(server.address() as net.AddressInfo).port}`, dropped: () => dropped, close: () => {
-      for (const socket of sockets) socket.destroy();
-      return new Promise((r) => server.close(r));
-    } };
-}
-
 test("a claim whose response never reaches the worker is not lost: the lease expires and the watchdog recovers the job", async () => {
   const proxy = await claimDroppingProxy(Number(new URL(base).port));
   const runs: number[] = [];
@@ -274,8 +243,13 @@ test("a claim whose response never reaches the worker is not lost: the lease exp
   assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
 });
 
-test("two server replicas on one database: remote workers on each run every job exactly once", async () => {
+test("two server replicas on one database: a receipt from one is good at the other; remote workers on each run every job exactly once", async () => {
   const second = await startServe(["--no-watchdog"]);
+  // Replicas with the same token derive the same receipt key: a worker may claim at one and report at the other.
+  const { id } = await lh.enqueue("cross", {}, { queue: "cross-replica" });
+  const claimed = (await api("POST", "/v1/worker/claim", { workerId: "w-x", queues: ["cross-replica"], tasks: ["cross"], limit: 1, leaseMs: 30_000 })).json.jobs[0];
+  const done = await apiAt(second.match[1]!, "POST", "/v1/worker/succeed", { workerId: "w-x", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] });
+  assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
   const runs = new Map<string, number>();
   const perWorker = [0, 0];
   const handler = (i: number) => async (_p: unknown, ctx: JobContext) => {
@@ -332,10 +306,10 @@ test("a job whose own lease is shorter than the worker's beat interval is kept a
     ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(ctx.signal.reason); });
   }) }, { leaseMs: 30_000 });
   const { id } = await lh.enqueue("slow", {}, { leaseMs: 1_500 });
-  const ended = waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
+  const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
   await worker.start();
   try {
-    const [, outcome] = (await ended) as [unknown, { state: string }];
+    const [, outcome] = await ended;
     assert.equal(outcome.state, "succeeded");
   } finally {
     await worker.stop();
@@ -391,4 +365,396 @@ test("a long poll whose client went away claims nothing: a job enqueued afterwar
   const { job } = await lh.getJob(id);
   assert.equal(job.state, "waiting");
   assert.equal(job.attempt, 0);
+});
+
+test("job ids beyond PostgreSQL's bigint name no job: a typed 404, not a 500", async () => {
+  for (const [method, path] of [
+    ["GET", "/v1/jobs/9223372036854775808"],
+    ["GET", "/v1/jobs/9999999999999999999"],
+    ["POST", "/v1/jobs/9223372036854775808/cancel"],
+    ["POST", "/v1/jobs/9223372036854775808/retry"],
+  ] as const) {
+    const r = await api(method, path);
+    assert.equal(r.status, 404, `${method} ${path}: ${r.text}`);
+    assert.equal(r.json.error.code, "job_not_found");
+  }
+  // The largest bigint is a well-formed id that no job has; a malformed one is a 400.
+  const max = await api("GET", "/v1/jobs/9223372036854775807");
+  assert.equal(max.status, 404);
+  assert.equal(max.json.error.code, "job_not_found");
+  assert.equal((await api("GET", "/v1/jobs/12ab")).status, 400);
+  await assert.rejects(lh.getJob("9223372036854775808"), { code: "job_not_found" });
+});
+
+test("serve refuses at start a token nobody could send: whitespace, control characters (one line, usage exit code)", async () => {
+  for (const [args, env] of [
+    [["--token", "a token with spaces 0123456789"], {}],
+    [[], { LEASEHOLD_TOKEN: "tab\tseparated-0123456789" }],
+    [[], { LEASEHOLD_TOKEN: "bell\u0007-0123456789abcdef" }],
+    [["--token", "tr\u00e8s-secret-0123456789"], {}],
+  ] as [string[], Record<string, string>][]) {
+    const r = await runCli(["serve", "--port", "0", ...args], { schema: lh.schema, env });
+    assert.equal(r.code, 2, `${JSON.stringify(args)} ${JSON.stringify(env)}: ${r.stderr}`);
+    assert.ok(isOneLineError(r.stderr), r.stderr);
+    assert.match(r.stderr, /token must be printable ASCII without spaces/);
+  }
+});
+
+test("request metrics keep a bounded set of labels: unknown routes are one label, never the URL", async () => {
+  for (let i = 0; i < 20; i++) {
+    await api("GET", `/v1/nothing-${i}`);
+    await api("POST", `/v1/queues/q-${i}/jobs`, {}, {});
+    await api("DELETE", `/v1/jobs/${i + 1}`);
+  }
+  const { text } = await api("GET", "/metrics");
+  const routes = new Set([...text.matchAll(/^leasehold_http_requests_total\{route="([^"]*)"/gm)].map((m) => m[1]));
+  assert.ok(!text.includes("nothing-") && !text.includes("q-1"), "a raw URL became a label");
+  assert.ok(routes.has("unmatched"), [...routes].join(", "));
+  assert.ok([...routes].every((r) => r === "unmatched" || r!.startsWith("/")), [...routes].join(", "));
+});
+
+test("timeouts: a slow body or slow headers are cut (408), an idle connection is closed, and a long poll still waits its full time", async () => {
+  const tight = await startServe(["--request-timeout", "1000", "--keep-alive-timeout", "500", "--no-watchdog"]);
+  const url = tight.match[1]!;
+  try {
+    const head = (path: string, length: number) =>
+      `POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${TOKEN}\r\nContent-Type: application/json\r\nContent-Length: ${length}\r\n\r\n`;
+    const slowBody = rawConnection(url);
+    slowBody.socket.write(head("/v1/jobs", 200));
+    void slowBody.trickle(" ".repeat(200), 200);
+    const slowHeaders = rawConnection(url);
+    slowHeaders.socket.write("GET /v1/stats HTTP/1.1\r\nHost: x\r\n");
+    void slowHeaders.trickle("X-Slow: " + "a".repeat(100), 200);
+    const idle = rawConnection(url);
+    idle.socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n`);
+    const started = Date.now();
+    const pollAt = apiAt(url, "POST", "/v1/worker/claim", { workerId: "w-timeouts", queues: ["never-filled"], tasks: ["t"], limit: 1, leaseMs: 5_000, waitMs: 3_000 });
+
+    const [bodyMs, headersMs, idleMs] = await Promise.all([slowBody.closed, slowHeaders.closed, idle.closed]);
+    assert.ok(bodyMs < 3_000, `slow body kept for ${bodyMs} ms`);
+    assert.match(slowBody.received(), /^HTTP\/1\.1 408/);
+    assert.ok(headersMs < 3_000, `slow headers kept for ${headersMs} ms`);
+    assert.match(slowHeaders.received(), /^HTTP\/1\.1 408/);
+    assert.match(idle.received(), /^HTTP\/1\.1 200/);
+    assert.ok(idleMs < 2_500, `idle keep-alive connection kept for ${idleMs} ms`);
+
+    const waited = await pollAt;
+    assert.equal(waited.status, 200, waited.text);
+    assert.deepEqual(waited.json.jobs, []);
+    assert.ok(Date.now() - started >= 2_900, "the long poll waited its full waitMs, past the request timeout");
+  } finally {
+    await tight.stop("SIGTERM");
+  }
+});
+
+test("an authentication failure closes the connection, even while the client is still sending its body", async () => {
+  const conn = rawConnection(base);
+  conn.socket.write(`POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer not-the-token-0123456789\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+  void conn.trickle(" ".repeat(99), 100);
+  const closedMs = await Promise.race([conn.closed, new Promise<number>((r) => setTimeout(() => r(-1), 3_000))]);
+  assert.match(conn.received(), /^HTTP\/1\.1 401/);
+  assert.match(conn.received(), /\r\nconnection: close\r\n/i);
+  assert.ok(closedMs >= 0 && closedMs < 1_000, `connection still open ${closedMs < 0 ? "after 3 s" : `for ${closedMs} ms`}`);
+  conn.socket.destroy();
+});
+
+test("connections beyond --max-connections are closed as they arrive, and counted", async () => {
+  const capped = await startServe(["--max-connections", "3", "--no-watchdog"]);
+  const url = capped.match[1]!;
+  const held = [rawConnection(url), rawConnection(url), rawConnection(url)];
+  try {
+    await new Promise((r) => setTimeout(r, 200));
+    const extra = rawConnection(url);
+    const closedMs = await Promise.race([extra.closed, new Promise<number>((r) => setTimeout(() => r(-1), 2_000))]);
+    assert.ok(closedMs >= 0, "the fourth connection was kept");
+    assert.equal(extra.received(), "");
+    for (const c of held) c.socket.destroy();
+    await Promise.all(held.map((c) => c.closed));
+    await new Promise((r) => setTimeout(r, 100));
+    const metrics = await apiAt(url, "GET", "/metrics");
+    assert.match(metrics.text, /^leasehold_server_connections_dropped_total 1$/m);
+  } finally {
+    for (const c of held) c.socket.destroy();
+    await capped.stop("SIGTERM");
+  }
+});
+
+test("idle long polls are cheap: one shared re-check a second for all of them, and it still wakes a claim when a delayed job comes due", async () => {
+  const counter = await statementCountingProxy(databaseUrl());
+  const counted = await startServe(["--no-watchdog"], { DATABASE_URL: counter.url });
+  const url = counted.match[1]!;
+  const claim = (workerId: string, waitMs: number) =>
+    apiAt(url, "POST", "/v1/worker/claim", { workerId, queues: ["idle-q"], tasks: ["idle.t"], limit: 1, leaseMs: 5_000, waitMs });
+  try {
+    assert.equal((await claim("warm-up", 0)).status, 200);
+    const polls = Array.from({ length: 20 }, (_, i) => claim(`idle-${i}`, 4_000));
+    await new Promise((r) => setTimeout(r, 500));
+    const before = counter.statements();
+    await new Promise((r) => setTimeout(r, 3_000));
+    const during = counter.statements() - before;
+    assert.ok(during <= 6, `20 idle long polls cost ${during} statements in 3 s`);
+    for (const r of await Promise.all(polls)) assert.deepEqual([r.status, r.json.jobs, r.json.waited], [200, [], true]);
+
+    // A delayed job sends its notification when enqueued, not when due: the re-check finds it.
+    const started = Date.now();
+    const waiting = claim("delayed-w", 6_000);
+    await new Promise((r) => setTimeout(r, 200));
+    const { id } = await lh.enqueue("idle.t", {}, { queue: "idle-q", delayMs: 1_500 });
+    const got = await waiting;
+    assert.deepEqual(got.json.jobs.map((j: { id: string }) => j.id), [id]);
+    assert.ok(Date.now() - started < 4_000, `claimed after ${Date.now() - started} ms`);
+  } finally {
+    await counted.stop("SIGTERM");
+    await counter.close();
+  }
+});
+
+test("beyond --max-long-polls a claim answers at once with what it finds (waited: false), and it is counted", async () => {
+  const capped = await startServe(["--max-long-polls", "2", "--no-watchdog"]);
+  const url = capped.match[1]!;
+  const claim = (queue: string, waitMs: number) =>
+    apiAt(url, "POST", "/v1/worker/claim", { workerId: `w-${queue}`, queues: [queue], tasks: ["cap.t"], limit: 1, leaseMs: 5_000, waitMs });
+  try {
+    const holding = [claim("cap-a", 3_000), claim("cap-b", 3_000)];
+    await new Promise((r) => setTimeout(r, 300));
+    let started = Date.now();
+    const refused = await claim("cap-c", 3_000);
+    assert.deepEqual([refused.status, refused.json.jobs, refused.json.waited], [200, [], false]);
+    assert.ok(Date.now() - started < 1_000, `the claim over the cap waited ${Date.now() - started} ms`);
+    const { id } = await lh.enqueue("cap.t", {}, { queue: "cap-d" });
+    started = Date.now();
+    const found = await claim("cap-d", 3_000);
+    assert.deepEqual(found.json.jobs.map((j: { id: string }) => j.id), [id]);
+    const metrics = await apiAt(url, "GET", "/metrics");
+    assert.match(metrics.text, /^leasehold_server_long_polls_refused_total 1$/m);
+    assert.match(metrics.text, /^leasehold_server_long_polls_waiting 2$/m);
+    for (const r of await Promise.all(holding)) assert.deepEqual([r.json.jobs, r.json.waited], [[], true]);
+  } finally {
+    await capped.stop("SIGTERM");
+  }
+});
+
+test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas with one --receipt-key accept each other's receipts", async () => {
+  const WORKER_TOKEN = "worker-token-0123456789abcdef";
+  const OTHER_TOKEN = "another-operator-token-0123456789";
+  const RECEIPT_KEY = "receipt-key-0123456789abcdef";
+  const one = await startServe(["--no-watchdog", "--receipt-key", RECEIPT_KEY], { LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN });
+  const two = await startServe(["--no-watchdog"], { LEASEHOLD_TOKEN: OTHER_TOKEN, LEASEHOLD_RECEIPT_KEY: RECEIPT_KEY });
+  const [urlOne, urlTwo] = [one.match[1]!, two.match[1]!];
+  const asWorker = { authorization: `Bearer ${WORKER_TOKEN}` };
+  try {
+    for (const [method, path] of [["GET", "/v1/stats"], ["GET", "/v1/jobs"], ["POST", "/v1/jobs"], ["POST", "/v1/jobs/batch"], ["GET", "/v1/jobs/1"], ["POST", "/v1/jobs/1/cancel"], ["POST", "/v1/jobs/1/retry"], ["GET", "/metrics"], ["GET", "/openapi.json"]] as const) {
+      const r = await apiAt(urlOne, method, path, method === "POST" ? { task: "x" } : undefined, asWorker);
+      assert.equal(r.status, 403, `${method} ${path}: ${r.text}`);
+      assert.equal(r.json.error.code, "forbidden");
+    }
+    assert.equal((await apiAt(urlOne, "GET", "/v1/nothing", undefined, asWorker)).status, 404);
+    assert.deepEqual((await apiAt(urlOne, "GET", "/v1/worker/check", undefined, asWorker)).json, { scope: "worker" });
+    assert.deepEqual((await apiAt(urlOne, "GET", "/v1/worker/check")).json, { scope: "operator" });
+    assert.equal((await apiAt(urlOne, "GET", "/v1/stats")).status, 200);
+    // The worker token is not accepted where it was not configured.
+    assert.equal((await apiAt(urlTwo, "GET", "/v1/worker/check", undefined, asWorker)).status, 401);
+
+    // Claimed at one replica with the worker token, finished at the other (another operator token, same receipt key).
+    const { id } = await lh.enqueue("scoped", {}, { queue: "scopes" });
+    const claimed = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
+    const done = await apiAt(urlTwo, "POST", "/v1/worker/succeed", { workerId: "w-s", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] }, { authorization: `Bearer ${OTHER_TOKEN}` });
+    assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
+    // The main server derives its key from its token, so it refuses that receipt.
+    const { id: id2 } = await lh.enqueue("scoped", {}, { queue: "scopes" });
+    const other = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
+    const refused = await api("POST", "/v1/worker/release", { workerId: "w-s", jobs: [{ id: id2, attempt: other.attempt, receipt: other.receipt }], reason: "x" });
+    assert.deepEqual(refused.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+
+    // A remote worker holding only the worker token checks the server and runs jobs.
+    const worker = remoteWorker(urlOne, { scoped: () => {} }, { token: WORKER_TOKEN });
+    const { id: id3 } = await lh.enqueue("scoped", {}, { queue: "default" });
+    const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id3);
+    await new RemoteTransport({ serverUrl: urlOne, token: WORKER_TOKEN }).check();
+    await worker.start();
+    try {
+      assert.equal((await ended)[1].state, "succeeded");
+    } finally {
+      await worker.stop();
+    }
+  } finally {
+    await Promise.all([one.stop("SIGTERM"), two.stop("SIGTERM")]);
+  }
+  for (const [args, message] of [
+    [["--worker-token", "short"], /worker token must be at least 16 characters/],
+    [["--worker-token", TOKEN], /worker token must differ from the operator token/],
+    [["--receipt-key", "key with spaces 0123456789"], /receipt key must be printable ASCII/],
+  ] as [string[], RegExp][]) {
+    const r = await runCli(["serve", "--port", "0", ...args], { schema: lh.schema, env: { LEASEHOLD_TOKEN: TOKEN } });
+    assert.equal(r.code, 2, r.stderr);
+    assert.match(r.stderr, message);
+  }
+});
+
+/** `n` jobs with payloads of about 1 MB each in `queue`. */
+async function enqueueBig(queue: string, n: number): Promise<string[]> {
+  const jobs = await lh.enqueueMany(Array.from({ length: n }, (_, i) => ({ task: "big", queue, payload: { i, blob: String(i % 10).repeat(1_000_000) } })));
+  return jobs.map((j) => j.id);
+}
+
+test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB continued with a cursor, also through the CLI", async () => {
+  const ids = await enqueueBig("big-list", 12);
+  const plain = await api("GET", "/v1/jobs?queue=big-list&limit=100");
+  assert.equal(plain.status, 200);
+  assert.equal(plain.json.jobs.length, 12);
+  assert.ok(plain.json.jobs.every((j: object) => !("payload" in j)), "payloads left out by default");
+  assert.ok(plain.text.length < 20_000, `${plain.text.length} bytes without payloads`);
+  assert.equal(plain.json.next, null);
+
+  const seen: string[] = [];
+  let before: string | null = null;
+  let pages = 0;
+  do {
+    const page = await api("GET", `/v1/jobs?queue=big-list&limit=100&payload=true${before ? `&before=${before}` : ""}`);
+    assert.equal(page.status, 200, page.text.slice(0, 300));
+    assert.ok(page.text.length <= 8 * 1024 * 1024 + 1024, `a page of ${page.text.length} bytes`);
+    for (const j of page.json.jobs as { id: string; payload: { i: number; blob: string } }[]) {
+      assert.equal(j.payload.blob.length, 1_000_000);
+      seen.push(j.id);
+    }
+    before = page.json.next;
+    pages++;
+  } while (before);
+  assert.ok(pages >= 2, `${pages} pages`);
+  assert.deepEqual(seen, [...ids].reverse(), "every job once, newest first");
+  const limited = await api("GET", "/v1/jobs?queue=big-list&limit=3");
+  assert.deepEqual([limited.json.jobs.length, limited.json.next], [3, ids[9]]);
+  const rest = await api("GET", `/v1/jobs?queue=big-list&limit=100&before=${limited.json.next}`);
+  assert.deepEqual(rest.json.jobs.map((j: { id: string }) => j.id), ids.slice(0, 9).reverse());
+  const tooBig = await api("GET", "/v1/jobs?before=9223372036854775808");
+  assert.deepEqual([tooBig.status, tooBig.json.error.code], [400, "invalid_input"]);
+  assert.match(tooBig.json.error.message, /before must be a positive integer no larger than 9223372036854775807/);
+
+  const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
+  const cli = (args: string[]) => runCli(["--server", base, "jobs", "list", "--queue", "big-list", "--json", ...args], { schema: lh.schema, env });
+  const withPayloads = JSON.parse((await cli(["--payload", "--limit", "100"])).stdout) as { id: string; payload: { blob: string } }[];
+  assert.deepEqual(withPayloads.map((j) => j.id), [...ids].reverse());
+  assert.ok(withPayloads.every((j) => j.payload.blob.length === 1_000_000));
+  const without = JSON.parse((await cli([])).stdout) as object[];
+  assert.ok(without.length === 12 && without.every((j) => !("payload" in j)));
+  const older = JSON.parse((await cli(["--before", ids[2]!])).stdout) as { id: string }[];
+  assert.deepEqual(older.map((j) => j.id), [ids[1], ids[0]]);
+});
+
+test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once, with no retry spent", async () => {
+  const ids = await enqueueBig("big-claim", 10);
+  const claim = () => api("POST", "/v1/worker/claim", { workerId: "w-big", queues: ["big-claim"], tasks: ["big"], limit: 10, leaseMs: 60_000 });
+  const first = await claim();
+  assert.equal(first.status, 200);
+  assert.ok(first.text.length <= 8 * 1024 * 1024, `${first.text.length} bytes`);
+  const got = (first.json.jobs as { id: string }[]).map((j) => j.id);
+  assert.ok(got.length >= 1 && got.length < 10, `${got.length} jobs in one answer`);
+  const released = ids.filter((id) => !got.includes(id));
+  for (const id of released) {
+    const { job, attempts } = await lh.getJob(id);
+    assert.deepEqual([job.state, job.attempt, job.spentAttempts], ["waiting", 1, 0]);
+    assert.deepEqual(attempts.map((a) => a.outcome), ["released"]);
+  }
+  const second = await claim();
+  assert.deepEqual((second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]), released.map((id) => [id, 2]));
+  assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
+});
+
+test("a heartbeat judges each beat alone: a progress or checkpoint that cannot be stored refuses that beat, the others are renewed", async () => {
+  await lh.enqueueMany(Array.from({ length: 7 }, (_, n) => ({ task: "beat.t", queue: "beats", payload: { n } })));
+  const claim = await api("POST", "/v1/worker/claim", { workerId: "w-beats", queues: ["beats"], tasks: ["beat.t"], limit: 7, leaseMs: 60_000 });
+  const refs = (claim.json.jobs as { id: string; attempt: number; receipt: string }[]).map(({ id, attempt, receipt }) => ({ id, attempt, receipt }));
+  assert.equal(refs.length, 7);
+  const [good, plain, nul, surrogate, nulKey, deep, huge] = refs as [typeof refs[0], ...typeof refs];
+  const DEEP = "__deep__";
+  const beats = [
+    { ...good, progress: { pct: 10 } },
+    plain,
+    { ...nul, progress: "a\u0000b" },
+    { ...surrogate, checkpoint: { s: "\ud83d" } },
+    { ...nulKey, progress: { ["a\u0000b"]: 1 } },
+    { ...deep, progress: DEEP },
+    { ...huge, checkpoint: "x".repeat(1_100_000) },
+  ];
+  // 5,000 levels of nesting: more than JSON.stringify can write, so the text is built by hand.
+  const body = JSON.stringify({ workerId: "w-beats", leaseMs: 120_000, beats }).replace(`"${DEEP}"`, "[".repeat(5_000) + "]".repeat(5_000));
+  const db = await rawClient(lh.schema);
+  const rows = async () =>
+    new Map((await db.query("SELECT id::text, lease_until, progress, checkpoint FROM jobs WHERE queue = 'beats'")).rows.map((r) => [r.id as string, r]));
+  try {
+    const before = await rows();
+    const r = await api("POST", "/v1/worker/heartbeat", body);
+    assert.equal(r.status, 200, r.text.slice(0, 500));
+    assert.deepEqual(new Set(r.json.renewed.map((x: { id: string }) => x.id)), new Set([good.id, plain.id]));
+    const invalid = r.json.invalid as { id: string; attempt: number; code: string; message: string }[];
+    assert.deepEqual(new Set(invalid.map((i) => i.id)), new Set([nul.id, surrogate.id, nulKey.id, deep.id, huge.id]));
+    for (const i of invalid) {
+      assert.equal(i.code, "invalid_input");
+      assert.match(i.message, new RegExp(`^job ${i.id}: `));
+      assert.doesNotMatch(i.message, /UPDATE|SELECT|unnest/);
+    }
+    // (Worded by serializePayload or, for what it lets through, by this server.)
+    assert.match(invalid.find((i) => i.id === nul.id)!.message, /NUL|\\u0000/);
+    assert.match(invalid.find((i) => i.id === deep.id)!.message, /nest|deep|depth/i);
+    assert.match(invalid.find((i) => i.id === huge.id)!.message, /larger|bytes/);
+    const after = await rows();
+    assert.deepEqual(after.get(good.id)!.progress, { pct: 10 });
+    assert.ok(after.get(good.id)!.lease_until > before.get(good.id)!.lease_until);
+    assert.ok(after.get(plain.id)!.lease_until > before.get(plain.id)!.lease_until);
+    for (const bad of [nul, surrogate, nulKey, deep, huge]) assert.deepEqual(after.get(bad.id), before.get(bad.id), `job ${bad.id} untouched`);
+    assert.match((await api("GET", "/metrics")).text, /^leasehold_server_invalid_beats_total 5$/m);
+  } finally {
+    await db.end();
+  }
+});
+
+test("a remote worker whose progress the server cannot store keeps its lease: the transport renews it without the value", async () => {
+  const worker = remoteWorker(base, {
+    unstorable: async (_p: unknown, ctx) => {
+      // A lone surrogate: PostgreSQL's jsonb refuses it. (Where the worker refuses it first, nothing is sent.)
+      try {
+        ctx.progress({ s: "\ud83d" });
+      } catch {
+        // the worker refused it itself: nothing was sent
+      }
+      await new Promise((r) => setTimeout(r, 4_000)); // beyond the 3 s lease: only renewals keep it
+    },
+  });
+  const { id } = await lh.enqueue("unstorable", {});
+  const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
+  await worker.start();
+  try {
+    assert.equal((await ended)[1].state, "succeeded");
+  } finally {
+    await worker.stop();
+  }
+  const { job, attempts } = await lh.getJob(id);
+  assert.deepEqual([job.state, job.progress, attempts.map((a) => a.outcome)], ["succeeded", null, ["succeeded"]]);
+});
+
+test("RemoteTransport keeps a claim's receipt while its attempt may still be reported, and drops it once the end is reported", async () => {
+  const transport = new RemoteTransport({ serverUrl: base, token: TOKEN, waitMs: 0 });
+  const invalidReceipts = async () => Number(/^leasehold_server_invalid_receipts_total\{kind="complete"\} (\d+)$/m.exec((await api("GET", "/metrics")).text)?.[1] ?? 0);
+  await lh.enqueueMany([{ task: "rt.t", queue: "rt" }, { task: "rt.t", queue: "rt", leaseMs: 1_000 }]);
+  const claimed = await transport.claim({ queues: ["rt"], tasks: ["rt.t"], limit: 2, workerId: "w-rt", leaseMs: 30_000 });
+  assert.equal(claimed.length, 2);
+  assert.ok(claimed.every((j) => !("receipt" in j)), "the runtime never sees receipts");
+  const [done, expiring] = claimed as [(typeof claimed)[0], (typeof claimed)[0]];
+  const ref = (j: typeof done) => ({ id: j.id, attempt: j.attempt });
+
+  const before = await invalidReceipts();
+  assert.deepEqual([...(await transport.complete({ workerId: "w-rt", jobs: [ref(done)] }))], [[done.id, "succeeded"]]);
+  // Its end is reported: the receipt is gone, so the same report again goes without one.
+  assert.equal((await transport.complete({ workerId: "w-rt", jobs: [ref(done)] })).size, 0);
+  assert.equal(await invalidReceipts(), before + 1);
+
+  // The other's lease (1 s) runs out and the watchdog reaps it: a heartbeat finds it lost.
+  await eventually(async () => (await lh.getJob(expiring.id)).job.state === "waiting", "reaped");
+  const beat = await transport.heartbeat({ workerId: "w-rt", leaseMs: 30_000, beats: [ref(expiring)] });
+  assert.deepEqual(beat.lost, [expiring.id]);
+  assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
+  // A report of it may still follow (e.g. a retry after an ambiguous commit): it carries the receipt and meets the fence.
+  assert.equal((await transport.complete({ workerId: "w-rt", jobs: [ref(expiring)] })).size, 0);
+  assert.equal(await invalidReceipts(), before + 1);
+  assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
 });

@@ -28,6 +28,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   invalid_state: EXIT.invalidState,
   server_unavailable: EXIT.unavailable,
   unauthorized: EXIT.usage,
+  forbidden: EXIT.usage,
   not_found: EXIT.usage,
 };
 

@@ -1,5 +1,5 @@
 /** Human-readable output: aligned tables and job details. */
-import type { AttemptRecord, JobRecord } from "../jobs/types.js";
+import type { AttemptRecord, JobRecord, ListedJob } from "../jobs/types.js";
 import type { QueueStats } from "../store/index.js";
 
 export function table(headers: string[], rows: string[][]): string {
@@ -22,7 +22,7 @@ function short(text: string | null, max = 60): string {
   return first.length > max ? first.slice(0, max - 1) + "…" : first;
 }
 
-export function jobsTable(jobs: JobRecord[]): string {
+export function jobsTable(jobs: ListedJob[]): string {
   if (jobs.length === 0) return "no jobs";
   return table(
     ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS", "CREATED", "LAST ERROR"],

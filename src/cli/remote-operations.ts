@@ -3,9 +3,10 @@
  * (`--server URL --token T`), for operators who can reach the server but not the database.
  * Same shapes and the same typed errors as the `Leasehold` client's methods.
  */
-import type { Leasehold } from "../client.js";
+import type { Leasehold, ListJobsOptions } from "../client.js";
+import { checkJobId } from "../jobs/ids.js";
 import { JobNotFoundError, JobStateError, ValidationError } from "../errors.js";
-import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "../jobs/types.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "../jobs/types.js";
 import type { QueueStats } from "../store/index.js";
 import { ServerError, ServerUnavailableError } from "../worker/remote-transport.js";
 
@@ -46,16 +47,26 @@ export class RemoteOperations implements JobOperations {
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
-    if (!/^[1-9]\d{0,18}$/.test(id)) throw new ValidationError(`job id must be a positive integer (got ${JSON.stringify(id)})`);
+    checkJobId(id);
     const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
-    return { job: jobFromWire(r.job), attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })) };
+    return { job: jobFromWire(r.job) as JobRecord, attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })) };
   }
 
-  async listJobs(filter: { state?: string; queue?: string; limit?: number } = {}): Promise<JobRecord[]> {
-    const query = new URLSearchParams();
-    for (const [k, v] of Object.entries(filter)) if (v !== undefined) query.set(k, String(v));
-    const r = await this.call<{ jobs: Wire<JobRecord>[] }>("GET", `/v1/jobs?${query}`);
-    return r.jobs.map(jobFromWire);
+  /** As `Leasehold.listJobs`: follows the server's pages (each at most a few MiB) up to `limit` jobs. */
+  async listJobs(filter: ListJobsOptions = {}): Promise<ListedJob[]> {
+    const limit = filter.limit ?? 50;
+    const jobs: ListedJob[] = [];
+    let before = filter.before;
+    do {
+      const query = new URLSearchParams({ limit: String(limit - jobs.length), payload: String(filter.includePayload ?? true) });
+      if (filter.state !== undefined) query.set("state", filter.state);
+      if (filter.queue !== undefined) query.set("queue", filter.queue);
+      if (before !== undefined) query.set("before", before);
+      const page = await this.call<{ jobs: Wire<ListedJob>[]; next: string | null }>("GET", `/v1/jobs?${query}`);
+      jobs.push(...page.jobs.map(jobFromWire));
+      before = page.next ?? undefined;
+    } while (before !== undefined && jobs.length < limit);
+    return jobs;
   }
 
   async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
@@ -103,7 +114,8 @@ export class RemoteOperations implements JobOperations {
   }
 }
 
-function jobFromWire(j: Wire<JobRecord>): JobRecord {
+/** A record from the wire (dates as strings); getJob's always has its payload. */
+function jobFromWire(j: Wire<ListedJob>): ListedJob {
   const date = (v: string | null) => (v === null ? null : new Date(v));
   return {
     ...j,

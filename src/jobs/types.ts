@@ -78,6 +78,9 @@ export interface JobRecord {
   finishedAt: Date | null;
 }
 
+/** A job as lists return it: like JobRecord, but the payload only when asked for. */
+export type ListedJob = Omit<JobRecord, "payload"> & { payload?: JsonValue };
+
 export interface AttemptRecord {
   jobId: string;
   attempt: number;

@@ -2,7 +2,7 @@
  * Validation of what users hand us, before anything is written: a bad job in a batch
  * fails the whole batch with an error that names the job and the problem.
  */
-import { JobNotFoundError, ValidationError } from "../errors.js";
+import { ValidationError } from "../errors.js";
 import type { NewJob } from "./types.js";
 
 export const DEFAULT_QUEUE = "default";
@@ -59,17 +59,6 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     uniqueKey: job.uniqueKey ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
   };
-}
-
-const JOB_ID = /^[1-9]\d{0,18}$/;
-const MAX_JOB_ID = 9223372036854775807n; // PostgreSQL's bigint
-
-/** A job id: a positive bigint as a string. A well-formed id beyond bigint names no job. */
-export function checkJobId(id: unknown): asserts id is string {
-  if (typeof id !== "string" || !JOB_ID.test(id)) {
-    throw new ValidationError(`job id must be a positive integer (got ${describeValue(id)})`);
-  }
-  if (BigInt(id) > MAX_JOB_ID) throw new JobNotFoundError(id);
 }
 
 export function checkName(value: unknown, what: string): asserts value is string {

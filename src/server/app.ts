@@ -3,40 +3,62 @@
  * OpenAPI document, Prometheus metrics and a health check. It holds no job state (every
  * answer comes from the database), so several replicas can serve one database.
  *
- * Every route but /healthz needs `Authorization: Bearer <token>`.
+ * Every route but /healthz needs `Authorization: Bearer <token>`: the operator token, or for
+ * the /v1/worker/* routes also the worker token.
  */
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import swagger from "@fastify/swagger";
 import type { Leasehold } from "../client.js";
 import * as store from "../store/index.js";
-import { bearerMatcher, checkToken } from "./auth.js";
+import { ConfigError } from "../errors.js";
+import { checkToken, scopeMatcher } from "./auth.js";
+import { registerClaimRoute } from "./claim-route.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
-import { recordRequests } from "./http-metrics.js";
+import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { registerJobRoutes } from "./job-routes.js";
+import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
+import { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
-/** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
-export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
 /** How long a stopping server lets requests in flight finish. */
 export const CLOSE_GRACE_MS = 3_000;
 
 export interface ServerOptions {
   leasehold: Leasehold;
   token: string;
-  bodyLimitBytes?: number;
+  /** A second token that may only use the remote workers' routes (/v1/worker/*). */
+  workerToken?: string;
+  /** Secret the claim receipts' key is derived from; default: the operator token. */
+  receiptKey?: string;
+  /** Timeouts, caps and the body limit; defaults in limits.ts. */
+  limits?: Partial<ServerLimits>;
   /** Log requests (default: only errors). */
   logRequests?: boolean;
 }
 
+function tokensOf(options: ServerOptions): { operator: string; worker?: string } {
+  const operator = checkToken(options.token);
+  if (options.workerToken === undefined) return { operator };
+  const worker = checkToken(options.workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
+  if (worker === operator) throw new ConfigError("the worker token must differ from the operator token");
+  return { operator, worker };
+}
+
 export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
-  const authorized = bearerMatcher(checkToken(options.token));
+  const scopeOf = scopeMatcher(tokensOf(options));
+  const receipts = new Receipts(
+    options.receiptKey === undefined ? options.token : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
+  );
+  const limits = resolveLimits(options.limits);
+  const metrics = serverMetrics(lh.metrics.registry);
+  const logger = lh.logger.child({ component: "server" });
   const app = Fastify({
-    loggerInstance: lh.logger.child({ component: "server" }) as FastifyBaseLogger,
+    loggerInstance: logger as FastifyBaseLogger,
     logController: new LogController({ disableRequestLogging: !options.logRequests }),
-    bodyLimit: options.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
+    ...serverOptions(limits),
     // On close: idle keep-alive connections are dropped, requests in flight are answered
     // (long polls are woken first, below), and new requests get 503.
     return503OnClosing: true,
@@ -46,7 +68,14 @@ export function createServer(options: ServerOptions): FastifyInstance {
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
     },
   });
-  const waiter = new ClaimWaiter(lh.databaseUrl, store.notifyChannel(lh.schema));
+  const waiter = new ClaimWaiter({
+    pool: lh.pool,
+    connectionString: lh.databaseUrl,
+    channel: store.notifyChannel(lh.schema),
+    maxLongPolls: limits.maxLongPolls,
+    metrics,
+    logger,
+  });
 
   app.register(swagger, {
     openapi: {
@@ -56,20 +85,34 @@ export function createServer(options: ServerOptions): FastifyInstance {
         version: "1",
         description:
           "Remote workers claim, heartbeat and report jobs over this API; operators enqueue and inspect them. " +
-          "Every report is fenced by (job id, attempt, worker id): a stale one is answered 409 stale_lease and changes nothing.",
+          "A claim returns a receipt per job, and every heartbeat and report about that attempt must carry it (a missing or wrong " +
+          "receipt refuses that attempt). Every report is fenced by (job id, attempt, worker id): a stale one changes nothing.",
       },
       components: { securitySchemes: { bearerAuth: { type: "http", scheme: "bearer" } } },
     },
   });
   app.setErrorHandler(handleError);
-  recordRequests(app, lh.metrics.registry);
+  recordRequests(app, metrics);
+  capConnections(app.server, limits, () => metrics.connectionsDropped.inc());
   app.setNotFoundHandler((request, reply) => {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });
   app.addHook("onRequest", async (request, reply) => {
-    if ((request.routeOptions.config as { public?: boolean } | undefined)?.public) return;
-    if (!authorized(request.headers.authorization)) {
-      return reply.status(401).header("www-authenticate", "Bearer").send(errorBody("unauthorized", "missing or wrong bearer token"));
+    const config = request.routeOptions.config;
+    if (config?.public) return;
+    const scope = scopeOf(request.headers.authorization);
+    if (!scope) {
+      // Close the connection: whoever sent this gets no further use of it, and node then
+      // discards the rest of the body instead of reading it for the next request.
+      return reply
+        .status(401)
+        .header("www-authenticate", "Bearer")
+        .header("connection", "close")
+        .send(errorBody("unauthorized", "missing or wrong bearer token"));
+    }
+    // Routes are the operator's unless marked for workers; an unknown route stays a 404.
+    if (scope === "worker" && config?.scope !== "worker" && !request.is404) {
+      return reply.status(403).send(errorBody("forbidden", "the worker token may only use the /v1/worker/* routes"));
     }
   });
   app.addHook("preClose", async () => {
@@ -85,13 +128,17 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
 
   app.register(async (api) => {
-    registerWorkerRoutes(api, { leasehold: lh, waiter });
+    registerClaimRoute(api, lh, waiter, receipts);
+    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics });
     registerJobRoutes(api, lh);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
       const registry = lh.metrics.registry;
       return reply.type(registry.contentType).send(await registry.metrics());
     });
     api.get("/openapi.json", { schema: routes.openapi }, async () => app.swagger());
+    api.get("/v1/worker/check", { schema: routes.workerCheck, config: { scope: "worker" } }, async (request) => ({
+      scope: scopeOf(request.headers.authorization),
+    }));
     api.get("/healthz", { schema: routes.health, config: { public: true } }, async () => {
       await lh.pool.query("SELECT 1");
       return { ok: true };

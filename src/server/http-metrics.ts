@@ -1,35 +1,61 @@
 /**
- * Request metrics for the server, on the same registry as the queue's: requests by route
- * pattern (never the raw URL, which would make a label per job id), method and status, and
- * their duration. Claims are long polls: their duration includes the wait.
+ * The server's own metrics, on the same registry as the queue's: requests by route pattern
+ * (never the raw URL, which would make a label per job id or unknown path), method and
+ * status, and their duration; plus what the limits refused. Claims are long polls: their
+ * duration includes the wait. No label carries a name a client chose (a queue, a worker).
  */
 import type { FastifyInstance } from "fastify";
-import { Counter, Histogram, type Registry } from "prom-client";
+import { Counter, Gauge, Histogram, type Registry } from "prom-client";
 
-function counter(registry: Registry): Counter<"route" | "method" | "status"> {
-  const name = "leasehold_http_requests_total";
-  return (registry.getSingleMetric(name) as Counter<"route" | "method" | "status"> | undefined) ??
-    new Counter({ name, help: "HTTP requests to the server, by route, method and status.", labelNames: ["route", "method", "status"], registers: [registry] });
+export interface ServerMetrics {
+  requests: Counter<"route" | "method" | "status">;
+  duration: Histogram<"route">;
+  connectionsDropped: Counter;
+  longPollsWaiting: Gauge;
+  longPollsRefused: Counter;
+  invalidReceipts: Counter<"kind">;
+  invalidBeats: Counter;
 }
 
-function histogram(registry: Registry): Histogram<"route"> {
-  const name = "leasehold_http_request_duration_seconds";
-  return (registry.getSingleMetric(name) as Histogram<"route"> | undefined) ??
-    new Histogram({
-      name,
+const cache = new WeakMap<Registry, ServerMetrics>();
+
+/** One set per registry, so several servers in one process (tests) share them. */
+export function serverMetrics(registry: Registry): ServerMetrics {
+  const existing = cache.get(registry);
+  if (existing) return existing;
+  const registers = [registry];
+  const m: ServerMetrics = {
+    requests: new Counter({ name: "leasehold_http_requests_total", help: "HTTP requests to the server, by route, method and status.", labelNames: ["route", "method", "status"], registers }),
+    duration: new Histogram({
+      name: "leasehold_http_request_duration_seconds",
       help: "HTTP request duration, by route (claims include their long-poll wait).",
       labelNames: ["route"],
       buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
-      registers: [registry],
-    });
+      registers,
+    }),
+    connectionsDropped: new Counter({ name: "leasehold_server_connections_dropped_total", help: "Connections closed on arrival because the server had --max-connections open.", registers }),
+    longPollsWaiting: new Gauge({ name: "leasehold_server_long_polls_waiting", help: "Claims waiting for a job now (long polls).", registers }),
+    longPollsRefused: new Counter({
+      name: "leasehold_server_long_polls_refused_total",
+      help: "Claims answered at once instead of waiting, because --max-long-polls claims were already waiting.",
+      registers,
+    }),
+    invalidReceipts: new Counter({
+      name: "leasehold_server_invalid_receipts_total",
+      help: "Attempts refused because their claim receipt was missing or wrong, by request kind.",
+      labelNames: ["kind"],
+      registers,
+    }),
+    invalidBeats: new Counter({ name: "leasehold_server_invalid_beats_total", help: "Heartbeats refused one by one because their progress or checkpoint could not be stored.", registers }),
+  };
+  cache.set(registry, m);
+  return m;
 }
 
-export function recordRequests(app: FastifyInstance, registry: Registry): void {
-  const requests = counter(registry);
-  const duration = histogram(registry);
+export function recordRequests(app: FastifyInstance, metrics: ServerMetrics): void {
   app.addHook("onResponse", async (request, reply) => {
     const route = request.routeOptions.url ?? "unmatched";
-    requests.inc({ route, method: request.method, status: String(reply.statusCode) });
-    duration.observe({ route }, reply.elapsedTime / 1000);
+    metrics.requests.inc({ route, method: request.method, status: String(reply.statusCode) });
+    metrics.duration.observe({ route }, reply.elapsedTime / 1000);
   });
 }

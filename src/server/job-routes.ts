@@ -3,7 +3,11 @@ import type { FastifyInstance } from "fastify";
 import type { Leasehold } from "../client.js";
 import { ValidationError } from "../errors.js";
 import type { NewJob } from "../jobs/types.js";
+import { MAX_LIST_RESPONSE_BYTES } from "./limits.js";
+import { listPage } from "./list-page.js";
 import { routes } from "./schemas.js";
+
+const DEFAULT_LIST_LIMIT = 50;
 
 /** JSON has no dates: `runAt` arrives as an ISO string. */
 type WireJob = Omit<NewJob, "runAt"> & { runAt?: string };
@@ -27,10 +31,15 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
     return reply.status(201).send({ jobs });
   });
 
-  app.get<{ Querystring: { state?: string; queue?: string; limit?: string } }>("/v1/jobs", { schema: routes.listJobs }, async (request) => {
-    const { state, queue, limit } = request.query;
-    return { jobs: await lh.listJobs({ state, queue, limit: limit === undefined ? undefined : Number(limit) }) };
-  });
+  app.get<{ Querystring: { state?: string; queue?: string; limit?: string; before?: string; payload?: "true" | "false" } }>(
+    "/v1/jobs",
+    { schema: routes.listJobs },
+    async (request) => {
+      const { state, queue, limit, before, payload } = request.query;
+      const query = { state, queue, before, limit: limit === undefined ? DEFAULT_LIST_LIMIT : Number(limit), includePayload: payload === "true" };
+      return listPage(lh, query, MAX_LIST_RESPONSE_BYTES);
+    },
+  );
 
   app.get<{ Params: { id: string } }>("/v1/jobs/:id", { schema: routes.getJob }, async (request) => lh.getJob(request.params.id));
 

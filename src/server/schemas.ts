@@ -21,7 +21,14 @@ const object = (properties: Record<string, unknown>, required: string[] = []) =>
   additionalProperties: false,
 });
 
-const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT }, ["id", "attempt"]);
+/** Optional in the schema so that a missing one is refused for its attempt alone, not the whole request. */
+const RECEIPT = { type: "string", maxLength: 128, description: "the receipt the claim returned for this attempt; without it the attempt is refused" } as const;
+const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
+/** An attempt refused before the database was asked, and why. */
+const INVALID_ITEM = {
+  type: "object",
+  properties: { id: JOB_ID, attempt: ATTEMPT, code: { type: "string", description: "invalid_receipt, or invalid_input (a progress or checkpoint value that cannot be stored)" }, message: { type: "string" } },
+};
 
 export const errorSchema = {
   type: "object",
@@ -29,7 +36,10 @@ export const errorSchema = {
     error: {
       type: "object",
       properties: {
-        code: { type: "string", description: "stable code: invalid_input, unauthorized, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found" },
+        code: {
+          type: "string",
+          description: "stable code: invalid_input, unauthorized, forbidden, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+        },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
       },
@@ -44,6 +54,7 @@ const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) =>
 const ERROR_TEXT: Record<number, string> = {
   400: "invalid request",
   401: "missing or wrong bearer token",
+  403: "the worker token may only use the /v1/worker/* routes",
   404: "no such job",
   409: "the operation does not apply: stale lease (nothing changed) or wrong job state",
   413: "request body too large",
@@ -58,14 +69,15 @@ export const claimedJobSchema = {
     id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" }, attempt: ATTEMPT,
     spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
     checkpoint: {}, progress: {}, createdAt: { type: "string", format: "date-time" },
+    receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
-  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt"],
+  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt", "receipt"],
 };
 
 export const jobRecordSchema = {
   type: "object",
   properties: {
-    id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" },
+    id: JOB_ID, queue: NAME, task: NAME, payload: { description: "lists leave it out unless asked for" }, priority: { type: "integer" },
     state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
     attempt: { type: "integer" }, spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" },
     runAt: TIME, leaseUntil: TIME, lockedBy: { type: ["string", "null"] }, heartbeatAt: TIME, cancelRequestedAt: TIME,
@@ -88,7 +100,11 @@ const reportResult = {
   type: "object",
   properties: {
     applied: { type: "array", items: { type: "object", properties: { id: JOB_ID, state: { type: "string" } } } },
-    refused: { type: "array", items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } } },
+    refused: {
+      type: "array",
+      description: "attempts that did not apply: refused by the fence (lease_expired, reclaimed, cancelled, finished, missing) or for a missing or wrong receipt (invalid_receipt)",
+      items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } },
+    },
   },
 };
 
@@ -110,6 +126,8 @@ const newJob = object(
 const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" } } };
 const idParams = object({ id: JOB_ID }, ["id"]);
 const secured = { security: [{ bearerAuth: [] }] };
+/** Operators' routes: a worker token is refused with 403. */
+const OPERATOR_ERRORS = [...COMMON_ERRORS, 403];
 
 export const routes = {
   claim: {
@@ -127,7 +145,21 @@ export const routes = {
       },
       ["workerId", "queues", "tasks", "limit", "leaseMs"],
     ),
-    response: { 200: { type: "object", properties: { jobs: { type: "array", items: claimedJobSchema } } }, ...errors(...COMMON_ERRORS) },
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: claimedJobSchema },
+          waited: {
+            type: "boolean",
+            description:
+              "true: the claim was held open until a job came or waitMs passed. false: it was answered at once with what was ready " +
+              "(jobs were ready, waitMs was 0, the server is at its long-poll cap or stopping); after an empty answer, wait before polling again",
+          },
+        },
+      },
+      ...errors(...COMMON_ERRORS),
+    },
   },
   heartbeat: {
     ...secured,
@@ -141,7 +173,7 @@ export const routes = {
           type: "array",
           minItems: 1,
           maxItems: MAX_BATCH,
-          items: object({ id: JOB_ID, attempt: ATTEMPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
+          items: object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
         },
       },
       ["workerId", "leaseMs", "beats"],
@@ -153,6 +185,7 @@ export const routes = {
         properties: {
           renewed: { type: "array", items: { type: "object", properties: { id: JOB_ID, cancelRequested: { type: "boolean" } } } },
           lost: { type: "array", items: JOB_ID },
+          invalid: { type: "array", description: "beats refused on their own, before the fence: not renewed, nothing stored", items: INVALID_ITEM },
         },
       },
       ...errors(...COMMON_ERRORS, 409),
@@ -177,7 +210,7 @@ export const routes = {
           minItems: 1,
           maxItems: MAX_BATCH,
           items: object(
-            { id: JOB_ID, attempt: ATTEMPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
+            { id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
             ["id", "attempt", "error", "retryDelayMs"],
           ),
         },
@@ -200,12 +233,13 @@ export const routes = {
     ...secured,
     tags: ["worker"],
     summary: "Why these attempts no longer hold their jobs (and how each ended)",
-    body: object({ attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["attempts"]),
+    body: object({ workerId: WORKER_ID, attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["workerId", "attempts"]),
     response: {
       200: {
         type: "object",
         properties: {
           lost: { type: "array", items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] } } } },
+          invalid: { type: "array", description: "attempts not looked up: missing or wrong receipt", items: INVALID_ITEM },
         },
       },
       ...errors(...COMMON_ERRORS),
@@ -223,25 +257,39 @@ export const routes = {
     tags: ["jobs"],
     summary: "Enqueue one job",
     body: newJob,
-    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...COMMON_ERRORS) },
+    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...OPERATOR_ERRORS) },
   },
   enqueueBatch: {
     ...secured,
     tags: ["jobs"],
     summary: "Enqueue many jobs atomically (all or none)",
     body: object({ jobs: { type: "array", items: newJob, minItems: 1, maxItems: MAX_ENQUEUE_BATCH } }, ["jobs"]),
-    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...COMMON_ERRORS) },
+    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...OPERATOR_ERRORS) },
   },
   listJobs: {
     ...secured,
     tags: ["jobs"],
-    summary: "List jobs, newest first",
+    summary: "List jobs, newest first, a page at a time (payloads only with payload=true)",
+    description:
+      "A page holds at most `limit` jobs and about 8 MiB of JSON (always at least one job). `next` is the cursor that continues " +
+      "the list: pass it as `before`; it is null when the list has ended.",
     querystring: object({
       state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
       queue: NAME,
       limit: { type: "string", pattern: "^[0-9]{1,5}$", description: "1..10000, default 50" },
+      before: { ...JOB_ID, description: "only jobs with a smaller id: the `next` of the previous page" },
+      payload: { type: "string", enum: ["true", "false"], description: "include each job's payload (default false)" },
     }),
-    response: { 200: { type: "object", properties: { jobs: { type: "array", items: jobRecordSchema } } }, ...errors(400, 401, 503) },
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: jobRecordSchema },
+          next: { type: ["string", "null"], description: "pass as `before` for the next page; null at the end" },
+        },
+      },
+      ...errors(400, 401, 403, 503),
+    },
   },
   getJob: {
     ...secured,
@@ -250,7 +298,7 @@ export const routes = {
     params: idParams,
     response: {
       200: { type: "object", properties: { job: jobRecordSchema, attempts: { type: "array", items: attemptRecordSchema } } },
-      ...errors(400, 401, 404, 503),
+      ...errors(400, 401, 403, 404, 503),
     },
   },
   cancel: {
@@ -260,7 +308,7 @@ export const routes = {
     params: idParams,
     response: {
       200: { type: "object", properties: { result: { type: "string", enum: ["cancelled", "cancel_requested"] } } },
-      ...errors(400, 401, 404, 409, 503),
+      ...errors(400, 401, 403, 404, 409, 503),
     },
   },
   retry: {
@@ -268,7 +316,7 @@ export const routes = {
     tags: ["jobs"],
     summary: "Move a dead or cancelled job back to waiting with a fresh retry budget",
     params: idParams,
-    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 404, 409, 503) },
+    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 403, 404, 409, 503) },
   },
   stats: {
     ...secured,
@@ -285,11 +333,17 @@ export const routes = {
           oldestReadyAgeSeconds: { type: ["number", "null"] },
         },
       },
-      ...errors(401, 503),
+      ...errors(401, 403, 503),
     },
   },
-  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401) } },
-  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401) } },
+  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401, 403) } },
+  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401, 403) } },
+  workerCheck: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Check the server and the token before working: answers the token's scope",
+    response: { 200: { type: "object", properties: { scope: { type: "string", enum: ["operator", "worker"] } } }, ...errors(401) },
+  },
   health: {
     tags: ["operations"],
     summary: "Liveness and database reachability; the only route without a token (it reveals nothing else)",

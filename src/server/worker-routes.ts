@@ -1,133 +1,130 @@
 /**
- * The API a remote worker uses: the worker runtime's transport calls, one route each. The
- * fence is the store's SQL, exactly as for a worker on a database connection: a stale
- * heartbeat or report changes nothing and, when nothing in the request applied, is answered
- * 409 with `{ error: { code: "stale_lease", jobs: [{ id, attempt, reason }] } }`.
+ * The API a remote worker uses after a claim: the worker runtime's transport calls, one
+ * route each. Every attempt must carry the receipt its claim returned (receipts.ts); one
+ * without a valid receipt is refused on its own and never reaches the database. The rest
+ * are fenced by the store's SQL, exactly as for a worker on a database connection: a stale
+ * heartbeat or report changes nothing and, when nothing in the request applied and every
+ * attempt was refused by the fence, is answered 409 with
+ * `{ error: { code: "stale_lease", jobs: [{ id, attempt, reason }] } }`.
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "../client.js";
-import type { ClaimedJob } from "../jobs/types.js";
-import { serializePayload } from "../jobs/validate.js";
 import * as store from "../store/index.js";
-import type { ClaimWaiter } from "./claim-waiter.js";
+import { renewBeats } from "./beats.js";
 import { errorBody } from "./errors.js";
+import type { ServerMetrics } from "./http-metrics.js";
+import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 
 interface Deps {
   leasehold: Leasehold;
-  waiter: ClaimWaiter;
+  receipts: Receipts;
+  metrics: ServerMetrics;
 }
 
 type Ref = { id: string; attempt: number };
+type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
+type Kind = "heartbeat" | "complete" | "fail" | "release" | "lost";
 
-export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, waiter }: Deps): void {
+/** Route config: the worker token may use these routes too. */
+const worker = { scope: "worker" } as const;
+
+export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
   const pool = lh.pool;
+  /** Attempts with a valid receipt; the others are counted and answered as refused. */
+  const checked = <T extends ReceiptRef>(kind: Kind, items: T[], workerId: string) => {
+    const { valid, invalid } = receipts.check(items, workerId);
+    if (invalid.length > 0) metrics.invalidReceipts.inc({ kind }, invalid.length);
+    return { valid, invalid };
+  };
+  const invalidEntry = (r: Ref) => ({ id: r.id, attempt: r.attempt, code: INVALID_RECEIPT, message: INVALID_RECEIPT_MESSAGE });
 
-  app.post<{ Body: store.ClaimParams & { waitMs?: number } }>("/v1/worker/claim", { schema: routes.claim }, async (request, reply) => {
-    const { waitMs = 0, ...params } = request.body;
-    const deadline = Date.now() + waitMs;
-    const gone = new AbortController();
-    reply.raw.on("close", () => gone.abort());
-    let jobs: ClaimedJob[];
-    for (;;) {
-      if (gone.signal.aborted) return clientGone(reply); // claim nothing for a client that left
-      jobs = await store.claimJobs(pool, params);
-      if (jobs.length > 0 || Date.now() >= deadline || waiter.closed) break;
-      await waiter.wait(params.queues, deadline - Date.now(), gone.signal);
-    }
-    if (jobs.length > 0 && gone.signal.aborted) {
-      // Claimed for a client that left while the statement ran: give the jobs back now
-      // rather than leave them to the watchdog.
-      await store.releaseJobs(pool, {
-        workerId: params.workerId,
-        jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })),
-        reason: "released: the claim's response could not be delivered",
-      });
-      return clientGone(reply);
-    }
-    for (const job of jobs) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
-    return { jobs };
-  });
-
-  app.post<{ Body: { workerId: string; leaseMs: number; beats: (Ref & { progress?: unknown; checkpoint?: unknown })[] } }>(
+  app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[] } }>(
     "/v1/worker/heartbeat",
-    { schema: routes.heartbeat },
+    { schema: routes.heartbeat, config: worker },
     async (request, reply) => {
       const { workerId, leaseMs, beats } = request.body;
-      const result = await store.extendLeases(pool, {
-        workerId,
-        leaseMs,
-        beats: beats.map((b) => ({
-          id: b.id,
-          attempt: b.attempt,
-          progressJson: b.progress === undefined ? null : serializePayload(b.progress, `job ${b.id}: progress`),
-          checkpointJson: b.checkpoint === undefined ? null : serializePayload(b.checkpoint, `job ${b.id}: checkpoint`),
-        })),
-      });
-      if (result.renewed.size === 0) {
-        return refuse(reply, "heartbeat", beats, lh);
-      }
+      const { valid, invalid } = checked("heartbeat", beats, workerId);
+      // Each beat's values are judged on their own: a bad one is refused, the others renewed.
+      const { result, invalid: badValues } = await renewBeats(pool, { workerId, leaseMs, beats: valid });
+      if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
+      if (result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0) return refuse(reply, "heartbeat", valid, lh);
       return {
         renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
         lost: result.lost,
+        invalid: [...invalid.map(invalidEntry), ...badValues],
       };
     },
   );
 
-  app.post<{ Body: { workerId: string; jobs: Ref[] } }>("/v1/worker/succeed", { schema: routes.succeed }, async (request, reply) => {
-    const applied = await store.completeJobs(pool, request.body);
-    return answerReport(reply, "complete", request.body.jobs, applied, lh);
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>("/v1/worker/succeed", { schema: routes.succeed, config: worker }, async (request, reply) => {
+    const { workerId, jobs } = request.body;
+    const { valid, invalid } = checked("complete", jobs, workerId);
+    const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
+    return answerReport(reply, "complete", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; failures: store.Failure[] } }>("/v1/worker/fail", { schema: routes.fail }, async (request, reply) => {
-    const applied = await store.failJobs(pool, request.body);
-    return answerReport(reply, "fail", request.body.failures, applied, lh);
+  app.post<{ Body: { workerId: string; failures: (store.Failure & ReceiptRef)[] } }>("/v1/worker/fail", { schema: routes.fail, config: worker }, async (request, reply) => {
+    const { workerId, failures } = request.body;
+    const { valid, invalid } = checked("fail", failures, workerId);
+    const applied = await store.failJobs(pool, {
+      workerId,
+      failures: valid.map((f) => ({ id: f.id, attempt: f.attempt, error: f.error, retryDelayMs: f.retryDelayMs, giveUp: f.giveUp })),
+    });
+    return answerReport(reply, "fail", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; jobs: Ref[]; reason: string } }>("/v1/worker/release", { schema: routes.release }, async (request, reply) => {
-    const applied = await store.releaseJobs(pool, request.body);
-    return answerReport(reply, "release", request.body.jobs, applied, lh);
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>("/v1/worker/release", { schema: routes.release, config: worker }, async (request, reply) => {
+    const { workerId, jobs, reason } = request.body;
+    const { valid, invalid } = checked("release", jobs, workerId);
+    const applied = await store.releaseJobs(pool, { workerId, jobs: valid.map(ref), reason });
+    return answerReport(reply, "release", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { attempts: Ref[] } }>("/v1/worker/lost", { schema: routes.lost }, async (request) => {
-    const lost = await store.describeLostLeases(pool, request.body.attempts);
-    return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs })) };
+  app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost, config: worker }, async (request) => {
+    const { workerId, attempts } = request.body;
+    const { valid, invalid } = checked("lost", attempts, workerId);
+    const lost = valid.length > 0 ? await store.describeLostLeases(pool, valid.map(ref)) : new Map<string, store.LostLease>();
+    return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs })), invalid: invalid.map(invalidEntry) };
   });
 
-  app.post<{ Body: { workerName: string; currentWorkerId: string } }>("/v1/worker/reconcile", { schema: routes.reconcile }, async (request) => {
+  app.post<{ Body: { workerName: string; currentWorkerId: string } }>("/v1/worker/reconcile", { schema: routes.reconcile, config: worker }, async (request) => {
     const released = await store.releaseJobsOfEarlierProcess(pool, request.body);
     if (released.size > 0) lh.metrics.released.inc({ cause: "reconciliation" }, released.size);
     return { released: released.size };
   });
 }
 
+function ref(r: Ref): Ref {
+  return { id: r.id, attempt: r.attempt };
+}
+
 async function answerReport(
   reply: FastifyReply,
-  kind: string,
+  kind: Kind,
   sent: Ref[],
+  invalid: Ref[],
   applied: Map<string, string>,
   lh: Leasehold,
 ): Promise<unknown> {
+  if (applied.size === 0 && invalid.length === 0) return refuse(reply, kind, sent, lh);
   const refusedRefs = sent.filter((r) => !applied.has(r.id));
-  if (applied.size === 0) return refuse(reply, kind, sent, lh);
-  const reasons = refusedRefs.length > 0 ? await store.describeLostLeases(lh.pool, refusedRefs) : new Map();
+  const reasons = refusedRefs.length > 0 ? await store.describeLostLeases(lh.pool, refusedRefs) : new Map<string, store.LostLease>();
   for (const r of refusedRefs) lh.metrics.staleReports.inc({ kind, reason: reasons.get(r.id)?.reason ?? "missing" });
   return {
     applied: [...applied].map(([id, state]) => ({ id, state })),
-    refused: refusedRefs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" })),
+    refused: [
+      ...refusedRefs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" })),
+      ...invalid.map((r) => ({ id: r.id, attempt: r.attempt, reason: INVALID_RECEIPT })),
+    ],
   };
 }
 
 /** Nothing in the request held its lease: 409, naming each attempt and why. */
-async function refuse(reply: FastifyReply, kind: string, refs: Ref[], lh: Leasehold): Promise<FastifyReply> {
+async function refuse(reply: FastifyReply, kind: Kind, refs: Ref[], lh: Leasehold): Promise<FastifyReply> {
   const reasons = await store.describeLostLeases(lh.pool, refs);
   const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" }));
   for (const j of jobs) lh.metrics.staleReports.inc({ kind, reason: j.reason });
   const what = refs.length === 1 ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})` : `none of these ${refs.length} attempts holds its lease`;
   return reply.status(409).send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
-}
-
-/** Nobody will read this answer; it only ends the request. */
-function clientGone(reply: FastifyReply): FastifyReply {
-  return reply.status(499).send(errorBody("client_closed", "the client closed the request"));
 }

@@ -1,11 +1,13 @@
 /** Operators' statements: read jobs and their attempts, cancel, retry, counts. */
 import type { Queryable } from "./db.js";
 import { run, statement, type RowOf } from "./sql.js";
-import type { AttemptRecord, JobRecord, JobState } from "../jobs/types.js";
+import type { AttemptRecord, JobRecord, JobState, ListedJob } from "../jobs/types.js";
 
-const JOB_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+/** Every column of a job record but its id and payload (lists may leave the payload out). */
+const JOB_FIELDS = `queue, task, priority, state, attempt, spent_attempts, max_attempts,
        run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
        last_error, unique_key, created_at, started_at, finished_at`;
+const JOB_COLUMNS = `id, payload, ${JOB_FIELDS}`;
 
 // One shape for unfinished and finished jobs: the columns the other table lacks are null.
 const ALL_JOBS = `(
@@ -22,9 +24,9 @@ const ALL_JOBS = `(
 
 const JOB_ROW = {
   id: "int8",
+  payload: "jsonb",
   queue: "text",
   task: "text",
-  payload: "jsonb",
   priority: "int2",
   state: "text",
   attempt: "int4",
@@ -103,22 +105,35 @@ export interface ListJobsFilter {
   state?: JobState;
   queue?: string;
   limit: number;
+  /** Only jobs with a smaller id: the last id of the previous page (a cursor). */
+  before?: string;
+  /** Read the payloads too; without, the column is null and records have none. */
+  includePayload: boolean;
 }
 
-/** Newest first. Filters are bound parameters; a null filter matches everything. */
+/**
+ * Newest first. Filters are bound parameters; a null filter matches everything. Pages by
+ * `id < before`: ids only grow, so a page never repeats a job. A payload left out is not
+ * read from its TOAST storage.
+ */
 const LIST_JOBS = statement(
   "listJobs",
   `
-SELECT ${JOB_COLUMNS} FROM ${ALL_JOBS}
+SELECT id, CASE WHEN $5::boolean THEN payload END AS payload, ${JOB_FIELDS} FROM ${ALL_JOBS}
  WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
+   AND ($4::bigint IS NULL OR id < $4)
  ORDER BY id DESC
  LIMIT $3`,
-  JOB_ROW,
+  { ...JOB_ROW, payload: "jsonb?" },
 );
 
-export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<JobRecord[]> {
-  const rows = await run(db, LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit]);
-  return rows.map(toRecord);
+export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<ListedJob[]> {
+  const rows = await run(db, LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit, f.before ?? null, f.includePayload]);
+  return rows.map((r) => {
+    const record: ListedJob = toRecord(r);
+    if (!f.includePayload) delete record.payload;
+    return record;
+  });
 }
 
 /**

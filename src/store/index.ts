@@ -16,3 +16,5 @@ export type { Failure, BackoffPolicy, EndState } from "./end-attempts.js";
 export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "./admin.js";
 export type { ListJobsFilter, CancelResult, RetryResult, QueueStats } from "./admin.js";
 export { pruneFinishedJobs } from "./retention.js";
+export { readyPairs } from "./ready.js";
+export type { QueueTasks } from "./ready.js";

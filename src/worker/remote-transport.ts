@@ -9,6 +9,13 @@
  * A request that fails in transit (connection refused or reset, timeout, 502-504) throws an
  * error with code "server_unavailable", which the reporter treats as an ambiguous commit
  * and retries; a claim whose answer is lost leaves its jobs to expire and be reaped.
+ *
+ * A claim returns a receipt per job, which the server requires on every later request about
+ * that attempt. This transport keeps them (by "id:attempt") and attaches them, so the
+ * runtime never sees them. One is dropped when its attempt's end was reported and applied,
+ * when it was released, or when a report was refused and the attempt then found lost. An
+ * attempt found lost by a heartbeat keeps its receipt: a report of it may still be in
+ * flight (its retry, after an ambiguous commit, must carry it); unused receipts age out.
  */
 import type { ClaimedJob } from "../jobs/types.js";
 import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
@@ -17,6 +24,11 @@ import type { WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
+/**
+ * Receipts kept at most: far beyond what a worker holds (twice its concurrency). The least
+ * recently used go first, so receipts of attempts the worker no longer mentions age out.
+ */
+const MAX_RECEIPTS = 100_000;
 
 export interface RemoteTransportOptions {
   /** e.g. http://127.0.0.1:7070 */
@@ -51,6 +63,7 @@ interface ErrorBody {
 }
 
 type Ref = { id: string; attempt: number };
+type WireJob = Omit<ClaimedJob, "createdAt"> & { createdAt: string; receipt?: string };
 
 export class RemoteTransport implements WorkerTransport {
   private readonly base: URL;
@@ -58,6 +71,8 @@ export class RemoteTransport implements WorkerTransport {
   private readonly timeoutMs: number;
   private wake?: () => void;
   private claiming?: AbortController;
+  /** "id:attempt" → the claim's receipt, the worker id it was issued to, and whether a report of it was refused. */
+  private readonly receipts = new Map<string, { receipt: string; workerId: string; refused?: boolean }>();
 
   constructor(private readonly options: RemoteTransportOptions) {
     try {
@@ -75,15 +90,20 @@ export class RemoteTransport implements WorkerTransport {
     const controller = new AbortController();
     this.claiming = controller;
     try {
-      const res = await this.post<{ jobs: (Omit<ClaimedJob, "createdAt"> & { createdAt: string })[] }>(
+      const res = await this.post<{ jobs: WireJob[]; waited?: boolean }>(
         "/v1/worker/claim",
         { ...p, waitMs: this.waitMs },
         this.waitMs + this.timeoutMs,
         controller.signal,
       );
-      // The server already waited for work: poll again at once instead of sleeping.
-      if (this.waitMs > 0) this.wake?.();
-      return res.body.jobs.map((j) => ({ ...j, checkpoint: j.checkpoint ?? null, progress: j.progress ?? null, createdAt: new Date(j.createdAt) }));
+      // The server already waited for work: poll again at once instead of sleeping. If it
+      // answered without waiting (at its long-poll cap, or stopping), the worker's poll
+      // interval paces the next claim instead.
+      if (this.waitMs > 0 && (res.body.waited !== false || res.body.jobs.length > 0)) this.wake?.();
+      return res.body.jobs.map(({ receipt, ...j }) => {
+        if (receipt) this.keepReceipt(j, receipt, p.workerId);
+        return { ...j, checkpoint: j.checkpoint ?? null, progress: j.progress ?? null, createdAt: new Date(j.createdAt) };
+      });
     } catch (err) {
       if (controller.signal.aborted) return []; // interrupted by stop()
       throw err;
@@ -95,12 +115,11 @@ export class RemoteTransport implements WorkerTransport {
   async heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
     if (p.beats.length === 0) return { renewed: new Map(), lost: [] };
     const beats = p.beats.map((b) => ({
-      id: b.id,
-      attempt: b.attempt,
+      ...this.withReceipt(b),
       ...(b.progressJson != null && { progress: JSON.parse(b.progressJson) }),
       ...(b.checkpointJson != null && { checkpoint: JSON.parse(b.checkpointJson) }),
     }));
-    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[] }>(
+    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: (Ref & { code: string })[] }>(
       "/v1/worker/heartbeat",
       { workerId: p.workerId, leaseMs: p.leaseMs, beats },
       this.timeoutMs,
@@ -108,26 +127,60 @@ export class RemoteTransport implements WorkerTransport {
       [409],
     );
     if (res.status === 409) return { renewed: new Map(), lost: p.beats.map((b) => b.id) };
-    return { renewed: new Map(res.body.renewed.map((r) => [r.id, { cancelRequested: r.cancelRequested }])), lost: res.body.lost };
+    const result: store.BeatResult = {
+      renewed: new Map(res.body.renewed.map((r) => [r.id, { cancelRequested: r.cancelRequested }])),
+      lost: res.body.lost,
+    };
+    const invalid = res.body.invalid ?? [];
+    // A beat refused for its receipt can never be renewed: the attempt is as good as lost.
+    result.lost.push(...invalid.filter((i) => i.code === "invalid_receipt").map((i) => i.id));
+    // A beat refused for its progress or checkpoint (a value the server cannot store) would
+    // be refused again: renew its lease without the values, which are dropped.
+    const badValues = p.beats.filter(
+      (b) => (b.progressJson != null || b.checkpointJson != null) && invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt),
+    );
+    if (badValues.length > 0) {
+      const retried = await this.heartbeat({ workerId: p.workerId, leaseMs: p.leaseMs, beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })) });
+      for (const [id, r] of retried.renewed) result.renewed.set(id, r);
+      result.lost.push(...retried.lost);
+    }
+    return result;
   }
 
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
-    return this.report("/v1/worker/succeed", { workerId: p.workerId, jobs: p.jobs.map(ref) }, p.jobs.length);
+    return this.report("/v1/worker/succeed", { workerId: p.workerId, jobs: p.jobs.map((j) => this.withReceipt(j)) }, p.jobs);
   }
 
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
-    const failures = p.failures.map((f) => ({ ...ref(f), error: f.error, retryDelayMs: Math.max(0, Math.round(f.retryDelayMs)), giveUp: f.giveUp ?? false }));
-    return this.report("/v1/worker/fail", { workerId: p.workerId, failures }, failures.length);
+    const failures = p.failures.map((f) => ({ ...this.withReceipt(f), error: f.error, retryDelayMs: Math.max(0, Math.round(f.retryDelayMs)), giveUp: f.giveUp ?? false }));
+    return this.report("/v1/worker/fail", { workerId: p.workerId, failures }, p.failures);
   }
 
-  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
-    return this.report("/v1/worker/release", { workerId: p.workerId, jobs: p.jobs.map(ref), reason: p.reason.slice(0, 1000) }, p.jobs.length);
+  async release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
+    try {
+      return await this.report("/v1/worker/release", { workerId: p.workerId, jobs: p.jobs.map((j) => this.withReceipt(j)), reason: p.reason.slice(0, 1000) }, p.jobs);
+    } finally {
+      // The worker gives these attempts up whatever the answer: nothing more will be said about them.
+      for (const j of p.jobs) this.receipts.delete(key(j));
+    }
   }
 
   async describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
-    if (attempts.length === 0) return new Map();
-    const res = await this.post<{ lost: ({ id: string } & store.LostLease)[] }>("/v1/worker/lost", { attempts: attempts.map(ref) }, this.timeoutMs);
-    return new Map(res.body.lost.map((l) => [l.id, { reason: l.reason, endedAs: l.endedAs }]));
+    // Only attempts with a receipt can be asked about; grouped by the worker id they were claimed as.
+    const byWorker = new Map<string, { id: string; attempt: number; receipt: string }[]>();
+    for (const a of attempts) {
+      const kept = this.receipts.get(key(a));
+      if (!kept) continue;
+      byWorker.set(kept.workerId, [...(byWorker.get(kept.workerId) ?? []), { id: a.id, attempt: a.attempt, receipt: kept.receipt }]);
+    }
+    const out = new Map<string, store.LostLease>();
+    for (const [workerId, refs] of byWorker) {
+      const res = await this.post<{ lost: ({ id: string } & store.LostLease)[] }>("/v1/worker/lost", { workerId, attempts: refs }, this.timeoutMs);
+      for (const l of res.body.lost) out.set(l.id, { reason: l.reason, endedAs: l.endedAs });
+      // The reporter asks after a refused report, and then says nothing more about the attempt.
+      for (const r of refs) if (this.receipts.get(key(r))?.refused) this.receipts.delete(key(r));
+    }
+    return out;
   }
 
   async reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
@@ -144,19 +197,44 @@ export class RemoteTransport implements WorkerTransport {
 
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
   async check(): Promise<void> {
-    await this.request("GET", "/v1/stats", undefined, this.timeoutMs);
+    await this.request("GET", "/v1/worker/check", undefined, this.timeoutMs);
   }
 
   interrupt(): void {
     this.claiming?.abort();
   }
 
-  /** A fenced batch report: applied attempts map to their end state; a 409 means none applied. */
-  private async report<S extends string>(path: string, body: unknown, count: number): Promise<Map<string, S>> {
-    if (count === 0) return new Map();
+  /**
+   * A fenced batch report: applied attempts map to their end state; a 409 means none applied.
+   * An applied attempt has ended, so its receipt is dropped; a refused one keeps it for the
+   * describeLost that follows.
+   */
+  private async report<S extends string>(path: string, body: unknown, sent: Ref[]): Promise<Map<string, S>> {
+    if (sent.length === 0) return new Map();
     const res = await this.post<{ applied: { id: string; state: S }[] }>(path, body, this.timeoutMs, undefined, [409]);
-    if (res.status === 409) return new Map();
-    return new Map(res.body.applied.map((a) => [a.id, a.state]));
+    const applied = new Map(res.status === 409 ? [] : res.body.applied.map((a) => [a.id, a.state]));
+    for (const r of sent) {
+      const kept = this.receipts.get(key(r));
+      if (applied.has(r.id)) this.receipts.delete(key(r));
+      else if (kept) kept.refused = true;
+    }
+    return applied;
+  }
+
+  private keepReceipt(job: Ref, receipt: string, workerId: string): void {
+    if (this.receipts.size >= MAX_RECEIPTS) this.receipts.delete(this.receipts.keys().next().value!);
+    this.receipts.set(key(job), { receipt, workerId });
+  }
+
+  /** The attempt as the server wants it: with its receipt (left out if this transport has none; the server then refuses it). */
+  private withReceipt(r: Ref): Ref & { receipt?: string } {
+    const k = key(r);
+    const kept = this.receipts.get(k);
+    if (!kept) return { id: r.id, attempt: r.attempt };
+    // Used again: move it to the end of the map's order (least recently used first).
+    this.receipts.delete(k);
+    this.receipts.set(k, kept);
+    return { id: r.id, attempt: r.attempt, receipt: kept.receipt };
   }
 
   private post<T>(path: string, body: unknown, timeoutMs: number, signal?: AbortSignal, accept: number[] = []): Promise<{ status: number; body: T }> {
@@ -202,8 +280,8 @@ export class RemoteTransport implements WorkerTransport {
   }
 }
 
-function ref(r: Ref): Ref {
-  return { id: r.id, attempt: r.attempt };
+function key(r: Ref): string {
+  return `${r.id}:${r.attempt}`;
 }
 
 function describeCause(err: unknown): string {

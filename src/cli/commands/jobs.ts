@@ -18,10 +18,13 @@ export function registerJobCommands(program: Command, run: Run): void {
     })
     .option("--queue <queue>", "only jobs of this queue")
     .option("--limit <n>", "at most this many (default 50)", int("--limit", 1, 10_000))
+    .option("--before <id>", "only jobs older than this id (to continue a list from its last id)")
+    .option("--payload", "include each job's payload (left out by default)")
     .action(
-      run(async (cli, opts: { state?: string; queue?: string; limit?: number }) => {
+      run(async (cli, opts: { state?: string; queue?: string; limit?: number; before?: string; payload?: boolean }) => {
         const lh = await cli.operations();
-        const list = await lh.listJobs(opts);
+        const { payload, ...filter } = opts;
+        const list = await lh.listJobs({ ...filter, includePayload: payload ?? false });
         cli.result(list, () => jobsTable(list));
       }),
     );

@@ -1,0 +1,81 @@
+/**
+ * POST /v1/worker/claim: claim up to `limit` jobs; when none is ready, wait (a long poll)
+ * up to `waitMs` for one. The claim is the store's statement, exactly as for a worker on a
+ * database connection; this route adds the waiting and gives back jobs nobody will receive.
+ */
+import type { FastifyInstance, FastifyReply } from "fastify";
+import type { Leasehold } from "../client.js";
+import type { ClaimedJob } from "../jobs/types.js";
+import * as store from "../store/index.js";
+import type { ClaimWaiter } from "./claim-waiter.js";
+import { errorBody } from "./errors.js";
+import { MAX_CLAIM_RESPONSE_BYTES } from "./limits.js";
+import type { Receipts } from "./receipts.js";
+import { routes } from "./schemas.js";
+
+type ClaimBody = store.ClaimParams & { waitMs?: number };
+
+export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts): void {
+  const pool = lh.pool;
+
+  app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim, config: { scope: "worker" } }, async (request, reply) => {
+    const { waitMs = 0, ...params } = request.body;
+    const deadline = Date.now() + waitMs;
+    const gone = new AbortController();
+    reply.raw.on("close", () => gone.abort());
+    let jobs = await store.claimJobs(pool, params);
+    // waited: the claim was held open until a job came or waitMs passed. When it was not
+    // (the long-poll cap, a stopping server), an empty answer tells the client to back off.
+    let waited = false;
+    if (jobs.length === 0 && waitMs > 0 && !waiter.closed && !gone.signal.aborted && waiter.enter()) {
+      waited = true;
+      try {
+        for (;;) {
+          const woke = await waiter.wait(params, deadline - Date.now(), gone.signal);
+          if (woke === "closed") waited = false;
+          if (woke !== "woken") break;
+          jobs = await store.claimJobs(pool, params);
+          if (jobs.length > 0 || Date.now() >= deadline) break;
+        }
+      } finally {
+        waiter.leave();
+      }
+    }
+    if (gone.signal.aborted) {
+      // Claimed for a client that left while the statement ran: give the jobs back now
+      // rather than leave them to the watchdog.
+      if (jobs.length > 0) await release(lh, params.workerId, jobs, "released: the claim's response could not be delivered");
+      return clientGone(reply);
+    }
+    // Each job's receipt: later requests about this attempt must carry it.
+    const answer = jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) }));
+    const { keep, excess } = splitAtBytes(answer, MAX_CLAIM_RESPONSE_BYTES);
+    if (excess.length > 0) {
+      // Give back at once what does not fit: a release spends no retry budget and the job
+      // is claimable again (its fencing token only grows). The claim SQL stays as it is.
+      await release(lh, params.workerId, excess, "released: the claim's answer would have exceeded the server's response size cap");
+      lh.metrics.released.inc({ cause: "response_cap" }, excess.length);
+    }
+    for (const job of keep) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
+    return { jobs: keep, waited };
+  });
+}
+
+async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string): Promise<void> {
+  await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason });
+}
+
+/** The jobs whose JSON fits in `maxBytes` (at least one), and the rest. */
+function splitAtBytes<T>(jobs: T[], maxBytes: number): { keep: T[]; excess: T[] } {
+  let bytes = 0;
+  for (let i = 0; i < jobs.length; i++) {
+    bytes += Buffer.byteLength(JSON.stringify(jobs[i])) + 1;
+    if (i > 0 && bytes > maxBytes) return { keep: jobs.slice(0, i), excess: jobs.slice(i) };
+  }
+  return { keep: jobs, excess: [] };
+}
+
+/** Nobody will read this answer; it only ends the request. */
+function clientGone(reply: FastifyReply): FastifyReply {
+  return reply.status(499).send(errorBody("client_closed", "the client closed the request"));
+}
