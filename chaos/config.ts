@@ -9,6 +9,7 @@ export const FAULT_KINDS = [
   "watchdog_kill", // kill -9 of a watchdog-only process, restarted
   "idle_txn", // a session holds an idle transaction (pins the xmin horizon)
   "burst", // enqueue at 1.5x the measured drain rate
+  "hang", // a handler stops making progress (never settles) while its process keeps beating
 ] as const;
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
@@ -20,6 +21,8 @@ export interface ChaosOptions {
   leaseMs: number;
   heartbeatMs: number;
   watchdogIntervalMs: number;
+  /** The chaos task's progress timeout: a hung handler ends as stalled this long after its last progress. */
+  progressTimeoutMs: number;
   /** Faults are injected for this long while the producer enqueues; then the queue drains. */
   faultWindowMs: number;
   /** Mean pause between two faults. */
@@ -45,6 +48,7 @@ export const SHORT_RUN: Omit<ChaosOptions, "outDir" | "seed"> = {
   leaseMs: 2_500,
   heartbeatMs: 600,
   watchdogIntervalMs: 500,
+  progressTimeoutMs: 1_500,
   faultWindowMs: 50_000,
   faultEveryMs: 1_800,
   idleTxnMs: 20_000,

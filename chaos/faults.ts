@@ -146,7 +146,7 @@ async function terminateStorm(ctx: FaultContext): Promise<FaultRecord> {
       const { rows } = await ctx.admin.query<{ n: number }>(
         `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
           WHERE datname = current_database() AND pid <> pg_backend_pid()
-            AND application_name IN ('leasehold', 'leasehold-listen')`,
+            AND application_name IN ('leasehold', 'leasehold-listen', 'leasehold-worker')`,
       );
       terminated += rows[0]!.n;
     } catch {
@@ -155,6 +155,13 @@ async function terminateStorm(ctx: FaultContext): Promise<FaultRecord> {
     await sleep(between(ctx.random, 50, 400));
   }
   return { kind: "terminate_storm", at, durationMs: Date.now() - at, detail: `${terminated} backends in ${rounds} rounds`, held: [] };
+}
+
+/** One handler on a live worker stops making progress and never settles; the worker beats on. */
+async function hang(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w || !w.message({ type: "hang" })) return { kind: "hang", at: Date.now(), held: [], skipped: "no worker free" };
+  return { kind: "hang", target: w.spec.name, at: Date.now(), detail: "the next handler it starts hangs", held: [] };
 }
 
 async function watchdogKill(ctx: FaultContext): Promise<FaultRecord> {
@@ -211,6 +218,7 @@ export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRe
   watchdog_kill: watchdogKill,
   idle_txn: idleTransaction,
   burst,
+  hang,
 };
 
 /** Each kind at least this often in a short run; longer runs repeat the mix. */
@@ -223,6 +231,7 @@ const MIX: Record<FaultKind, number> = {
   watchdog_kill: 3,
   idle_txn: 1,
   burst: 2,
+  hang: 3,
 };
 
 /** One round of the mix: every kind as often as MIX says. */

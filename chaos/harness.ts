@@ -98,6 +98,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
               CHAOS_LOG: path.join(logDir, `${name}.jsonl`),
               CHAOS_LEASE_MS: String(options.leaseMs),
               CHAOS_HEARTBEAT_MS: String(options.heartbeatMs),
+              CHAOS_PROGRESS_TIMEOUT_MS: String(options.progressTimeoutMs),
               CHAOS_CONCURRENCY: String(options.concurrency),
             },
           },
@@ -171,7 +172,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     await Promise.all(children.map((c) => c.stop()));
     say(`drained in ${(drainMs / 1000).toFixed(1)} s; processes stopped`);
 
-    const check = await checkInvariants({ admin, jobs: options.jobs, logs: readLogs(logDir), faults, unexpectedExits: exits });
+    const check = await checkInvariants({ admin, jobs: options.jobs, logs: readLogs(logDir), faults, unexpectedExits: exits, options });
     const pressure = await idleTxnThroughput(admin, faults, startedAt);
     if (pressure.idleTxnThroughputPerS === 0) {
       check.violations.push({ invariant: "the queue keeps working under pressure", detail: "no job finished while an idle transaction was open" });

@@ -6,6 +6,7 @@
  */
 import type pg from "pg";
 import { RESULTS_TABLE } from "./config.js";
+import type { ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { LogLine } from "./process-log.js";
 import type { UnexpectedExit } from "./supervisor.js";
@@ -42,6 +43,8 @@ export interface CheckInput {
   logs: LogLine[];
   faults: FaultRecord[];
   unexpectedExits: UnexpectedExit[];
+  /** The run's timings, for the hang invariant (a hung handler ends within its progress timeout and a watchdog tick). */
+  options?: Pick<ChaosOptions, "progressTimeoutMs" | "watchdogIntervalMs" | "leaseMs">;
 }
 
 export interface Percentiles {
@@ -65,7 +68,7 @@ export interface CheckResult {
   finished: Record<string, number>;
   attempts: number;
   /** Jobs whose handler ran again after an execution whose lease was reaped or released. */
-  duplicates: { total: number; afterLeaseExpired: number; afterRelease: number; overlapping: number };
+  duplicates: { total: number; afterLeaseExpired: number; afterWorkerLost: number; afterLimit: number; afterRelease: number; overlapping: number };
   staleRefused: { claim: number; heartbeat: number; complete: number; fail: number; release: number; downstream: number };
   /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
   lateWritesOverwritten: number;
@@ -77,12 +80,18 @@ export interface CheckResult {
    */
   halfOpen: { n: number; backAfter: Percentiles; faultLasted: Percentiles };
   producerDuplicates: number;
+  /** Hung handlers (the hang fault), and how long after they stopped making progress their attempts ended. */
+  hangs: { n: number; endedAfter: Percentiles };
 }
 
 /** Clocks: worker and database run on one machine; this absorbs statement-start vs commit order. */
 const CLOCK_TOLERANCE_MS = 50;
 /** How long after its now() an ending statement may commit on a loaded machine (seen: 53 ms; allowed: 1 s). */
 const END_COMMIT_TOLERANCE_MS = 1_000;
+/** Outcomes that spend the retry budget: every end but a success, a graceful release and a cancel. */
+const SPENDING = ["failed", "lease_expired", "worker_lost", "stalled", "timed_out"];
+/** Outcomes by which recovery gave a held job back to run again. */
+const RECOVERED = ["lease_expired", "worker_lost", "released", "stalled", "timed_out"];
 const MAX_LISTED = 20;
 
 export async function loadRows(admin: pg.Pool) {
@@ -96,7 +105,7 @@ export async function loadRows(admin: pg.Pool) {
     admin.query<AttemptRow>(
       `SELECT job_id::text AS job, attempt, worker_id AS worker, outcome,
               extract(epoch FROM started_at) * 1000 AS started, extract(epoch FROM ended_at) * 1000 AS ended
-         FROM job_attempts ORDER BY job_id, attempt`,
+         FROM all_attempts ORDER BY job_id, attempt`,
     ),
     admin.query<{ job: string; token: number; worker: string }>(`SELECT job_id::text AS job, token, worker_id AS worker FROM ${RESULTS_TABLE}`),
     admin.query<{ job: string; token: number; worker: string; at: number }>(
@@ -139,19 +148,23 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       continue;
     }
     const last = list[list.length - 1]!;
-    const lastOk = h.state === "succeeded" ? last.outcome === "succeeded" : ["failed", "lease_expired"].includes(last.outcome);
+    const lastOk = h.state === "succeeded" ? last.outcome === "succeeded" : SPENDING.includes(last.outcome);
     if (!lastOk) add("one terminal state", `job ${h.state} but its last attempt ${last.attempt} ended ${last.outcome}`, h.id);
     const successes = list.filter((a) => a.outcome === "succeeded");
     if (successes.length > 1) add("no stale report applied", `${successes.length} attempts succeeded: ${successes.map((a) => a.attempt).join(", ")}`, h.id);
     if (successes.some((a) => a !== last)) add("no stale report applied", `attempt ${successes[0]!.attempt} succeeded but attempt ${last.attempt} ran after it`, h.id);
-    const spent = list.filter((a) => a.outcome === "failed" || a.outcome === "lease_expired").length;
+    const spent = list.filter((a) => SPENDING.includes(a.outcome)).length;
     if (spent !== h.spent) add("attempts within the budget", `${spent} failed or expired attempts, spent_attempts says ${h.spent}`, h.id);
     if (spent > h.max) add("attempts within the budget", `${spent} failed or expired attempts, budget ${h.max}`, h.id);
   }
 
   // 3. Every report the database accepted came from the attempt that held the lease then.
   const staleRefused = { claim: 0, heartbeat: 0, complete: 0, fail: 0, release: 0, downstream: 0 };
-  const landedAs: Record<string, string[]> = { complete: ["succeeded", "cancelled"], fail: ["failed", "cancelled"], release: ["released", "cancelled"] };
+  const landedAs: Record<string, string[]> = {
+    complete: ["succeeded", "cancelled"],
+    fail: ["failed", "stalled", "timed_out", "cancelled"],
+    release: ["released", "cancelled"],
+  };
   for (const line of input.logs) {
     if (line.ev !== "report" || line.kind === "claim" || line.accepted === null) continue;
     const accepted = new Set(line.accepted);
@@ -224,7 +237,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       lastSeen.set(key, Math.max(lastSeen.get(key) ?? 0, line.t));
     }
   }
-  const duplicates = { total: 0, afterLeaseExpired: 0, afterRelease: 0, overlapping: 0 };
+  const duplicates = { total: 0, afterLeaseExpired: 0, afterWorkerLost: 0, afterLimit: 0, afterRelease: 0, overlapping: 0 };
   for (const [key, start] of starts) {
     const [job, n] = [key.split("/")[0]!, Number(key.split("/")[1])];
     // The execution before this one: claims whose process died before the handler started do not count.
@@ -239,12 +252,32 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     if (before.outcome === "failed") continue; // a retry, not a duplicate
     duplicates.total++;
     if (before.outcome === "lease_expired") duplicates.afterLeaseExpired++;
+    else if (before.outcome === "worker_lost") duplicates.afterWorkerLost++;
+    else if (before.outcome === "stalled" || before.outcome === "timed_out") duplicates.afterLimit++;
     else if (before.outcome === "released") duplicates.afterRelease++;
     else add("duplicates explained", `attempt ${n} ran after attempt ${m} ended ${before.outcome}`, job);
     if ((lastSeen.get(`${job}/${m}`) ?? 0) > start.t) duplicates.overlapping++;
   }
 
-  // 6. Workers survive what they can survive.
+  // 6. A handler that hangs while its process lives is ended: as stalled within its progress
+  //    timeout and one watchdog tick; if its worker died meanwhile, through that recovery.
+  const hangs = input.logs.filter((l): l is Extract<LogLine, { ev: "hang" }> => l.ev === "hang");
+  const hangTimes: number[] = [];
+  for (const h of hangs) {
+    const a = attemptOf(h.job, h.attempt);
+    if (!a) {
+      add("hung handlers end", `attempt ${h.attempt} hung and has no audit row: it never ended`, h.job);
+      continue;
+    }
+    const o = input.options;
+    const took = a.ended - h.t;
+    hangTimes.push(took);
+    if (!o) continue;
+    const bound = o.progressTimeoutMs + o.watchdogIntervalMs + END_COMMIT_TOLERANCE_MS + (a.outcome === "stalled" ? 0 : o.leaseMs);
+    if (took > bound) add("hung handlers end", `attempt ${h.attempt} hung and ended ${a.outcome} after ${Math.round(took)} ms (bound ${bound} ms)`, h.job);
+  }
+
+  // 7. Workers survive what they can survive.
   for (const e of input.unexpectedExits) {
     if (e.duringStartup) continue;
     add("workers survive faults", `${e.name} (pid ${e.pid}) exited by itself (code ${e.code}, signal ${e.signal}): ${e.stderrTail.slice(-500)}`);
@@ -263,6 +296,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       partition: recoveryFor(input.faults, "partition", attemptOf),
     },
     producerDuplicates,
+    hangs: { n: hangs.length, endedAfter: percentiles(hangTimes) },
     halfOpen: halfOpenLiveness(input.faults, input.logs),
   };
 }
@@ -289,7 +323,7 @@ function recoveryFor(faults: FaultRecord[], kind: FaultRecord["kind"], attemptOf
     for (const h of f.held) {
       const a = attemptOf(h.job, h.attempt);
       const next = attemptOf(h.job, h.attempt + 1);
-      if (a && (a.outcome === "lease_expired" || a.outcome === "released") && next) {
+      if (a && RECOVERED.includes(a.outcome) && next) {
         ended.push(Math.max(0, a.ended - f.at));
         running.push(Math.max(0, next.started - f.at));
       } else finishedAnyway++;

@@ -21,7 +21,9 @@ export type LogLine =
       accepted: string[] | null;
       error?: string;
     }
-  | { ev: "end"; t: number; w: string; job: string; attempt: number; outcome: string; reason?: string };
+  | { ev: "end"; t: number; w: string; job: string; attempt: number; outcome: string; reason?: string }
+  /** The `hang` fault: this attempt's handler stopped making progress (and never settles). */
+  | { ev: "hang"; t: number; w: string; job: string; attempt: number };
 
 export class ProcessLog {
   private readonly fd: number;

@@ -4,6 +4,7 @@
  * with the audit rows afterwards.
  */
 import type { ClaimedJob, WorkerTransport } from "../src/index.js";
+import type { AttachParams, Attachment } from "../src/worker/transport.js";
 import type * as store from "../src/store/index.js";
 import type { ProcessLog } from "./process-log.js";
 
@@ -35,7 +36,10 @@ export class RecordingTransport implements WorkerTransport {
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
     return this.record("claim", [], () => this.inner.claim(p), (jobs) => jobs.map((j) => j.id));
   }
-  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+  attach(p: AttachParams): Promise<Attachment> {
+    return this.inner.attach(p);
+  }
+  heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
     return this.record("heartbeat", p.beats, () => this.inner.heartbeat(p), (r) => [...r.renewed.keys()]);
   }
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
@@ -50,10 +54,7 @@ export class RecordingTransport implements WorkerTransport {
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
     return this.inner.describeLost(attempts);
   }
-  reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
+  reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
     return this.inner.reconcile(p);
-  }
-  subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>> {
-    return this.inner.subscribe(queues, wake);
   }
 }

@@ -26,6 +26,7 @@ export interface ChaosReport {
   startupFailures: number;
   producerRetries: number;
   producerDuplicates: number;
+  hangs: CheckResult["hangs"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
   violations: CheckResult["violations"];
   faultLog: FaultRecord[];
@@ -64,6 +65,7 @@ export function buildReport(p: {
     startupFailures: p.exits.filter((e) => e.duringStartup).length,
     producerRetries: p.producerRetries,
     producerDuplicates: p.check.producerDuplicates,
+    hangs: p.check.hangs,
     pressure: p.pressure,
     violations: p.check.violations,
     faultLog: p.faults,
@@ -87,7 +89,7 @@ export function toMarkdown(r: ChaosReport): string {
     `| attempts (audit rows) | ${r.attempts} |`,
     ...FAULT_KINDS.map((k) => `| faults: ${k} | ${r.faults[k]} |`),
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,
-    `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
+    `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after worker lost ${r.duplicates.afterWorkerLost}, after a stall or time-out ${r.duplicates.afterLimit}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
     `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,
     `| stale downstream writes refused by the fence | ${r.staleRefused.downstream} |`,
     `| late downstream writes accepted before the newer attempt wrote (all overwritten) | ${r.lateWritesOverwritten} |`,
@@ -106,6 +108,9 @@ export function toMarkdown(r: ChaosReport): string {
       const b = x.toLeaseEnded;
       return `| ${k} | ${x.n} | ${ms(a.p50)} | ${ms(a.p99)} | ${ms(a.max)} | ${ms(b.p50)} | ${ms(b.p99)} | ${ms(b.max)} | ${x.finishedAnyway} |`;
     }),
+    "",
+    `Hung handlers (${r.hangs.n}; no progress, never settling, on a worker that keeps beating): ended after ` +
+      `p50 ${ms(r.hangs.endedAfter.p50)} / max ${ms(r.hangs.endedAfter.max)} (progress timeout ${ms(r.options.progressTimeoutMs)}, watchdog every ${ms(r.options.watchdogIntervalMs)}).`,
     "",
     `Half-open partitions (${r.halfOpen.n}; open connections go silent, new ones work): the worker next got an answer from the database ` +
       `after p50 ${ms(r.halfOpen.backAfter.p50)} / max ${ms(r.halfOpen.backAfter.max)}, while the faults lasted p50 ${ms(r.halfOpen.faultLasted.p50)} / max ${ms(r.halfOpen.faultLasted.max)}.`,

@@ -119,6 +119,11 @@ export class Supervised {
     this.child?.kill("SIGKILL");
   }
 
+  /** A message to the process over IPC (e.g. the hang fault); false if it is not running. */
+  message(m: unknown): boolean {
+    return this.child?.connected === true && this.child.send(m as object);
+  }
+
   signal(sig: "SIGSTOP" | "SIGCONT"): void {
     if (this.child?.pid) process.kill(this.child.pid, sig);
   }

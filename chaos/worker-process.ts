@@ -4,7 +4,8 @@
  * Every report it sends and every downstream write is logged (process-log.ts).
  *
  * Environment: CHAOS_DATABASE_URL, CHAOS_SCHEMA, CHAOS_NAME, CHAOS_LOG, CHAOS_LEASE_MS,
- * CHAOS_HEARTBEAT_MS, CHAOS_CONCURRENCY. Sends {type: "ready", workerId} over IPC once it runs.
+ * CHAOS_HEARTBEAT_MS, CHAOS_PROGRESS_TIMEOUT_MS, CHAOS_CONCURRENCY. Sends {type: "ready", workerId} over
+ * IPC once it runs; {type: "hang"} makes the next handler it starts hang.
  * SIGTERM: graceful stop.
  */
 import pino from "pino";
@@ -13,7 +14,7 @@ import { DatabaseTransport, isConnectionError } from "../src/worker/transport.js
 import { ProcessLog } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
-import { QUEUE, TASK, chaosHandler } from "./workload.js";
+import { QUEUE, TASK, chaosHandler, type HandlerFaults } from "./workload.js";
 
 const logger = pino({ level: process.env.CHAOS_LOG_LEVEL ?? "error" }, pino.destination(2));
 const log = new ProcessLog(env("CHAOS_LOG"));
@@ -27,6 +28,10 @@ const lh = await Leasehold.connect({
 await waitForDatabase(lh.pool);
 
 let workerId = "";
+const faults: HandlerFaults = { hangNext: 0 };
+process.on("message", (m: { type?: string }) => {
+  if (m.type === "hang") faults.hangNext++;
+});
 const transport = new RecordingTransport(new DatabaseTransport(lh.pool, lh.databaseUrl, lh.schema), log, () => workerId);
 const worker = new Worker({
   transport,
@@ -38,7 +43,9 @@ const worker = new Worker({
   heartbeatMs: Number(env("CHAOS_HEARTBEAT_MS")),
   pollIntervalMs: 500,
   backoff: CHAOS_BACKOFF,
-  handlers: { [TASK]: chaosHandler(lh.pool, log, () => workerId) },
+  handlers: {
+    [TASK]: { handler: chaosHandler(lh.pool, log, () => workerId, faults), progressTimeoutMs: Number(env("CHAOS_PROGRESS_TIMEOUT_MS")) },
+  },
 });
 workerId = worker.id;
 log.write({ ev: "hello", t: Date.now(), w: workerId, pid: process.pid });

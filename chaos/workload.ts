@@ -60,12 +60,33 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () => string) {
+/** Faults a worker process is asked to act out in its own handlers. */
+export interface HandlerFaults {
+  /** Handlers still to hang (the `hang` fault). */
+  hangNext: number;
+}
+
+/** Reports progress at least this often while it works, well inside the task's progress timeout. */
+const PROGRESS_EVERY_MS = 250;
+
+export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () => string, faults: HandlerFaults = { hangNext: 0 }) {
   return async (p: ChaosPayload, ctx: JobContext): Promise<void> => {
     const w = workerId();
     log.write({ ev: "start", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
+    if (faults.hangNext > 0) {
+      faults.hangNext--;
+      log.write({ ev: "hang", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
+      // A socket that never answers: no progress, no end, deaf to the signal.
+      return new Promise<void>(() => {});
+    }
     const signal = p.honorsSignal ? ctx.signal : undefined;
-    await sleep(p.beforeMs, signal);
+    const work = async (ms: number) => {
+      for (let left = ms; left > 0; left -= PROGRESS_EVERY_MS) {
+        ctx.progress({ seq: p.seq, at: Date.now() });
+        await sleep(Math.min(left, PROGRESS_EVERY_MS), signal);
+      }
+    };
+    await work(p.beforeMs);
     if (p.write) {
       let accepted: boolean;
       try {
@@ -83,7 +104,7 @@ export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () =>
       // The downstream itself refused us: a newer attempt owns the job. Stop here.
       if (!accepted) throw new Error("downstream refused a stale write");
     }
-    await sleep(p.afterMs, signal);
+    await work(p.afterMs);
     if (p.poison) throw new Error("chaos: poison job always fails");
     if (attemptFails(p.seq, ctx.attempt, p.failRate)) throw new Error("chaos: injected failure");
   };

@@ -18,9 +18,8 @@ import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
 import type { Queryable } from "./store/db.js";
-import { Watchdog } from "./maintenance/watchdog.js";
+import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
-import type { BackoffPolicy } from "./worker/backoff.js";
 import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
 
@@ -124,14 +123,26 @@ export class Leasehold {
       }
       return out;
     };
+    let enqueued: EnqueuedJob[];
     if (target.db !== undefined) {
       if (typeof (target.db as { query?: unknown })?.query !== "function") {
         throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
       }
-      return insertAll(target.db, this.schema);
+      enqueued = await insertAll(target.db, this.schema);
+    } else if (normalized.length <= ENQUEUE_CHUNK) {
+      enqueued = await store.enqueueJobs(this.pool, normalized);
+    } else {
+      enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));
     }
-    if (normalized.length <= ENQUEUE_CHUNK) return store.enqueueJobs(this.pool, normalized);
-    return store.withTransaction(this.pool, (client) => insertAll(client));
+    this.countEnqueued(normalized);
+    return enqueued;
+  }
+
+  /** One counter increment per queue per batch: a label lookup per job would cost ~1 µs each. */
+  private countEnqueued(jobs: { queue: string }[]): void {
+    const perQueue = new Map<string, number>();
+    for (const j of jobs) perQueue.set(j.queue, (perQueue.get(j.queue) ?? 0) + 1);
+    for (const [queue, n] of perQueue) this.metrics.jobsEnqueued.inc({ queue: this.metrics.queueLabel(queue) }, n);
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
@@ -195,7 +206,7 @@ export class Leasehold {
    * A worker on this connection, with a watchdog inside it (set `watchdog: false` to run
    * watchdogs elsewhere). Call `start()` on it.
    */
-  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | { intervalMs?: number; backoff?: BackoffPolicy } }): Worker {
+  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions }): Worker {
     const { watchdog = true, ...rest } = options;
     return new Worker({
       logger: this.logger,
@@ -206,7 +217,7 @@ export class Leasehold {
     });
   }
 
-  watchdog(options: { intervalMs?: number; backoff?: BackoffPolicy } = {}): Watchdog {
+  watchdog(options: WatchdogOptions = {}): Watchdog {
     return new Watchdog(this.pool, this.metrics, this.logger, options);
   }
 

@@ -50,6 +50,20 @@ export class JobStateError extends LeaseholdError {
   }
 }
 
+/**
+ * A worker's stable name is held by another live process: a name stands for one process at a
+ * time (two with one name would each take the other for a dead predecessor).
+ */
+export class WorkerNameInUseError extends LeaseholdError {
+  constructor(readonly workerName: string) {
+    super(
+      "name_in_use",
+      `worker name "${workerName}" is held by another live process; a stable name stands for one process at a time ` +
+        "(stop the other, choose another name, or start with waitForName / --wait-for-name to take over when it ends)",
+    );
+  }
+}
+
 export class ConfigError extends LeaseholdError {
   constructor(message: string) {
     super("invalid_config", message);

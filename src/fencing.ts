@@ -1,27 +1,29 @@
 /**
  * Fenced downstream writes: how a handler writes its result somewhere else so that a stale
  * attempt (a zombie that woke up, a worker cut off past its lease) cannot overwrite the
- * result of a newer attempt. The downstream refuses the stale writer itself, using the
- * attempt number as a fencing token. See docs/fencing.md.
+ * result of a newer one. The downstream refuses the stale writer itself, using a token that
+ * only grows as the fence. See docs/fencing.md.
  *
- * The target table needs a key column (one row per job, or per whatever the job owns) and an
- * integer token column:
+ * Two tokens: `ctx.fence` grows across every claim of every job (a sequence), so it fences a
+ * row that several jobs write; `ctx.attempt` grows within one job, enough for a row only
+ * that job writes. The target table needs a key column and a bigint token column:
  *
  *   CREATE TABLE results (
- *     job_id  bigint  PRIMARY KEY,
- *     token   integer NOT NULL,   -- the attempt that wrote this row
- *     value   jsonb   NOT NULL
+ *     key    text    PRIMARY KEY,
+ *     token  bigint  NOT NULL,   -- the claim that wrote this row
+ *     value  jsonb   NOT NULL
  *   );
  *
  * and the write is one statement:
  *
- *   INSERT INTO results (job_id, token, value) VALUES ($1, $2, $3)
- *   ON CONFLICT (job_id) DO UPDATE SET token = EXCLUDED.token, value = EXCLUDED.value
+ *   INSERT INTO results (key, token, value) VALUES ($1, $2, $3)
+ *   ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, value = EXCLUDED.value
  *    WHERE results.token <= EXCLUDED.token
  *
- * `<=` rather than `<`: the same attempt may write again (a retry after an ambiguous commit
- * is not stale); an earlier attempt may not. Copy the statement for your own tables; this
- * module only builds it with escaped identifiers.
+ * `<=` rather than `<`: the same claim may write again (a retry after an ambiguous commit is
+ * not stale); an earlier one may not. Copy the statement for your own tables; this module
+ * only builds it with escaped identifiers. From a handler, prefer `ctx.fencedWrite`: it uses
+ * `ctx.fence`, and a refusal aborts the attempt and is counted.
  */
 import pg from "pg";
 import { ValidationError } from "./errors.js";
@@ -36,8 +38,12 @@ export interface FencedWrite {
   table: string;
   /** Column name to value for the key that identifies the row, e.g. { job_id: ctx.jobId }. */
   key: Record<string, unknown>;
-  /** The fencing token: `ctx.attempt`. */
-  token: number;
+  /**
+   * The fencing token: `ctx.fence` (grows across every claim of every job: for a row several
+   * jobs write) or `ctx.attempt` (grows within one job: for a row only that job writes). A
+   * bigint may be given as a decimal string.
+   */
+  token: number | string;
   /** Other columns to write. */
   values: Record<string, unknown>;
   /** Name of the token column; default "token". */
@@ -77,8 +83,9 @@ export function fencedWriteSql(w: Omit<FencedWrite, "token">): string {
  * job to a newer one, and should stop.
  */
 export async function fencedWrite(db: FencedWriteDb, w: FencedWrite): Promise<boolean> {
-  if (!Number.isInteger(w.token) || w.token < 1) {
-    throw new ValidationError(`token must be the attempt number, a positive integer (got ${JSON.stringify(w.token)})`);
+  const ok = typeof w.token === "number" ? Number.isSafeInteger(w.token) && w.token >= 1 : typeof w.token === "string" && /^[1-9]\d{0,18}$/.test(w.token);
+  if (!ok) {
+    throw new ValidationError(`token must be ctx.fence or ctx.attempt, a positive integer (got ${JSON.stringify(w.token)})`);
   }
   const sql = fencedWriteSql(w);
   const { rowCount } = await db.query(sql, [...Object.values(w.key), w.token, ...Object.values(w.values)]);

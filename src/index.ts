@@ -27,7 +27,7 @@ export {
   DEFAULT_POLL_INTERVAL_MS,
   DEFAULT_SHUTDOWN_TIMEOUT_MS,
 } from "./worker/options.js";
-export type { Watchdog, ReapSummary } from "./maintenance/watchdog.js";
+export type { Watchdog, WatchdogOptions, ReapSummary, RecoverySummary } from "./maintenance/watchdog.js";
 export { DEFAULT_WATCHDOG_INTERVAL_MS } from "./maintenance/watchdog.js";
 export type { Retention, RetentionOptions } from "./maintenance/retention.js";
 export type { QueueStats } from "./store/admin.js";

@@ -1,8 +1,9 @@
 /**
- * Prometheus metrics. One set per registry (memoised), so several workers, a watchdog and
- * a server in one process share counters instead of colliding on registration.
+ * Prometheus metrics. One set per registry (memoised), so several workers, a watchdog and a
+ * server in one process share counters instead of colliding on registration. docs/metrics.md
+ * lists each with an example alert.
  */
-import { Counter, Histogram, Registry, register as globalRegistry } from "prom-client";
+import { Counter, Gauge, Histogram, Registry, register as globalRegistry } from "prom-client";
 
 /**
  * Queues get a label value each, up to this many per process; later ones are counted under
@@ -14,18 +15,33 @@ export interface Metrics {
   registry: Registry;
   /** The label value for a queue: its name, or "other" past MAX_QUEUE_LABELS distinct queues. */
   queueLabel(queue: string): string;
+  // The eight operational metrics.
+  leasesHeld: Gauge;
+  activeLeases: Gauge;
+  claimDuration: Histogram;
+  heartbeatLeases: Counter<"outcome">;
+  heartbeatDuration: Histogram;
+  leaseExpirations: Counter<"result">;
+  recoveries: Counter<"cause">;
+  fencingRejections: Counter<"kind" | "reason">;
+  orphanedJobs: Gauge<"kind">;
+  recoveryDelay: Histogram<"cause">;
+  // Throughput and the rest.
+  jobs: Gauge<"queue" | "state">;
+  jobsEnqueued: Counter<"queue">;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
-  staleReports: Counter<"kind" | "reason">;
+  jobDuration: Histogram<"task">;
   leasesLost: Counter<"reason">;
   heartbeats: Counter<"result">;
-  jobDuration: Histogram<"task">;
-  reaped: Counter<"result">;
-  retentionDeleted: Counter;
   released: Counter<"cause">;
+  orphansRepaired: Counter<"kind">;
+  retentionDeleted: Counter;
 }
 
 const cache = new WeakMap<Registry, Metrics>();
+
+const SECONDS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
 
 export function metricsFor(registry: Registry = globalRegistry): Metrics {
   const existing = cache.get(registry);
@@ -40,6 +56,72 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       queues.add(queue);
       return queue;
     },
+    leasesHeld: new Gauge({
+      name: "leasehold_worker_leases",
+      help: "Leases this process's workers hold now: jobs buffered, running, or being reported.",
+      registers,
+    }),
+    activeLeases: new Gauge({
+      name: "leasehold_active_leases",
+      help: "Running jobs in the database (each holds a lease), as the watchdog or server last counted.",
+      registers,
+    }),
+    claimDuration: new Histogram({
+      name: "leasehold_lease_acquisition_seconds",
+      help: "Claim round trip: from sending a claim to holding its leases.",
+      buckets: SECONDS,
+      registers,
+    }),
+    heartbeatLeases: new Counter({
+      name: "leasehold_heartbeat_leases_total",
+      help: "Leases a heartbeat tried to renew, by outcome: renewed, lost (reaped, re-claimed, finished), cancelled (a cancel was requested), error (the beat failed).",
+      labelNames: ["outcome"],
+      registers,
+    }),
+    heartbeatDuration: new Histogram({
+      name: "leasehold_heartbeat_seconds",
+      help: "Heartbeat round trip (one statement renews all of a worker's leases).",
+      buckets: SECONDS,
+      registers,
+    }),
+    leaseExpirations: new Counter({
+      name: "leasehold_lease_expirations_total",
+      help: "Leases that ran out and were reaped by a watchdog, by what became of the job: retry, dead, cancelled.",
+      labelNames: ["result"],
+      registers,
+    }),
+    recoveries: new Counter({
+      name: "leasehold_recoveries_total",
+      help: "Attempts ended and their jobs requeued (or sent to the dead letter) by recovery, by cause: lease_expired, worker_lost, stalled, timed_out, reconciliation, undelivered.",
+      labelNames: ["cause"],
+      registers,
+    }),
+    fencingRejections: new Counter({
+      name: "leasehold_fencing_rejections_total",
+      help: "Writes refused by a fence because the attempt no longer held its lease (heartbeat, complete, fail, release) or a newer claim had written first (downstream, from ctx.fencedWrite).",
+      labelNames: ["kind", "reason"],
+      registers,
+    }),
+    orphanedJobs: new Gauge({
+      name: "leasehold_orphaned_jobs",
+      help: "Jobs in states that should not exist, as the last scan found them, by kind (see docs/metrics.md).",
+      labelNames: ["kind"],
+      registers,
+    }),
+    recoveryDelay: new Histogram({
+      name: "leasehold_recovery_delay_seconds",
+      help: "From an attempt's last heartbeat to its job being requeued by recovery, by cause.",
+      labelNames: ["cause"],
+      buckets: [0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300],
+      registers,
+    }),
+    jobs: new Gauge({
+      name: "leasehold_jobs",
+      help: "Jobs by queue and state, as the watchdog or server last counted (finished states over the retention window).",
+      labelNames: ["queue", "state"],
+      registers,
+    }),
+    jobsEnqueued: new Counter({ name: "leasehold_jobs_enqueued_total", help: "Jobs enqueued by this process.", labelNames: ["queue"], registers }),
     jobsClaimed: new Counter({ name: "leasehold_jobs_claimed_total", help: "Jobs claimed (leases granted).", labelNames: ["queue"], registers }),
     jobsEnded: new Counter({
       name: "leasehold_job_attempts_ended_total",
@@ -47,19 +129,6 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       labelNames: ["queue", "outcome"],
       registers,
     }),
-    staleReports: new Counter({
-      name: "leasehold_stale_reports_total",
-      help: "Heartbeats, completions and failures refused by the fence because the attempt no longer held the lease.",
-      labelNames: ["kind", "reason"],
-      registers,
-    }),
-    leasesLost: new Counter({
-      name: "leasehold_leases_lost_total",
-      help: "Handlers aborted because their lease was lost, cancelled, or could not be renewed in time.",
-      labelNames: ["reason"],
-      registers,
-    }),
-    heartbeats: new Counter({ name: "leasehold_heartbeats_total", help: "Heartbeat statements, by result (ok, error).", labelNames: ["result"], registers }),
     jobDuration: new Histogram({
       name: "leasehold_job_duration_seconds",
       help: "Handler run time.",
@@ -67,19 +136,26 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       buckets: [0.001, 0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 1800],
       registers,
     }),
-    reaped: new Counter({
-      name: "leasehold_watchdog_reaped_total",
-      help: "Expired leases reaped by the watchdog (rescues), by what became of the job: retry, dead, cancelled.",
-      labelNames: ["result"],
+    leasesLost: new Counter({
+      name: "leasehold_leases_lost_total",
+      help: "Handlers aborted before their end, by reason: lease lost, cancelled, renewal failed, stalled, timed out, shutdown, ...",
+      labelNames: ["reason"],
       registers,
     }),
-    retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs deleted by retention.", registers }),
+    heartbeats: new Counter({ name: "leasehold_heartbeats_total", help: "Heartbeat statements, by result (ok, error).", labelNames: ["result"], registers }),
     released: new Counter({
       name: "leasehold_jobs_released_total",
-      help: "Jobs given back without spending an attempt, by cause (shutdown, reconciliation, response_cap).",
+      help: "Jobs given back without spending an attempt, by cause: shutdown, buffer_age and cancelled (a live worker), response_cap (a claim answer over the server's size cap).",
       labelNames: ["cause"],
       registers,
     }),
+    orphansRepaired: new Counter({
+      name: "leasehold_orphans_repaired_total",
+      help: "Jobs in states that should not exist that the watchdog repaired, by kind.",
+      labelNames: ["kind"],
+      registers,
+    }),
+    retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs deleted by retention.", registers }),
   };
   cache.set(registry, m);
   return m;

@@ -96,7 +96,7 @@ test("the checker explains a duplicate execution by the reaped lease before it, 
   ];
   const r = await checkInvariants({ admin: lh.pool, jobs: 1, logs, faults: [], unexpectedExits: [] });
   assert.deepEqual(r.violations, []);
-  assert.deepEqual(r.duplicates, { total: 1, afterLeaseExpired: 1, afterRelease: 0, overlapping: 1 });
+  assert.deepEqual(r.duplicates, { total: 1, afterLeaseExpired: 1, afterWorkerLost: 0, afterLimit: 0, afterRelease: 0, overlapping: 1 });
   // Rewrite history so that attempt 1 "succeeded": the rerun is now unexplained.
   await lh.pool.query("UPDATE job_attempts SET outcome = 'succeeded' WHERE job_id = $1 AND attempt = 1", [id]);
   const broken = await checkInvariants({ admin: lh.pool, jobs: 1, logs, faults: [], unexpectedExits: [] });

@@ -4,7 +4,7 @@ import pg from "pg";
 // @ts-expect-error: pg ships no types for its utils; prepareValue turns JS arrays into array literals.
 import { prepareValue } from "pg/lib/utils.js";
 import * as store from "../src/store/index.js";
-import { freshLeasehold, databaseUrl } from "./helpers/db.js";
+import { freshLeasehold, databaseUrl, NO_BACKOFF } from "./helpers/db.js";
 
 const LEASE = 30_000;
 
@@ -106,7 +106,7 @@ test("completion and heartbeat fences keep an index plan under a generic plan (t
   const refs = running.slice(0, 50).map((j) => ({ id: j.id, attempt: j.attempt }));
   await store.extendLeases(recorder, { workerId: "w", leaseMs: LEASE, beats: refs });
   await store.completeJobs(recorder, { workerId: "w", jobs: refs.slice(0, 10) });
-  await store.failJobs(recorder, { workerId: "w", failures: refs.slice(10, 20).map((r) => ({ ...r, error: "x", retryDelayMs: 0 })) });
+  await store.failJobs(recorder, { workerId: "w", failures: refs.slice(10, 20).map((r) => ({ ...r, error: "x", backoff: NO_BACKOFF })) });
   await client.query("SET plan_cache_mode = force_generic_plan");
   for (const [i, q] of captured.entries()) {
     await client.query(`PREPARE s${i} AS ${q.text}`);

@@ -206,7 +206,7 @@ test("watchdog --once reaps an expired lease", async () => {
     );
     const r = await runCli(["watchdog", "--once", "--json"], { schema });
     assert.equal(r.code, 0, r.stderr);
-    assert.deepEqual(JSON.parse(r.stdout), { retried: 1, dead: 0, cancelled: 0 });
+    assert.deepEqual(JSON.parse(r.stdout), { retried: 1, dead: 0, cancelled: 0, byCause: { lease_expired: 1 } });
     const { rows } = await db.query<{ state: string; outcome: string }>(
       "SELECT j.state, a.outcome FROM jobs j JOIN job_attempts a ON a.job_id = j.id WHERE j.id = $1",
       [id],

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as store from "../src/store/index.js";
 import { DEFAULT_BACKOFF } from "../src/worker/backoff.js";
-import { freshLeasehold, databaseUrl } from "./helpers/db.js";
+import { freshLeasehold, databaseUrl, NO_BACKOFF } from "./helpers/db.js";
 
 const LEASE = 30_000;
 const claimAs = (lh: { pool: store.Queryable }, workerId: string, limit = 10) =>
@@ -46,8 +46,8 @@ test("the self-zombie: after its lease was reaped and it re-claimed the job, a w
   const beat = await store.extendLeases(lh.pool, { workerId: "w1", leaseMs: LEASE, beats: [old] });
   assert.deepEqual(beat.lost, [id]);
   assert.equal((await store.completeJobs(lh.pool, { workerId: "w1", jobs: [old] })).size, 0);
-  assert.equal((await store.failJobs(lh.pool, { workerId: "w1", failures: [{ ...old, error: "late", retryDelayMs: 0 }] })).size, 0);
-  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [old], reason: "late" })).size, 0);
+  assert.equal((await store.failJobs(lh.pool, { workerId: "w1", failures: [{ ...old, error: "late", backoff: NO_BACKOFF }] })).size, 0);
+  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [old], reason: "late", backoff: NO_BACKOFF })).size, 0);
   const lost = await store.describeLostLeases(lh.pool, [old]);
   assert.equal(lost.get(id)!.reason, "reclaimed");
 
@@ -87,7 +87,7 @@ test("N concurrent watchdogs reap each expired job exactly once", async (t) => {
   const all = results.flat();
   assert.equal(all.length, n);
   assert.equal(new Set(all).size, n, "a job was reaped twice");
-  const audit = await lh.pool.query("SELECT count(*)::int AS rows, count(DISTINCT job_id)::int AS jobs FROM job_attempts WHERE outcome = 'lease_expired'");
+  const audit = await lh.pool.query("SELECT count(*)::int AS rows, count(DISTINCT job_id)::int AS jobs FROM all_attempts WHERE outcome = 'lease_expired'");
   assert.deepEqual(audit.rows[0], { rows: n, jobs: n });
 });
 
@@ -112,13 +112,13 @@ test("the fencing token never goes backwards: release and manual retry keep atte
   const { id } = await lh.enqueue("t", {}, { maxAttempts: 1 });
   const [a1] = await claimAs(lh, "w1");
   // Graceful release: back to waiting without spending budget, token kept.
-  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: a1!.attempt }], reason: "shutdown" })).get(id), "waiting");
+  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: a1!.attempt }], reason: "shutdown", backoff: NO_BACKOFF })).get(id), "waiting");
   let { job } = await lh.getJob(id);
   assert.equal(job.spentAttempts, 0);
   const [a2] = await claimAs(lh, "w2");
   assert.equal(a2!.attempt, 2, "the claim after a release is a new token");
   // Fail it: the budget of 1 is spent, so it is dead.
-  assert.equal((await store.failJobs(lh.pool, { workerId: "w2", failures: [{ id, attempt: 2, error: "boom", retryDelayMs: 0 }] })).get(id), "dead");
+  assert.equal((await store.failJobs(lh.pool, { workerId: "w2", failures: [{ id, attempt: 2, error: "boom", backoff: NO_BACKOFF }] })).get(id), "dead");
   // Manual retry: fresh budget, token kept; the next claim is attempt 3.
   await lh.retry(id);
   ({ job } = await lh.getJob(id));
@@ -147,6 +147,6 @@ test("after an ambiguous commit, the audit row tells a landed completion from a 
   await reap(lh);
   await claimAs(lh, "w2");
   const lost = await store.describeLostLeases(lh.pool, refs);
-  assert.deepEqual(lost.get(a.id), { reason: "finished", endedAs: "succeeded" });
-  assert.deepEqual(lost.get(b.id), { reason: "reclaimed", endedAs: "lease_expired" });
+  assert.deepEqual(lost.get(a.id), { reason: "finished", endedAs: "succeeded", finishedState: "succeeded" });
+  assert.deepEqual(lost.get(b.id), { reason: "reclaimed", endedAs: "lease_expired", finishedState: null });
 });

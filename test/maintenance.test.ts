@@ -1,15 +1,22 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as store from "../src/store/index.js";
-import { freshLeasehold, databaseUrl, uniqueSchema } from "./helpers/db.js";
+import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF } from "./helpers/db.js";
 
 test("retention deletes old finished jobs with their audit rows, keeps dead jobs longer, and works in batches", async (t) => {
   const lh = await freshLeasehold(t);
-  const ids = (await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "t", maxAttempts: 1 })))).map((j) => j.id);
-  const claimed = await store.claimJobs(lh.pool, { queues: ["default"], limit: 30, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
-  const refs = claimed.map((j) => ({ id: j.id, attempt: j.attempt }));
-  await store.completeJobs(lh.pool, { workerId: "w", jobs: refs.slice(0, 20) });
-  await store.failJobs(lh.pool, { workerId: "w", failures: refs.slice(20).map((r) => ({ ...r, error: "x", retryDelayMs: 0 })) });
+  const ids = (await lh.enqueueMany(Array.from({ length: 30 }, (_, i) => ({ task: "t", maxAttempts: i < 20 ? 2 : 1 })))).map((j) => j.id);
+  const claim = () => store.claimJobs(lh.pool, { queues: ["default"], limit: 30, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  const refs = (await claim()).map((j) => ({ id: j.id, attempt: j.attempt }));
+  // The first ten fail once (an audit row each) and then succeed; ten more succeed at once;
+  // the last ten fail for good.
+  await store.failJobs(lh.pool, { workerId: "w", failures: refs.slice(0, 10).map((r) => ({ ...r, error: "x", backoff: NO_BACKOFF })) });
+  const again = (await claim()).map((j) => ({ id: j.id, attempt: j.attempt }));
+  await store.completeJobs(lh.pool, { workerId: "w", jobs: [...again, ...refs.slice(10, 20)] });
+  await store.failJobs(lh.pool, { workerId: "w", failures: refs.slice(20).map((r) => ({ ...r, error: "x", backoff: NO_BACKOFF })) });
+  const attemptsOf = async (jobIds: string[]) =>
+    (await lh.pool.query("SELECT count(*)::int AS n FROM all_attempts WHERE job_id = ANY($1::bigint[])", [jobIds])).rows[0].n as number;
+  assert.equal(await attemptsOf(ids.slice(0, 10)), 20, "two attempts each: the failure's row and the history row's final attempt");
   // Ten succeeded jobs finished two days ago, ten just now; the ten dead ones two days ago.
   await lh.pool.query("UPDATE job_history SET finished_at = now() - interval '2 days' WHERE id = ANY($1::bigint[])", [
     [...ids.slice(0, 10), ...ids.slice(20)],
@@ -18,8 +25,7 @@ test("retention deletes old finished jobs with their audit rows, keeps dead jobs
   assert.equal(await retention.runOnce(), 10);
   const left = await lh.pool.query("SELECT state, count(*)::int AS n FROM job_history GROUP BY state ORDER BY state");
   assert.deepEqual(left.rows, [{ state: "dead", n: 10 }, { state: "succeeded", n: 10 }]);
-  const audit = await lh.pool.query("SELECT count(*)::int AS n FROM job_attempts WHERE job_id = ANY($1::bigint[])", [ids.slice(0, 10)]);
-  assert.equal(audit.rows[0].n, 0, "audit rows go with their job");
+  assert.equal(await attemptsOf(ids.slice(0, 10)), 0, "audit rows go with their job");
   assert.equal(await retention.runOnce(), 0);
   // Past the dead retention, dead jobs go too.
   await lh.pool.query("UPDATE job_history SET finished_at = now() - interval '8 days' WHERE state = 'dead'");

@@ -123,7 +123,7 @@ test("a stale heartbeat or report, even with its receipt, is 409 stale_lease and
     assert.equal(beat.status, 409);
     assert.equal(beat.json.error.code, "stale_lease");
     assert.deepEqual(beat.json.error.jobs, [{ id: job.id, attempt: first.attempt, reason: "reclaimed" }]);
-    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ ...first, error: "late", retryDelayMs: 0 }] });
+    const staleFail = await api("POST", "/v1/worker/fail", { workerId: "w-a", failures: [{ ...first, error: "late" }] });
     assert.equal(staleFail.status, 409);
     const staleSuccess = await api("POST", "/v1/worker/succeed", { workerId: "w-a", jobs: [first] });
     assert.equal(staleSuccess.status, 409);
@@ -161,11 +161,11 @@ test("without the claim's receipt nobody can beat, finish, fail, release or ask 
       const success = await api("POST", "/v1/worker/succeed", { ...asOwner, jobs: [forged] });
       assert.equal(success.status, 200, success.text);
       assert.deepEqual([success.json.applied, success.json.refused], [[], [{ id, attempt: owned.attempt, reason: "invalid_receipt" }]]);
-      const failure = await api("POST", "/v1/worker/fail", { ...asOwner, failures: [{ ...forged, error: "x", retryDelayMs: 0, giveUp: true }] });
+      const failure = await api("POST", "/v1/worker/fail", { ...asOwner, failures: [{ ...forged, error: "x", giveUp: true }] });
       assert.deepEqual(failure.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
       const release = await api("POST", "/v1/worker/release", { ...asOwner, jobs: [forged], reason: "stolen" });
       assert.deepEqual(release.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
-      const beat = await api("POST", "/v1/worker/heartbeat", { ...asOwner, leaseMs: 1_000, beats: [{ ...forged, progress: { evil: true } }] });
+      const beat = await api("POST", "/v1/worker/heartbeat", { ...asOwner, leaseMs: 5_000, beats: [{ ...forged, progress: { evil: true } }] });
       assert.deepEqual([beat.status, beat.json.renewed, beat.json.invalid.map((i: { code: string }) => i.code)], [200, [], ["invalid_receipt"]]);
       const lost = await api("POST", "/v1/worker/lost", { ...asOwner, attempts: [forged] });
       assert.deepEqual([lost.json.lost, lost.json.invalid.map((i: { code: string }) => i.code)], [[], ["invalid_receipt"]]);
@@ -257,10 +257,16 @@ test("two server replicas on one database: a receipt from one is good at the oth
     perWorker[i]!++;
     await new Promise((r) => setTimeout(r, 20));
   };
-  const workers = [remoteWorker(base, { spread: handler(0) }), remoteWorker(second.match[1]!, { spread: handler(1) })];
+  // A worker claims ahead of its handlers, so one fast worker may take a whole queue: each
+  // replica's worker runs a task of its own, and both share a third.
+  const workers = [
+    remoteWorker(base, { "spread-a": handler(0), "spread-both": handler(0) }),
+    remoteWorker(second.match[1]!, { "spread-b": handler(1), "spread-both": handler(1) }),
+  ];
   try {
     await Promise.all(workers.map((w) => w.start()));
-    const { json } = await api("POST", "/v1/jobs/batch", { jobs: Array.from({ length: 100 }, (_, n) => ({ task: "spread", payload: { n } })) });
+    const tasks = ["spread-a", "spread-b", "spread-both", "spread-both"];
+    const { json } = await api("POST", "/v1/jobs/batch", { jobs: Array.from({ length: 100 }, (_, n) => ({ task: tasks[n % 4], payload: { n } })) });
     assert.equal(json.jobs.length, 100);
     await eventually(async () => {
       const stats = (await api("GET", "/v1/stats")).json as { counts: { queue: string; state: string; count: number }[] };

@@ -8,7 +8,7 @@ import { Worker } from "../src/worker/worker.js";
 import { DatabaseTransport } from "../src/worker/transport.js";
 import { Registry } from "prom-client";
 import * as store from "../src/store/index.js";
-import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent } from "./helpers/db.js";
+import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
@@ -122,7 +122,7 @@ test("a lease reaped under a running handler aborts it (reason lease_expired) an
   const outcome = await endOf(worker, id);
   assert.deepEqual(aborted, ["lease_expired"]);
   assert.equal(outcome.state, "lost");
-  const stale = await lh.metrics.staleReports.get();
+  const stale = await lh.metrics.fencingRejections.get();
   assert.equal(stale.values.find((v) => v.labels.kind === "heartbeat")?.value, 1);
 });
 
@@ -134,14 +134,15 @@ test("a stale completion (the job was reaped and re-claimed while the handler ra
     leaseMs: 180_000,
     watchdog: false,
     concurrency: 1, // its one slot stays busy, so this worker cannot re-claim the job itself
-    handlers: { t: () => new Promise<void>((resolve) => (finish = resolve)) },
+    // The task's policy (announced by the worker) is what the watchdog retries the job with.
+    handlers: { t: { handler: () => new Promise<void>((resolve) => (finish = resolve)), backoff: NO_BACKOFF } },
   });
   await worker.start();
   t.after(() => worker.stop());
   const { id } = await lh.enqueue("t");
   const [job] = await waitForEvent<[{ id: string; attempt: number }]>(worker, "job:start", (j) => j.id === id);
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
-  await lh.watchdog({ backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } }).runOnce();
+  await lh.watchdog().runOnce();
   const [reclaimed] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "other", leaseMs: 30_000, tasks: ["t"] });
   assert.equal(reclaimed!.attempt, job.attempt + 1);
   const stale = waitForEvent<[unknown, StaleLeaseError]>(worker, "job:stale");
@@ -210,19 +211,20 @@ test("graceful shutdown lets short jobs finish and releases long ones without sp
   await eventually(async () => (await lh.getJob(endless.id)).job.state === "succeeded", "released job runs again");
 });
 
-test("a worker with a stable name releases at start-up the jobs its previous process held", async (t) => {
+test("a worker with a stable name recovers at start-up the jobs its dead previous process held, spending an attempt each", async (t) => {
   const lh = await freshLeasehold(t);
   const { id } = await lh.enqueue("t");
   // The previous process of "pod-7" claimed it and died (no stop, no release).
   await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "pod-7/host-1-abc", leaseMs: 3_600_000, tasks: ["t"] });
   const other = await lh.enqueue("t");
   await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "pod-8/host-1-def", leaseMs: 3_600_000, tasks: ["t"] });
-  const worker = lh.worker({ name: "pod-7", handlers: { t: () => undefined } });
+  const worker = lh.worker({ name: "pod-7", handlers: { t: { handler: () => undefined, backoff: NO_BACKOFF } } });
   await worker.start();
   t.after(() => worker.stop());
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "reconciled job ran again");
-  const { attempts } = await lh.getJob(id);
-  assert.deepEqual(attempts.map((a) => [a.outcome, a.workerId.split("/")[0]]), [["released", "pod-7"], ["succeeded", "pod-7"]]);
+  const { job, attempts } = await lh.getJob(id);
+  assert.deepEqual(attempts.map((a) => [a.outcome, a.workerId.split("/")[0]]), [["worker_lost", "pod-7"], ["succeeded", "pod-7"]]);
+  assert.equal(job.spentAttempts, 1, "a crash recovered at start-up spends an attempt");
   assert.equal((await lh.getJob(other.id)).job.state, "running", "another name's job is left alone");
 });
 

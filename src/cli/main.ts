@@ -10,7 +10,10 @@ import { describeFailure, EXIT } from "./errors.js";
 import { registerDev } from "./commands/dev.js";
 import { registerEnqueue } from "./commands/enqueue.js";
 import { registerJobCommands } from "./commands/jobs.js";
+import { registerDoctor } from "./commands/doctor.js";
 import { registerRunCommands } from "./commands/run.js";
+import { registerServe } from "./commands/serve.js";
+import { registerWorker } from "./commands/worker.js";
 
 const program = new Command("leasehold")
   .description("Leasehold: a durable, lease-based job queue on PostgreSQL")
@@ -41,7 +44,10 @@ function run(fn: (cli: Cli, ...args: any[]) => Promise<void>) {
 }
 
 registerDev(program, run);
+registerServe(program, run);
+registerWorker(program, run);
 registerRunCommands(program, run);
+registerDoctor(program, run);
 registerEnqueue(program, run);
 registerJobCommands(program, run);
 for (const command of program.commands) applyExitOverride(command);

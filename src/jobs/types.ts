@@ -6,7 +6,14 @@ export type JsonValue = null | boolean | number | string | JsonValue[] | { [key:
 export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
 export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded", "dead", "cancelled"];
 
-export type AttemptOutcome = "succeeded" | "failed" | "lease_expired" | "released" | "cancelled";
+/**
+ * How an attempt ended: its handler returned (succeeded) or threw (failed); its lease ran out
+ * (lease_expired); its worker's process was found gone (worker_lost: crashed, killed, or
+ * restarted and reconciled); it made no progress for its progress timeout (stalled) or ran
+ * past its maximum run time (timed_out); it was given back by a live worker (released); or
+ * the job was cancelled.
+ */
+export type AttemptOutcome = "succeeded" | "failed" | "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "cancelled";
 
 export interface EnqueueOptions {
   /** Queue name; default "default". */
@@ -23,6 +30,10 @@ export interface EnqueueOptions {
   uniqueKey?: string;
   /** Lease length for this job; default: the claiming worker's lease. */
   leaseMs?: number;
+  /** Fail an attempt that reports no progress (ctx.progress/ctx.checkpoint) for this long; default: the task's. */
+  progressTimeoutMs?: number;
+  /** Fail an attempt that runs longer than this; default: the task's. */
+  maxRunMs?: number;
 }
 
 export interface NewJob extends EnqueueOptions {
@@ -43,14 +54,23 @@ export interface ClaimedJob {
   task: string;
   payload: JsonValue;
   priority: number;
-  /** The fencing token of this claim. */
+  /** The fencing token of this claim within its job. */
   attempt: number;
+  /** The fencing token of this claim across all jobs (a bigint, as a decimal string). */
+  fence: string;
   spentAttempts: number;
   maxAttempts: number;
   leaseMs: number;
   checkpoint: JsonValue | null;
   progress: JsonValue | null;
   createdAt: Date;
+  /** How the previous attempt ended (null on the first). */
+  previousOutcome: AttemptOutcome | null;
+  /** The last error recorded for the job (a failure, or why a recovery ended an attempt). */
+  lastError: string | null;
+  /** The job's own limits, if it was enqueued with any. */
+  progressTimeoutMs: number | null;
+  maxRunMs: number | null;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

@@ -18,7 +18,22 @@ export const MAX_UNIQUE_KEY_LENGTH = 512;
 export const MAX_JSON_DEPTH = 256;
 
 const NAME = /^[A-Za-z0-9_.:\-/]{1,128}$/;
-const JOB_KEYS = new Set(["task", "payload", "queue", "priority", "runAt", "delayMs", "maxAttempts", "uniqueKey", "leaseMs"]);
+const JOB_KEYS = new Set([
+  "task",
+  "payload",
+  "queue",
+  "priority",
+  "runAt",
+  "delayMs",
+  "maxAttempts",
+  "uniqueKey",
+  "leaseMs",
+  "progressTimeoutMs",
+  "maxRunMs",
+]);
+/** Bounds for the run-time limits: at least a second, at most a week. */
+export const MIN_LIMIT_MS = 1_000;
+export const MAX_LIMIT_MS = 7 * 24 * 3600_000;
 
 /** A job ready for the INSERT: payload already serialised, every option checked. */
 export interface NormalizedJob {
@@ -31,6 +46,8 @@ export interface NormalizedJob {
   maxAttempts: number;
   uniqueKey: string | null;
   leaseMs: number | null;
+  progressTimeoutMs: number | null;
+  maxRunMs: number | null;
 }
 
 export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
@@ -58,7 +75,14 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     maxAttempts: integerIn(job.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 1, 1000, `${where}: maxAttempts`),
     uniqueKey: job.uniqueKey ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
+    progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
+    maxRunMs: optionalLimit(job.maxRunMs, `${where}: maxRunMs`),
   };
+}
+
+/** A progress timeout or maximum run time: absent, or MIN_LIMIT_MS..MAX_LIMIT_MS. */
+export function optionalLimit(value: unknown, what: string): number | null {
+  return value === undefined ? null : integerIn(value, MIN_LIMIT_MS, MAX_LIMIT_MS, what);
 }
 
 export function checkName(value: unknown, what: string): asserts value is string {

@@ -128,8 +128,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
 
   app.register(async (api) => {
-    registerClaimRoute(api, lh, waiter, receipts);
-    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics });
+    registerClaimRoute(api, lh, waiter, receipts, limits);
+    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits });
     registerJobRoutes(api, lh);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
       const registry = lh.metrics.registry;

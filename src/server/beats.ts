@@ -24,7 +24,7 @@ export interface InvalidBeat {
 
 export async function renewBeats(
   db: store.Queryable,
-  p: { workerId: string; leaseMs: number; beats: BeatIn[] },
+  p: { workerId: string; leaseMs: number; beats: BeatIn[]; inFlight?: number; beatDelays?: number[] },
 ): Promise<{ result: store.BeatResult; invalid: InvalidBeat[] }> {
   const invalid: InvalidBeat[] = [];
   const ready: store.Beat[] = [];
@@ -42,7 +42,7 @@ export async function renewBeats(
       invalid.push({ id: b.id, attempt: b.attempt, code: "invalid_input", message: describeInvalid(b.id, err) });
     }
   }
-  const extend = (beats: store.Beat[]) => store.extendLeases(db, { workerId: p.workerId, leaseMs: p.leaseMs, beats });
+  const extend = (beats: store.Beat[]) => store.extendLeases(db, { workerId: p.workerId, leaseMs: p.leaseMs, beats, inFlight: p.inFlight, beatDelays: p.beatDelays });
   try {
     return { result: await extend(ready), invalid };
   } catch (err) {

@@ -9,17 +9,19 @@ import type { ClaimedJob } from "../jobs/types.js";
 import * as store from "../store/index.js";
 import type { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody } from "./errors.js";
-import { MAX_CLAIM_RESPONSE_BYTES } from "./limits.js";
+import { checkLease, MAX_CLAIM_RESPONSE_BYTES, type LeaseBounds } from "./limits.js";
+import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import type { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 
 type ClaimBody = store.ClaimParams & { waitMs?: number };
 
-export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts): void {
+export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts, leases: LeaseBounds): void {
   const pool = lh.pool;
 
   app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim, config: { scope: "worker" } }, async (request, reply) => {
     const { waitMs = 0, ...params } = request.body;
+    checkLease(params.leaseMs, leases);
     const deadline = Date.now() + waitMs;
     const gone = new AbortController();
     reply.raw.on("close", () => gone.abort());
@@ -42,9 +44,14 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       }
     }
     if (gone.signal.aborted) {
-      // Claimed for a client that left while the statement ran: give the jobs back now
-      // rather than leave them to the watchdog.
-      if (jobs.length > 0) await release(lh, params.workerId, jobs, "released: the claim's response could not be delivered");
+      // Claimed for a client that left while the statement ran (it died, or was cut off):
+      // recover the jobs now rather than leave them to the watchdog. Like any recovery of an
+      // attempt whose worker is gone, each spends an attempt: a job that kills its client
+      // every time still reaches the dead letter.
+      if (jobs.length > 0) {
+        await release(lh, params.workerId, jobs, "worker lost: the claim's response could not be delivered", true);
+        lh.metrics.recoveries.inc({ cause: "undelivered" }, jobs.length);
+      }
       return clientGone(reply);
     }
     // Each job's receipt: later requests about this attempt must carry it.
@@ -61,8 +68,8 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
   });
 }
 
-async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string): Promise<void> {
-  await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason });
+async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string, spend = false): Promise<void> {
+  await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason, spend, backoff: DEFAULT_BACKOFF });
 }
 
 /** The jobs whose JSON fits in `maxBytes` (at least one), and the rest. */

@@ -135,8 +135,13 @@ export class ClaimWaiter {
 
   private ensureListening(): Promise<void> {
     this.starting ??= (async () => {
-      this.listener = new Listener(this.options.connectionString, this.options.channel, (queue) => {
-        for (const w of [...this.waiters]) if (queue === undefined || w.queues.has(queue)) w.wake();
+      this.listener = new Listener({
+        connectionString: this.options.connectionString,
+        channel: this.options.channel,
+        applicationName: "leasehold-serve-listen",
+        onNotify: (queue) => {
+          for (const w of [...this.waiters]) if (queue === undefined || w.queues.has(queue)) w.wake();
+        },
       });
       await this.listener.start();
     })();

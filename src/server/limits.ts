@@ -5,7 +5,7 @@
  * ones an operator may need to change.
  */
 import type http from "node:http";
-import { ConfigError } from "../errors.js";
+import { ConfigError, ValidationError } from "../errors.js";
 import { MAX_WAIT_MS } from "./schemas.js";
 
 /** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
@@ -31,7 +31,30 @@ export const MAX_CLAIM_RESPONSE_BYTES = 8 * 1024 * 1024;
 /** Largest list answer: the page ends early and `next` continues it (always at least one job). */
 export const MAX_LIST_RESPONSE_BYTES = 8 * 1024 * 1024;
 
-export interface ServerLimits {
+/**
+ * Leases remote workers may ask for, fleet-wide: a worker cannot hold a job for 24 hours
+ * without a word (too long a lease delays recovery when it dies) nor ask for a lease shorter
+ * than its beats can keep alive across this network.
+ */
+export const DEFAULT_MIN_LEASE_MS = 2_000;
+export const DEFAULT_MAX_LEASE_MS = 3_600_000;
+
+export interface LeaseBounds {
+  minLeaseMs: number;
+  maxLeaseMs: number;
+}
+
+/** A remote worker's lease outside the server's bounds is refused (400), naming them. */
+export function checkLease(leaseMs: number, bounds: LeaseBounds): void {
+  if (leaseMs < bounds.minLeaseMs || leaseMs > bounds.maxLeaseMs) {
+    throw new ValidationError(
+      `leaseMs ${leaseMs} is outside this server's bounds for remote workers: ${bounds.minLeaseMs} to ${bounds.maxLeaseMs} ms ` +
+        "(leasehold serve --min-lease/--max-lease)",
+    );
+  }
+}
+
+export interface ServerLimits extends LeaseBounds {
   bodyLimitBytes: number;
   requestTimeoutMs: number;
   keepAliveTimeoutMs: number;
@@ -46,6 +69,8 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
     keepAliveTimeoutMs: given.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
     maxConnections: given.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
     maxLongPolls: given.maxLongPolls ?? DEFAULT_MAX_LONG_POLLS,
+    minLeaseMs: given.minLeaseMs ?? DEFAULT_MIN_LEASE_MS,
+    maxLeaseMs: given.maxLeaseMs ?? DEFAULT_MAX_LEASE_MS,
   };
   const check = (name: keyof ServerLimits, min: number, max: number) => {
     const v = limits[name];
@@ -56,6 +81,8 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
   check("keepAliveTimeoutMs", 100, 600_000);
   check("maxConnections", 1, 1_000_000);
   check("maxLongPolls", 0, 1_000_000);
+  check("minLeaseMs", 1_000, 86_400_000);
+  check("maxLeaseMs", limits.minLeaseMs, 86_400_000);
   return limits;
 }
 

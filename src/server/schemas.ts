@@ -8,6 +8,19 @@ export const JOB_ID = { type: "string", pattern: "^[1-9][0-9]{0,18}$", descripti
 const ATTEMPT = { type: "integer", minimum: 1, maximum: 2147483647, description: "the fencing token of the claim" } as const;
 const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
 const LEASE_MS = { type: "integer", minimum: 1000, maximum: 86400000 } as const;
+const LIMIT_MS = { type: "integer", minimum: 1000, maximum: 604800000 } as const;
+const NULLABLE_LIMIT = { type: ["integer", "null"], minimum: 1000, maximum: 604800000 } as const;
+const WORKER_NAME = { type: "string", pattern: "^[A-Za-z0-9_.:-]{1,100}$" } as const;
+const BACKOFF = (): Record<string, unknown> => object(
+  {
+    baseMs: { type: "integer", minimum: 0, maximum: 86400000 },
+    factor: { type: "number", minimum: 1, maximum: 100 },
+    maxMs: { type: "integer", minimum: 0, maximum: 2592000000 },
+    jitter: { type: "number", minimum: 0, maximum: 1 },
+  },
+  ["baseMs", "factor", "maxMs", "jitter"],
+  );
+const OUTCOMES = ["succeeded", "failed", "lease_expired", "worker_lost", "stalled", "timed_out", "released", "cancelled"];
 /** Most attempts one worker request may carry (a worker holds at most its concurrency). */
 const MAX_BATCH = 10_000;
 /** Most jobs one enqueue request may carry; larger imports go in several requests. */
@@ -69,9 +82,14 @@ export const claimedJobSchema = {
     id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" }, attempt: ATTEMPT,
     spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
     checkpoint: {}, progress: {}, createdAt: { type: "string", format: "date-time" },
+    fence: { type: "string", description: "the claim's token across all jobs (a bigint): greater than every earlier claim's" },
+    previousOutcome: { type: ["string", "null"], enum: [...OUTCOMES, null], description: "how the previous attempt ended" },
+    lastError: { type: ["string", "null"] },
+    progressTimeoutMs: NULLABLE_LIMIT,
+    maxRunMs: NULLABLE_LIMIT,
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
-  required: ["id", "queue", "task", "payload", "attempt", "spentAttempts", "maxAttempts", "leaseMs", "createdAt", "receipt"],
+  required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "createdAt", "receipt"],
 };
 
 export const jobRecordSchema = {
@@ -90,7 +108,7 @@ export const attemptRecordSchema = {
   type: "object",
   properties: {
     jobId: JOB_ID, attempt: { type: "integer" }, workerId: { type: "string" }, startedAt: { type: "string", format: "date-time" },
-    endedAt: { type: "string", format: "date-time" }, outcome: { type: "string", enum: ["succeeded", "failed", "lease_expired", "released", "cancelled"] },
+    endedAt: { type: "string", format: "date-time" }, outcome: { type: "string", enum: OUTCOMES },
     error: { type: ["string", "null"] },
   },
 };
@@ -119,6 +137,8 @@ const newJob = object(
     maxAttempts: { type: "integer", minimum: 1, maximum: 1000 },
     uniqueKey: { type: "string", minLength: 1, maxLength: 512 },
     leaseMs: LEASE_MS,
+    progressTimeoutMs: LIMIT_MS,
+    maxRunMs: LIMIT_MS,
   },
   ["task"],
 );
@@ -171,10 +191,12 @@ export const routes = {
         leaseMs: LEASE_MS,
         beats: {
           type: "array",
-          minItems: 1,
+          description: "may be empty: a beat with no jobs still says the worker is alive",
           maxItems: MAX_BATCH,
           items: object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
         },
+        inFlight: { type: "integer", minimum: 0, description: "leases the worker holds now" },
+        beatDelays: { type: "array", maxItems: 32, items: { type: "integer", minimum: 0 }, description: "the worker's beat-delay histogram (counts per bucket)" },
       },
       ["workerId", "leaseMs", "beats"],
     ),
@@ -201,7 +223,7 @@ export const routes = {
   fail: {
     ...secured,
     tags: ["worker"],
-    summary: "Report attempts that failed: each is retried after retryDelayMs or ends dead",
+    summary: "Report attempts that failed: each is retried after its task's backoff or ends dead",
     body: object(
       {
         workerId: WORKER_ID,
@@ -210,8 +232,16 @@ export const routes = {
           minItems: 1,
           maxItems: MAX_BATCH,
           items: object(
-            { id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, error: { type: "string", maxLength: 10000 }, retryDelayMs: { type: "integer", minimum: 0, maximum: 2592000000 }, giveUp: { type: "boolean" } },
-            ["id", "attempt", "error", "retryDelayMs"],
+            {
+              id: JOB_ID,
+              attempt: ATTEMPT,
+              receipt: RECEIPT,
+              error: { type: "string", maxLength: 10000 },
+              backoff: { ...BACKOFF(), description: "the task's retry policy (default: the one its workers announced, else the server's)" },
+              outcome: { type: "string", enum: ["failed", "stalled", "timed_out"], description: "default failed" },
+              giveUp: { type: "boolean" },
+            },
+            ["id", "attempt", "error"],
           ),
         },
       },
@@ -238,7 +268,10 @@ export const routes = {
       200: {
         type: "object",
         properties: {
-          lost: { type: "array", items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] } } } },
+          lost: {
+            type: "array",
+            items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] }, finishedState: { type: ["string", "null"] } } },
+          },
           invalid: { type: "array", description: "attempts not looked up: missing or wrong receipt", items: INVALID_ITEM },
         },
       },
@@ -248,9 +281,38 @@ export const routes = {
   reconcile: {
     ...secured,
     tags: ["worker"],
-    summary: "At start-up, release jobs still held by an earlier process with this worker name",
-    body: object({ workerName: { type: "string", pattern: "^[A-Za-z0-9_.:-]{1,100}$" }, currentWorkerId: WORKER_ID }, ["workerName", "currentWorkerId"]),
-    response: { 200: { type: "object", properties: { released: { type: "integer" } } }, ...errors(...COMMON_ERRORS) },
+    summary: "At start-up, recover the jobs an earlier (dead) process with this worker name still holds; each spends an attempt",
+    body: object({ workerName: WORKER_NAME, currentWorkerId: WORKER_ID, backoff: BACKOFF() }, ["workerName", "currentWorkerId"]),
+    response: { 200: { type: "object", properties: { released: { type: "integer", description: "jobs recovered" } } }, ...errors(...COMMON_ERRORS) },
+  },
+  attach: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Announce a remote worker and its tasks' policies; a name already used by a live worker is refused",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        name: WORKER_NAME,
+        queues: { type: "array", items: NAME, minItems: 1, maxItems: 100 },
+        concurrency: { type: "integer", minimum: 1, maximum: 10000 },
+        leaseMs: LEASE_MS,
+        heartbeatMs: { type: "integer", minimum: 100, maximum: 86400000 },
+        policies: {
+          type: "array",
+          maxItems: 1000,
+          items: object({ task: NAME, backoff: BACKOFF(), progressTimeoutMs: NULLABLE_LIMIT, maxRunMs: NULLABLE_LIMIT }, ["task", "backoff"]),
+        },
+      },
+      ["workerId", "queues", "concurrency", "leaseMs", "policies"],
+    ),
+    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS, 409) },
+  },
+  detach: {
+    ...secured,
+    tags: ["worker"],
+    summary: "A remote worker stops; graceful: it gave its jobs back",
+    body: object({ workerId: WORKER_ID, graceful: { type: "boolean" } }, ["workerId"]),
+    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS) },
   },
   enqueue: {
     ...secured,

@@ -9,10 +9,14 @@
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "../client.js";
+import { WorkerNameInUseError } from "../errors.js";
+import { sanitizeText } from "../jobs/validate.js";
 import * as store from "../store/index.js";
+import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import { renewBeats } from "./beats.js";
 import { errorBody } from "./errors.js";
 import type { ServerMetrics } from "./http-metrics.js";
+import { checkLease, type LeaseBounds } from "./limits.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
 
@@ -20,7 +24,27 @@ interface Deps {
   leasehold: Leasehold;
   receipts: Receipts;
   metrics: ServerMetrics;
+  leases: LeaseBounds;
 }
+
+/** A remote worker's failure: its task's retry policy rides along (the delay is computed in SQL). */
+type WireFailure = ReceiptRef & { error: string; backoff?: store.BackoffPolicy; outcome?: store.FailureOutcome; giveUp?: boolean };
+
+interface AttachBody {
+  workerId: string;
+  name?: string;
+  queues: string[];
+  concurrency: number;
+  leaseMs: number;
+  heartbeatMs?: number;
+  policies: store.TaskPolicy[];
+}
+
+/**
+ * A remote worker holds no database session, so its liveness is its beats: another worker
+ * of the same name counts as live while it beats within this many leases.
+ */
+const REMOTE_NAME_HELD_LEASES = 2;
 
 type Ref = { id: string; attempt: number };
 type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
@@ -29,7 +53,7 @@ type Kind = "heartbeat" | "complete" | "fail" | "release" | "lost";
 /** Route config: the worker token may use these routes too. */
 const worker = { scope: "worker" } as const;
 
-export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
+export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, leases }: Deps): void {
   const pool = lh.pool;
   /** Attempts with a valid receipt; the others are counted and answered as refused. */
   const checked = <T extends ReceiptRef>(kind: Kind, items: T[], workerId: string) => {
@@ -39,16 +63,47 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
   };
   const invalidEntry = (r: Ref) => ({ id: r.id, attempt: r.attempt, code: INVALID_RECEIPT, message: INVALID_RECEIPT_MESSAGE });
 
-  app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[] } }>(
+  app.post<{ Body: AttachBody }>("/v1/worker/attach", { schema: routes.attach, config: worker }, async (request) => {
+    const a = request.body;
+    checkLease(a.leaseMs, leases);
+    if (a.name !== undefined) {
+      const live = (await store.listWorkers(pool)).find(
+        (w) => w.name === a.name && w.id !== a.workerId && !w.lostAt && Date.now() - w.lastSeenAt.getTime() < REMOTE_NAME_HELD_LEASES * a.leaseMs,
+      );
+      if (live) throw new WorkerNameInUseError(a.name);
+    }
+    await store.announceWorker(pool, {
+      workerId: a.workerId,
+      name: a.name,
+      kind: "worker",
+      host: request.ip,
+      pid: 0,
+      queues: a.queues,
+      concurrency: a.concurrency,
+      leaseMs: a.leaseMs,
+      heartbeatMs: a.heartbeatMs,
+      livenessKey: null,
+      policies: a.policies,
+    });
+    return { ok: true };
+  });
+
+  app.post<{ Body: { workerId: string; graceful?: boolean } }>("/v1/worker/detach", { schema: routes.detach, config: worker }, async (request) => {
+    if (request.body.graceful !== false) await store.markWorkerStopped(pool, request.body.workerId);
+    return { ok: true };
+  });
+
+  app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[]; inFlight?: number; beatDelays?: number[] } }>(
     "/v1/worker/heartbeat",
     { schema: routes.heartbeat, config: worker },
     async (request, reply) => {
-      const { workerId, leaseMs, beats } = request.body;
+      const { workerId, leaseMs, beats, inFlight, beatDelays } = request.body;
+      checkLease(leaseMs, leases);
       const { valid, invalid } = checked("heartbeat", beats, workerId);
       // Each beat's values are judged on their own: a bad one is refused, the others renewed.
-      const { result, invalid: badValues } = await renewBeats(pool, { workerId, leaseMs, beats: valid });
+      const { result, invalid: badValues } = await renewBeats(pool, { workerId, leaseMs, beats: valid, inFlight: inFlight ?? beats.length, beatDelays });
       if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
-      if (result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0) return refuse(reply, "heartbeat", valid, lh);
+      if (beats.length > 0 && result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0) return refuse(reply, "heartbeat", valid, lh);
       return {
         renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
         lost: result.lost,
@@ -64,12 +119,20 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     return answerReport(reply, "complete", valid, invalid, applied, lh);
   });
 
-  app.post<{ Body: { workerId: string; failures: (store.Failure & ReceiptRef)[] } }>("/v1/worker/fail", { schema: routes.fail, config: worker }, async (request, reply) => {
+  app.post<{ Body: { workerId: string; failures: WireFailure[] } }>("/v1/worker/fail", { schema: routes.fail, config: worker }, async (request, reply) => {
     const { workerId, failures } = request.body;
     const { valid, invalid } = checked("fail", failures, workerId);
     const applied = await store.failJobs(pool, {
       workerId,
-      failures: valid.map((f) => ({ id: f.id, attempt: f.attempt, error: f.error, retryDelayMs: f.retryDelayMs, giveUp: f.giveUp })),
+      failures: valid.map((f) => ({
+        id: f.id,
+        attempt: f.attempt,
+        // A client's error text may hold what PostgreSQL refuses (NUL, lone surrogates).
+        error: sanitizeText(f.error, 10_000),
+        backoff: f.backoff ?? DEFAULT_BACKOFF,
+        outcome: f.outcome,
+        giveUp: f.giveUp,
+      })),
     });
     return answerReport(reply, "fail", valid, invalid, applied, lh);
   });
@@ -77,7 +140,8 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
   app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>("/v1/worker/release", { schema: routes.release, config: worker }, async (request, reply) => {
     const { workerId, jobs, reason } = request.body;
     const { valid, invalid } = checked("release", jobs, workerId);
-    const applied = await store.releaseJobs(pool, { workerId, jobs: valid.map(ref), reason });
+    // A live worker gives these back on purpose: free (no retry budget spent).
+    const applied = await store.releaseJobs(pool, { workerId, jobs: valid.map(ref), reason: sanitizeText(reason, 1_000), backoff: DEFAULT_BACKOFF });
     return answerReport(reply, "release", valid, invalid, applied, lh);
   });
 
@@ -85,14 +149,21 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     const { workerId, attempts } = request.body;
     const { valid, invalid } = checked("lost", attempts, workerId);
     const lost = valid.length > 0 ? await store.describeLostLeases(pool, valid.map(ref)) : new Map<string, store.LostLease>();
-    return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs })), invalid: invalid.map(invalidEntry) };
+    return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs, finishedState: l.finishedState ?? null })), invalid: invalid.map(invalidEntry) };
   });
 
-  app.post<{ Body: { workerName: string; currentWorkerId: string } }>("/v1/worker/reconcile", { schema: routes.reconcile, config: worker }, async (request) => {
-    const released = await store.releaseJobsOfEarlierProcess(pool, request.body);
-    if (released.size > 0) lh.metrics.released.inc({ cause: "reconciliation" }, released.size);
-    return { released: released.size };
-  });
+  app.post<{ Body: { workerName: string; currentWorkerId: string; backoff?: store.BackoffPolicy } }>(
+    "/v1/worker/reconcile",
+    { schema: routes.reconcile, config: worker },
+    async (request) => {
+      const { workerName, currentWorkerId, backoff } = request.body;
+      // Attach refused a second live worker of this name, so what its earlier processes
+      // still hold was left by a process that died: recovered, spending an attempt each.
+      const recovered = await store.recoverJobsOfEarlierProcess(pool, { workerName, currentWorkerId, backoff: backoff ?? DEFAULT_BACKOFF });
+      if (recovered.size > 0) lh.metrics.recoveries.inc({ cause: "reconciliation" }, recovered.size);
+      return { released: recovered.size };
+    },
+  );
 }
 
 function ref(r: Ref): Ref {
@@ -110,7 +181,7 @@ async function answerReport(
   if (applied.size === 0 && invalid.length === 0) return refuse(reply, kind, sent, lh);
   const refusedRefs = sent.filter((r) => !applied.has(r.id));
   const reasons = refusedRefs.length > 0 ? await store.describeLostLeases(lh.pool, refusedRefs) : new Map<string, store.LostLease>();
-  for (const r of refusedRefs) lh.metrics.staleReports.inc({ kind, reason: reasons.get(r.id)?.reason ?? "missing" });
+  for (const r of refusedRefs) lh.metrics.fencingRejections.inc({ kind, reason: reasons.get(r.id)?.reason ?? "missing" });
   return {
     applied: [...applied].map(([id, state]) => ({ id, state })),
     refused: [
@@ -124,7 +195,7 @@ async function answerReport(
 async function refuse(reply: FastifyReply, kind: Kind, refs: Ref[], lh: Leasehold): Promise<FastifyReply> {
   const reasons = await store.describeLostLeases(lh.pool, refs);
   const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" }));
-  for (const j of jobs) lh.metrics.staleReports.inc({ kind, reason: j.reason });
+  for (const j of jobs) lh.metrics.fencingRejections.inc({ kind, reason: j.reason });
   const what = refs.length === 1 ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})` : `none of these ${refs.length} attempts holds its lease`;
   return reply.status(409).send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
 }

@@ -53,7 +53,7 @@ const GET_ATTEMPTS = statement(
   "getAttempts",
   `
 SELECT job_id, attempt, worker_id, started_at, ended_at, outcome, error
-  FROM job_attempts WHERE job_id = $1 ORDER BY attempt`,
+  FROM all_attempts WHERE job_id = $1 ORDER BY attempt`,
   { job_id: "int8", attempt: "int4", worker_id: "text", started_at: "timestamptz", ended_at: "timestamptz", outcome: "text", error: "text?" },
 );
 
@@ -151,9 +151,11 @@ WITH target AS (
   RETURNING j.*
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
-                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at)
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                           fence, progress_timeout_ms, max_run_ms)
   SELECT id, queue, task, payload, priority, 'cancelled', attempt, spent_attempts, max_attempts,
-         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+         fence, progress_timeout_ms, max_run_ms
     FROM ended
 ), requested AS (
   UPDATE jobs AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
@@ -179,18 +181,26 @@ export async function cancelJob(db: Queryable, id: string): Promise<CancelResult
 /**
  * Manual retry of a dead (or cancelled) job: back to waiting with a fresh retry budget.
  * `attempt`, the fencing token, is kept: the next claim is attempt + 1, so a report from
- * any earlier attempt can never match it.
+ * any earlier attempt can never match it. The final attempt's audit fields leave with the
+ * history row, so they become that attempt's job_attempts row.
  */
 const RETRY_JOB = statement(
   "retryJob",
   `
 WITH revived AS (
   DELETE FROM job_history WHERE id = $1 AND state IN ('dead', 'cancelled') RETURNING *
+), final_attempt AS (
+  INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, ended_at, outcome, error)
+  SELECT id, attempt, worker_id, started_at, finished_at, outcome, last_error
+    FROM revived
+   WHERE outcome IS NOT NULL AND worker_id IS NOT NULL AND started_at IS NOT NULL
 )
 INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, spent_attempts, max_attempts,
-                  lease_ms, progress, checkpoint, last_error, unique_key, created_at)
+                  lease_ms, progress, checkpoint, last_error, unique_key, created_at,
+                  progress_timeout_ms, max_run_ms, last_outcome)
 SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
-       lease_ms, progress, checkpoint, last_error, unique_key, created_at
+       lease_ms, progress, checkpoint, last_error, unique_key, created_at,
+       progress_timeout_ms, max_run_ms, outcome
   FROM revived
 RETURNING id`,
   { id: "int8" },

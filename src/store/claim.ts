@@ -1,23 +1,76 @@
 import type { Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
-import type { ClaimedJob } from "../jobs/types.js";
+import type { AttemptOutcome, ClaimedJob } from "../jobs/types.js";
 
 /**
  * The claim is the lease grant: one statement picks up to `limit` ready jobs, skipping
- * rows other claimers hold, and in the same UPDATE sets them running with a lease and a
- * new fencing token (attempt + 1). A running job without a lease cannot exist.
+ * rows other claimers hold, and in the same UPDATE sets them running with a lease, a new
+ * per-job fencing token (attempt + 1) and a new global one (fence, from a sequence).
+ * A running job without a lease cannot exist.
  *
- * The LATERAL reads each queue's partial index in (priority, run_at, id) order, so several
- * queues keep index order without a sort. The UPDATE matches `id = ANY(ARRAY(...))`: joined
- * to the CTE instead, the planner chose a hash join over a sequential scan of the whole
- * table (24 ms instead of ~3 ms for 500 jobs out of 50,000).
- * Only tasks the worker has handlers for are claimed: a job for a task being rolled out
- * waits for a worker that knows it instead of burning its retries.
+ * The UPDATE matches `id = ANY(ARRAY(...))`: joined to the CTE instead, the planner chose a
+ * hash join over a sequential scan of the whole table (24 ms instead of ~3 ms for 500 jobs
+ * out of 50,000). Only tasks the worker has handlers for are claimed: a job for a task being
+ * rolled out waits for a worker that knows it instead of burning its retries.
  */
-const CLAIM_JOBS = statement(
-  "claimJobs",
-  `
-WITH next AS (
+const claimText = (next: string) => `
+WITH next AS (${next}
+)
+UPDATE jobs
+   SET state = 'running',
+       attempt = attempt + 1,
+       fence = nextval('fence_seq'),
+       locked_by = $3,
+       lease_until = now() + coalesce(lease_ms, $4) * interval '1 millisecond',
+       heartbeat_at = now(),
+       started_at = now(),
+       progress_at = now()
+ WHERE id = ANY(ARRAY(SELECT id FROM next))
+   AND state = 'waiting'
+RETURNING id, queue, task, payload, priority, attempt, fence, spent_attempts, max_attempts,
+          coalesce(lease_ms, $4) AS lease_ms, checkpoint, progress, created_at,
+          last_outcome, last_error, progress_timeout_ms, max_run_ms`;
+
+const CLAIMED = {
+  id: "int8",
+  queue: "text",
+  task: "text",
+  payload: "jsonb",
+  priority: "int2",
+  attempt: "int4",
+  fence: "int8",
+  spent_attempts: "int4",
+  max_attempts: "int4",
+  lease_ms: "int4",
+  checkpoint: "jsonb?",
+  progress: "jsonb?",
+  created_at: "timestamptz",
+  last_outcome: "text?",
+  last_error: "text?",
+  progress_timeout_ms: "int4?",
+  max_run_ms: "int4?",
+} as const;
+
+/** One queue (the common case): a plain walk of its partial index in claim order. */
+const CLAIM_FROM_QUEUE = statement(
+  "claimJobs (one queue)",
+  claimText(`
+  SELECT id
+    FROM jobs
+   WHERE state = 'waiting' AND queue = ($1::text[])[1] AND run_at <= now() AND task = ANY($5::text[])
+   ORDER BY priority, run_at, id
+   LIMIT $2
+     FOR UPDATE SKIP LOCKED`),
+  CLAIMED,
+);
+
+/**
+ * Several queues: the LATERAL reads each queue's partial index in (priority, run_at, id)
+ * order, so they merge in index order without sorting the queues' whole backlogs.
+ */
+const CLAIM_FROM_QUEUES = statement(
+  "claimJobs (several queues)",
+  claimText(`
   SELECT candidate.id
     FROM unnest($1::text[]) AS q(name)
    CROSS JOIN LATERAL (
@@ -29,33 +82,25 @@ WITH next AS (
             FOR UPDATE SKIP LOCKED
          ) AS candidate
    ORDER BY candidate.priority, candidate.run_at, candidate.id
+   LIMIT $2`),
+  CLAIMED,
+);
+
+/**
+ * Claim named jobs (dispatch that learned of them elsewhere, e.g. a message per job): the
+ * same lease grant, for those of `ids` that are ready. A job already claimed, finished,
+ * cancelled or not yet due matches nothing.
+ */
+const CLAIM_BY_ID = statement(
+  "claimJobsById",
+  claimText(`
+  SELECT id
+    FROM jobs
+   WHERE id = ANY($1::bigint[]) AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[])
+   ORDER BY id
    LIMIT $2
-)
-UPDATE jobs
-   SET state = 'running',
-       attempt = attempt + 1,
-       locked_by = $3,
-       lease_until = now() + coalesce(lease_ms, $4) * interval '1 millisecond',
-       heartbeat_at = now(),
-       started_at = now()
- WHERE id = ANY(ARRAY(SELECT id FROM next))
-   AND state = 'waiting'
-RETURNING id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
-          coalesce(lease_ms, $4) AS lease_ms, checkpoint, progress, created_at`,
-  {
-    id: "int8",
-    queue: "text",
-    task: "text",
-    payload: "jsonb",
-    priority: "int2",
-    attempt: "int4",
-    spent_attempts: "int4",
-    max_attempts: "int4",
-    lease_ms: "int4",
-    checkpoint: "jsonb?",
-    progress: "jsonb?",
-    created_at: "timestamptz",
-  },
+     FOR UPDATE SKIP LOCKED`),
+  CLAIMED,
 );
 
 export interface ClaimParams {
@@ -70,7 +115,16 @@ export interface ClaimParams {
 
 export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJob[]> {
   if (p.limit <= 0) return [];
-  const rows = await run(db, CLAIM_JOBS, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]);
+  const st = p.queues.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
+  return toClaimed(await run(db, st, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]));
+}
+
+export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues" | "limit"> & { ids: string[] }): Promise<ClaimedJob[]> {
+  if (p.ids.length === 0) return [];
+  return toClaimed(await run(db, CLAIM_BY_ID, [p.ids, p.ids.length, p.workerId, p.leaseMs, p.tasks]));
+}
+
+function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): ClaimedJob[] {
   return rows.map((r) => ({
     id: r.id,
     queue: r.queue,
@@ -78,11 +132,16 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
     payload: r.payload,
     priority: r.priority,
     attempt: r.attempt,
+    fence: r.fence,
     spentAttempts: r.spent_attempts,
     maxAttempts: r.max_attempts,
     leaseMs: r.lease_ms,
     checkpoint: r.checkpoint,
     progress: r.progress,
     createdAt: r.created_at,
+    previousOutcome: r.last_outcome as AttemptOutcome | null,
+    lastError: r.last_error,
+    progressTimeoutMs: r.progress_timeout_ms,
+    maxRunMs: r.max_run_ms,
   }));
 }

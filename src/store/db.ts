@@ -73,3 +73,20 @@ export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClie
     client.release();
   }
 }
+
+/** Errors that mean "the request may or may not have been applied": retry the fenced call. */
+export function isConnectionError(err: unknown): boolean {
+  const e = err as { code?: string; message?: string };
+  if (!e || typeof e !== "object") return false;
+  if (typeof e.code === "string") {
+    // node socket errors, and PostgreSQL's admin shutdown / connection-exception classes
+    if (/^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|ENOTFOUND|EHOSTUNREACH|ECONNABORTED|UND_ERR_\w+)$/.test(e.code)) return true;
+    if (/^(57P0[1-3]|08\d{3})$/.test(e.code)) return true;
+    // the remote transport: the server could not be reached, or could not reach the database
+    if (e.code === "server_unavailable") return true;
+  }
+  return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed|Query read timeout/i.test(
+    e.message ?? "",
+  );
+}
+

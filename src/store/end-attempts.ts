@@ -1,12 +1,15 @@
 /**
- * Every way an attempt ends without success goes through one path: a handler's failure,
- * the watchdog reaping an expired lease, a graceful release, and startup reconciliation.
- * Each statement selects and locks its attempts into a CTE named `ending`; the shared tail
- * then, in the same statement:
+ * Every way an attempt ends without success goes through one path: a handler's failure, a
+ * lease the watchdog reaps, a worker found dead, a stall or a run past its time limit, a
+ * graceful release, and start-up reconciliation. Each statement selects and locks its
+ * attempts into a CTE named `ending`; the shared tail then, in the same statement:
  *   - retries the job (back to waiting after a backoff) if budget is left,
  *   - or moves it to job_history as dead (budget spent) or cancelled (a cancel was requested),
- *   - and writes the attempt's audit row.
- * A release does not spend the retry budget; nothing here lowers `attempt`, the fencing token.
+ *     the final attempt's audit fields in the history row,
+ *   - and writes the audit row of an attempt that did not finish its job.
+ * Only a graceful release by a live worker is free: every other end spends the retry budget,
+ * so a job that kills its worker every time still reaches the dead letter. Nothing here
+ * lowers `attempt`, the fencing token.
  *
  * Columns of `ending`: id, attempt, worker_id, started_at, error, retry_delay_ms,
  * spend (counts against max_attempts), give_up (dead now), outcome, cancelled, spent_attempts,
@@ -15,6 +18,7 @@
 import type { Queryable } from "./db.js";
 import type { AttemptRef } from "./finish.js";
 import { run, statement } from "./sql.js";
+import type { AttemptOutcome } from "../jobs/types.js";
 
 const END_ATTEMPTS = `
 , decided AS (
@@ -28,81 +32,69 @@ const END_ATTEMPTS = `
          spent_attempts = j.spent_attempts + d.spend::int,
          run_at = now() + d.retry_delay_ms * interval '1 millisecond',
          last_error = coalesce(d.error, j.last_error),
+         last_outcome = d.outcome,
          lease_until = NULL, locked_by = NULL, heartbeat_at = NULL
     FROM decided AS d
    WHERE j.id = d.id AND NOT d.cancelled AND NOT d.dead
-  RETURNING j.id, j.queue, d.retry_delay_ms
+  RETURNING j.id, j.queue, d.retry_delay_ms, d.last_beat_at, d.outcome
 ), finished AS (
   DELETE FROM jobs AS j
    USING decided AS d
    WHERE j.id = d.id AND (d.cancelled OR d.dead)
-  RETURNING j.*, d.spend, d.error AS final_error,
+  RETURNING j.*, d.spend, d.error AS final_error, d.worker_id AS final_worker, d.outcome AS final_outcome, d.last_beat_at,
             CASE WHEN d.cancelled THEN 'cancelled' ELSE 'dead' END AS final_state
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
-                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at)
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts + spend::int, max_attempts,
-         lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at
+         lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at,
+         final_worker, CASE WHEN final_state = 'cancelled' THEN 'cancelled' ELSE final_outcome END,
+         fence, progress_timeout_ms, max_run_ms
     FROM finished
 ), audit AS (
   INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
-  SELECT id, attempt, worker_id, started_at, CASE WHEN cancelled THEN 'cancelled' ELSE outcome END, error
+  SELECT id, attempt, worker_id, started_at, outcome, error
     FROM decided
+   WHERE NOT (cancelled OR dead)
 )
 SELECT r.id, 'waiting' AS state,
        -- jobs released to run at once wake a sleeping worker (a NOTIFY per queue, deduplicated)
-       CASE WHEN r.retry_delay_ms = 0 THEN pg_notify('leasehold:' || current_schema(), r.queue)::text END AS woke
+       CASE WHEN r.retry_delay_ms = 0 THEN pg_notify('leasehold:' || current_schema(), r.queue)::text END AS woke,
+       extract(epoch FROM now() - r.last_beat_at)::float8 AS since_beat_s, r.outcome
   FROM retried AS r
 UNION ALL
-SELECT f.id, f.final_state, NULL FROM finished AS f`;
+SELECT f.id, f.final_state, NULL, extract(epoch FROM now() - f.last_beat_at)::float8, f.final_outcome FROM finished AS f`;
 
-export type EndState = "waiting" | "dead" | "cancelled";
+/**
+ * The retry delay from the job's task policy as its workers announced it, else the given
+ * default ($1-$4): the formula itself is the schema's retry_delay_ms().
+ */
+const POLICY_DELAY = `retry_delay_ms(j.spent_attempts, coalesce(p.backoff_base_ms, $1), coalesce(p.backoff_factor, $2),
+                        coalesce(p.backoff_max_ms, $3), coalesce(p.backoff_jitter, $4))`;
 
-const ENDED = { id: "int8", state: "text", woke: "text?" } as const;
+const ENDED = { id: "int8", state: "text", woke: "text?", since_beat_s: "float8?", outcome: "text" } as const;
 
 /** A statement that selects its attempts into `ending` and ends them through the shared tail. */
 const ending = (name: string, selectEnding: string) => statement(name, selectEnding + END_ATTEMPTS, ENDED);
 
-async function endAttempts(db: Queryable, st: ReturnType<typeof ending>, values: unknown[]): Promise<Map<string, EndState>> {
+export type EndState = "waiting" | "dead" | "cancelled";
+
+/** What became of each ended attempt's job (by job id). */
+export type Ended = Map<string, EndState> & {
+  /** Seconds from each ended attempt's last heartbeat to its end (recovery delay). */
+  sinceBeatSeconds?: number[];
+  /** How each attempt ended, by job id. */
+  outcomes?: Map<string, AttemptOutcome>;
+};
+
+async function endAttempts(db: Queryable, st: ReturnType<typeof ending>, values: unknown[]): Promise<Ended> {
   const rows = await run(db, st, values);
-  return new Map(rows.map((r) => [r.id, r.state as EndState]));
+  const ended: Ended = new Map(rows.map((r) => [r.id, r.state as EndState]));
+  ended.sinceBeatSeconds = rows.flatMap((r) => (r.since_beat_s === null ? [] : [r.since_beat_s]));
+  ended.outcomes = new Map(rows.map((r) => [r.id, r.outcome as AttemptOutcome]));
+  return ended;
 }
-
-export interface Failure extends AttemptRef {
-  error: string;
-  /** Backoff before the retry, computed from the task's policy. */
-  retryDelayMs: number;
-  /** The handler said the job can never succeed: dead letter now, whatever budget is left. */
-  giveUp?: boolean;
-}
-
-/** A handler's failures, fenced by (id, attempt, worker). Absent from the result: stale. */
-export function failJobs(db: Queryable, p: { workerId: string; failures: Failure[] }): Promise<Map<string, EndState>> {
-  if (p.failures.length === 0) return Promise.resolve(new Map());
-  return endAttempts(db, FAIL_JOBS, [
-    p.failures.map((f) => f.id),
-    p.failures.map((f) => f.attempt),
-    p.failures.map((f) => f.error),
-    p.failures.map((f) => Math.max(0, Math.round(f.retryDelayMs))),
-    p.failures.map((f) => f.giveUp ?? false),
-    p.workerId,
-  ]);
-}
-
-const FAIL_JOBS = ending(
-  "failJobs",
-  `WITH ending AS (
-  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, f.error, f.retry_delay_ms,
-         true AS spend, f.give_up, 'failed' AS outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
-         j.spent_attempts, j.max_attempts
-    FROM jobs AS j
-    JOIN unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::bool[])
-         AS f(id, attempt, error, retry_delay_ms, give_up)
-      ON j.id = f.id AND j.attempt = f.attempt
-   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $6
-     FOR UPDATE OF j
-)`,
-);
 
 export interface BackoffPolicy {
   /** Delay before the first retry. */
@@ -115,79 +107,204 @@ export interface BackoffPolicy {
   jitter: number;
 }
 
-/**
- * The watchdog: every lease that ran out, in one set-based UPDATE over the partial lease
- * index, through the same retry-or-dead path as a failure (error "lease expired"). SKIP
- * LOCKED plus moving the rows out of `running` in the same statement means concurrent
- * reapers never reap a job twice, and a heartbeat in flight (holding the row) wins.
- * The backoff is the same formula as the worker's, computed with the database's clock.
- */
-export function reapExpiredLeases(
-  db: Queryable,
-  p: { limit: number; backoff: BackoffPolicy },
-): Promise<Map<string, EndState>> {
-  return endAttempts(db, REAP_EXPIRED_LEASES, [p.backoff.baseMs, p.backoff.factor, p.backoff.maxMs, p.backoff.jitter, p.limit]);
+const policyValues = (b: BackoffPolicy) => [b.baseMs, b.factor, b.maxMs, b.jitter];
+
+/** How a handler's attempt ended without success, as its worker reports it. */
+export type FailureOutcome = Extract<AttemptOutcome, "failed" | "stalled" | "timed_out">;
+
+export interface Failure extends AttemptRef {
+  error: string;
+  /** The task's retry policy: the delay before the retry is computed from it in SQL. */
+  backoff: BackoffPolicy;
+  /** The handler said the job can never succeed: dead letter now, whatever budget is left. */
+  giveUp?: boolean;
+  /** Default "failed"; "stalled" or "timed_out" when the worker ended a handler at its limit. */
+  outcome?: FailureOutcome;
+}
+
+const FAIL_JOBS = ending(
+  "failJobs",
+  `WITH ending AS (
+  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, f.error,
+         retry_delay_ms(j.spent_attempts, f.base_ms, f.factor, f.max_ms, f.jitter) AS retry_delay_ms,
+         true AS spend, f.give_up, f.outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
+         j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+    FROM jobs AS j
+    JOIN unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::bool[], $6::float8[], $7::float8[], $8::float8[], $9::float8[])
+         AS f(id, attempt, error, outcome, give_up, base_ms, factor, max_ms, jitter)
+      ON j.id = f.id AND j.attempt = f.attempt
+   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $10
+     FOR UPDATE OF j
+)`,
+);
+
+/** A handler's failures, fenced by (id, attempt, worker). Absent from the result: stale. */
+export function failJobs(db: Queryable, p: { workerId: string; failures: Failure[] }): Promise<Ended> {
+  if (p.failures.length === 0) return Promise.resolve(new Map());
+  return endAttempts(db, FAIL_JOBS, [
+    p.failures.map((f) => f.id),
+    p.failures.map((f) => f.attempt),
+    p.failures.map((f) => f.error),
+    p.failures.map((f) => f.outcome ?? "failed"),
+    p.failures.map((f) => f.giveUp ?? false),
+    p.failures.map((f) => f.backoff.baseMs),
+    p.failures.map((f) => f.backoff.factor),
+    p.failures.map((f) => f.backoff.maxMs),
+    p.failures.map((f) => f.backoff.jitter),
+    p.workerId,
+  ]);
 }
 
 const REAP_EXPIRED_LEASES = ending(
   "reapExpiredLeases",
   `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, 'lease expired' AS error,
-         round(least($3::float8, $1::float8 * power($2::float8, j.spent_attempts))
-               * (1 - $4::float8 * random()))::bigint AS retry_delay_ms,
+         ${POLICY_DELAY} AS retry_delay_ms,
          true AS spend, false AS give_up, 'lease_expired' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
     FROM jobs AS j
+    LEFT JOIN task_policies AS p ON p.task = j.task
    WHERE j.state = 'running' AND j.lease_until < now()
    ORDER BY j.lease_until
    LIMIT $5
-     FOR UPDATE SKIP LOCKED
+     FOR UPDATE OF j SKIP LOCKED
 )`,
 );
 
-/** Graceful shutdown: give jobs back to waiting at once, without spending an attempt. */
-export function releaseJobs(
-  db: Queryable,
-  p: { workerId: string; jobs: AttemptRef[]; reason: string },
-): Promise<Map<string, EndState>> {
-  if (p.jobs.length === 0) return Promise.resolve(new Map());
-  return endAttempts(db, RELEASE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => j.attempt), p.workerId, p.reason]);
+/**
+ * The watchdog: every lease that ran out, in one set-based UPDATE over the partial lease
+ * index, through the same retry-or-dead path as a failure (error "lease expired"). SKIP
+ * LOCKED plus moving the rows out of `running` in the same statement means concurrent
+ * reapers never reap a job twice, and a heartbeat in flight (holding the row) wins. The
+ * backoff is the job's task policy (`backoff` when its task announced none).
+ */
+export function reapExpiredLeases(db: Queryable, p: { limit: number; backoff: BackoffPolicy }): Promise<Ended> {
+  return endAttempts(db, REAP_EXPIRED_LEASES, [...policyValues(p.backoff), p.limit]);
+}
+
+const RECOVER_LOST_WORKERS = ending(
+  "recoverLostWorkers",
+  `WITH ending AS (
+  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
+         'worker lost: its process is gone (its database session ended)' AS error,
+         ${POLICY_DELAY} AS retry_delay_ms,
+         true AS spend, false AS give_up, 'worker_lost' AS outcome,
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+    FROM jobs AS j
+    JOIN workers AS w ON w.id = j.locked_by
+    LEFT JOIN task_policies AS p ON p.task = j.task
+   WHERE j.state = 'running' AND w.lost_at < now() - $6::bigint * interval '1 millisecond'
+   LIMIT $5
+     FOR UPDATE OF j SKIP LOCKED
+)`,
+);
+
+/**
+ * Crash detection: the jobs of workers whose liveness lock has been gone longer than
+ * `graceMs` (see workers.ts), recovered at once instead of after their leases.
+ */
+export function recoverLostWorkers(db: Queryable, p: { limit: number; graceMs: number; backoff: BackoffPolicy }): Promise<Ended> {
+  return endAttempts(db, RECOVER_LOST_WORKERS, [...policyValues(p.backoff), p.limit, p.graceMs]);
+}
+
+const END_OVERDUE_ATTEMPTS = ending(
+  "endOverdueAttempts",
+  `WITH ending AS (
+  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
+         CASE WHEN d.timed_out THEN 'timed out: ran longer than ' || l.max_run_ms || ' ms (ended by the watchdog)'
+              ELSE 'stalled: no progress for ' || l.progress_timeout_ms || ' ms (ended by the watchdog)' END AS error,
+         ${POLICY_DELAY} AS retry_delay_ms,
+         true AS spend, false AS give_up, CASE WHEN d.timed_out THEN 'timed_out' ELSE 'stalled' END AS outcome,
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+    FROM jobs AS j
+    LEFT JOIN task_policies AS p ON p.task = j.task
+   CROSS JOIN LATERAL (
+         SELECT coalesce(j.max_run_ms, p.max_run_ms) AS max_run_ms,
+                coalesce(j.progress_timeout_ms, p.progress_timeout_ms) AS progress_timeout_ms,
+                -- the worker ends an attempt at its limit; the database acts a whole lease
+                -- later (progress reaches it only with the next beat)
+                j.lease_until - j.heartbeat_at AS slack
+         ) AS l
+   CROSS JOIN LATERAL (
+         SELECT j.started_at + l.max_run_ms * interval '1 millisecond' + l.slack < now() AS timed_out,
+                j.progress_at + l.progress_timeout_ms * interval '1 millisecond' + l.slack < now() AS stalled
+         ) AS d
+   WHERE j.state = 'running' AND (d.timed_out OR d.stalled)
+   LIMIT $5
+     FOR UPDATE OF j SKIP LOCKED
+)`,
+);
+
+/**
+ * The database side of stall and run-time limits: attempts past their progress timeout or
+ * maximum run time by more than a lease (their worker should have ended them and did not: a
+ * wedged event loop, a worker without the limits) end as stalled or timed_out.
+ */
+export function endOverdueAttempts(db: Queryable, p: { limit: number; backoff: BackoffPolicy }): Promise<Ended> {
+  return endAttempts(db, END_OVERDUE_ATTEMPTS, [...policyValues(p.backoff), p.limit]);
 }
 
 const RELEASE_JOBS = ending(
   "releaseJobs",
   `WITH ending AS (
-  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, $4::text AS error, 0::bigint AS retry_delay_ms,
-         false AS spend, false AS give_up, 'released' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts
+  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, $8::text AS error,
+         CASE WHEN $7::bool THEN ${POLICY_DELAY} ELSE 0 END::bigint AS retry_delay_ms,
+         $7::bool AS spend, false AS give_up, CASE WHEN $7::bool THEN 'worker_lost' ELSE 'released' END AS outcome,
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
     FROM jobs AS j
-    JOIN unnest($1::bigint[], $2::int[]) AS r(id, attempt) ON j.id = r.id AND j.attempt = r.attempt
-   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $3
+    JOIN unnest($5::bigint[], $6::int[]) AS r(id, attempt) ON j.id = r.id AND j.attempt = r.attempt
+    LEFT JOIN task_policies AS p ON p.task = j.task
+   WHERE j.id = ANY($5::bigint[]) AND j.locked_by = $9
      FOR UPDATE OF j
 )`,
 );
 
 /**
- * Startup reconciliation: a worker with a stable name (say a pod name) releases at once the
- * jobs still held by an earlier process of that name, instead of waiting for their leases.
- * Worker ids are "<name>/<host>-<pid>-<random>"; the name never contains "/".
+ * Gives attempts back, fenced. A live worker's graceful release (`spend: false`) is free and
+ * runs the job again at once. A release on behalf of an attempt that died (a claim whose
+ * answer never reached its client) spends the budget like a reaped lease (outcome
+ * worker_lost, with the task's backoff).
  */
-export function releaseJobsOfEarlierProcess(
+export function releaseJobs(
   db: Queryable,
-  p: { workerName: string; currentWorkerId: string },
-): Promise<Map<string, EndState>> {
-  return endAttempts(db, RELEASE_EARLIER_PROCESS, [p.workerName, p.currentWorkerId]);
+  p: { workerId: string; jobs: AttemptRef[]; reason: string; spend?: boolean; backoff: BackoffPolicy },
+): Promise<Ended> {
+  if (p.jobs.length === 0) return Promise.resolve(new Map());
+  return endAttempts(db, RELEASE_JOBS, [
+    ...policyValues(p.backoff),
+    p.jobs.map((j) => j.id),
+    p.jobs.map((j) => j.attempt),
+    p.spend ?? false,
+    p.reason,
+    p.workerId,
+  ]);
 }
 
-const RELEASE_EARLIER_PROCESS = ending(
-  "releaseJobsOfEarlierProcess",
+const RECOVER_EARLIER_PROCESS = ending(
+  "recoverJobsOfEarlierProcess",
   `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
-         'released: worker ' || $1 || ' restarted' AS error, 0::bigint AS retry_delay_ms,
-         false AS spend, false AS give_up, 'released' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts
+         'worker lost: ' || $5 || ' restarted while it ran' AS error,
+         ${POLICY_DELAY} AS retry_delay_ms,
+         true AS spend, false AS give_up, 'worker_lost' AS outcome,
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
     FROM jobs AS j
-   WHERE j.state = 'running' AND split_part(j.locked_by, '/', 1) = $1 AND j.locked_by <> $2
+    LEFT JOIN task_policies AS p ON p.task = j.task
+   WHERE j.state = 'running' AND split_part(j.locked_by, '/', 1) = $5 AND j.locked_by <> $6
      FOR UPDATE OF j SKIP LOCKED
 )`,
 );
+
+/**
+ * Start-up reconciliation: a worker with a stable name (say a pod name), holding that name,
+ * recovers at once the jobs still held by an earlier process of the name: that process died
+ * with them, so each attempt spends budget like a reaped lease (a job that OOM-kills its pod
+ * still reaches the dead letter). Worker ids are "<name>/<host>-<pid>-<random>"; the name
+ * never contains "/".
+ */
+export function recoverJobsOfEarlierProcess(
+  db: Queryable,
+  p: { workerName: string; currentWorkerId: string; backoff: BackoffPolicy },
+): Promise<Ended> {
+  return endAttempts(db, RECOVER_EARLIER_PROCESS, [...policyValues(p.backoff), p.workerName, p.currentWorkerId]);
+}

@@ -14,13 +14,15 @@ import type { EnqueuedJob } from "../jobs/types.js";
  * search_path need not include Leasehold's schema: there the table is schema-qualified.
  */
 const insertJobsText = (jobs: string, onConflict: string) => `
-INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms)
+INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
+                     progress_timeout_ms, max_run_ms)
 SELECT queue, task, payload, priority,
        coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-       max_attempts, unique_key, lease_ms
+       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms
   FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
-              $6::bigint[], $7::int[], $8::text[], $9::int[])
-       AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms)${onConflict}
+              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[])
+       AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
+            progress_timeout_ms, max_run_ms)${onConflict}
 RETURNING id, unique_key`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
@@ -84,6 +86,8 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
     jobs.map((j) => j.maxAttempts),
     jobs.map((j) => j.uniqueKey),
     jobs.map((j) => j.leaseMs),
+    jobs.map((j) => j.progressTimeoutMs),
+    jobs.map((j) => j.maxRunMs),
   ]);
   if (!keyed) return inserted.map((r) => ({ id: r.id, created: true }));
   // INSERT ... SELECT returns rows in the order it inserted them, which is input order;

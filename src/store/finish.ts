@@ -3,8 +3,9 @@ import { run, statement } from "./sql.js";
 
 /**
  * Success for a batch of attempts, fenced like a heartbeat by (id, attempt, worker).
- * In one statement the job leaves the hot table for job_history and its attempt's audit
- * row is written. A job whose cancel was requested ends as cancelled: the handler's late
+ * In one statement the job leaves the hot table for job_history, and its final attempt's
+ * audit fields (worker, start, end, outcome) go with it in the same row: two row writes per
+ * finished job. A job whose cancel was requested ends as cancelled: the handler's late
  * success is refused. Rows that match nothing are stale reports and change nothing.
  *
  * No join: the rows are found through the primary key (`id = ANY($1)`) and the attempt is
@@ -24,13 +25,12 @@ WITH done AS (
             CASE WHEN j.cancel_requested_at IS NULL THEN 'succeeded' ELSE 'cancelled' END AS final_state
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
-                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at)
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts, max_attempts,
-         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+         locked_by, final_state, fence, progress_timeout_ms, max_run_ms
     FROM done
-), audit AS (
-  INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome)
-  SELECT id, attempt, locked_by, started_at, final_state FROM done
 )
 SELECT id, final_state AS state FROM done`,
   { id: "int8", state: "text" },

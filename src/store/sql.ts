@@ -19,6 +19,7 @@ interface ColumnTypes {
   timestamptz: Date;
   jsonb: JsonValue;
   _text: string[];
+  _int4: number[];
 }
 
 type TypeName = keyof ColumnTypes;

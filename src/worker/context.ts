@@ -4,31 +4,52 @@
  *   DELIVERY IS AT-LEAST-ONCE. A handler can run more than once for the same job: when its
  *   worker crashes, hangs or is cut off, the lease expires and another worker runs the job
  *   again, possibly while the first is still running. Make handlers idempotent, and use
- *   (ctx.jobId, ctx.attempt) as the dedup key and fencing token for writes elsewhere (see
- *   `fencedWrite`). Stop work when `ctx.signal` aborts: the lease is gone.
+ *   (ctx.jobId, ctx.attempt) as the dedup key, and ctx.fence as the fencing token for writes
+ *   elsewhere (see `ctx.fencedWrite`). Stop work when `ctx.signal` aborts: the lease is gone.
  */
 import type { Logger } from "pino";
-import type { JsonValue } from "../jobs/types.js";
+import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
 import { LeaseholdError } from "../errors.js";
+import type { BackoffPolicy } from "./backoff.js";
+import type { FencedWriteDb } from "../fencing.js";
 
 export interface JobContext {
   jobId: string;
-  /** The fencing token of this claim: strictly greater than every earlier attempt's. */
+  /** This claim's token within its job: strictly greater than every earlier attempt's. */
   attempt: number;
+  /**
+   * This claim's token across all jobs (a bigint as a decimal string): greater than that of
+   * every claim before it, of any job. Fence a resource several jobs write with it.
+   */
+  fence: string;
   queue: string;
   task: string;
   /** Failed or expired attempts so far, and the budget: the job is dead when they meet. */
   spentAttempts: number;
   maxAttempts: number;
-  /** Fires when this attempt must stop: lease lost, job cancelled, or worker shutting down. */
+  /**
+   * How the previous attempt ended (null on the first): a recovery run sees `lease_expired`,
+   * `worker_lost`, `stalled`, `timed_out` or `released`; a plain retry `failed`.
+   */
+  previousOutcome: AttemptOutcome | null;
+  /** The last error recorded for the job: the previous failure, or why a recovery ended it. */
+  lastError: string | null;
+  /** Fires when this attempt must stop: lease lost, job cancelled, stalled, timed out, or shutdown. */
   signal: AbortSignal;
   /** What an earlier attempt saved with `checkpoint()`, to resume from; null the first time. */
   previousCheckpoint: JsonValue | null;
-  /** Report progress; stored with the next heartbeat (the latest value wins). */
+  /** Report progress; stored with the next heartbeat (the latest value wins). Each call counts as progress. */
   progress(data: JsonValue): void;
-  /** Save a checkpoint a retry can resume from; stored with the next heartbeat. */
+  /** Save a checkpoint a retry can resume from; stored with the next heartbeat. Counts as progress. */
   checkpoint(data: JsonValue): void;
+  /**
+   * Writes a row of your own table unless a later claim (of any job) already wrote it, using
+   * `ctx.fence` as the token (see docs/fencing.md). False means the write was refused as
+   * stale: this attempt has lost to a newer one, so its signal is aborted (reason
+   * `fence_refused`) and the refusal is counted.
+   */
+  fencedWrite(db: FencedWriteDb, write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string }): Promise<boolean>;
   logger: Logger;
 }
 
@@ -37,13 +58,17 @@ export type Handler<P = any> = (payload: P, ctx: JobContext) => unknown;
 export interface TaskDefinition<P = any> {
   handler: Handler<P>;
   /** Retry backoff for this task; fields left out take the worker's policy. */
-  backoff?: Partial<import("./backoff.js").BackoffPolicy>;
+  backoff?: Partial<BackoffPolicy>;
+  /** An attempt that calls neither ctx.progress nor ctx.checkpoint for this long has stalled. */
+  progressTimeoutMs?: number;
+  /** An attempt running longer than this has timed out. */
+  maxRunMs?: number;
 }
 
 /** A tasks module's default export: task name to handler. */
 export type TaskHandlers = Record<string, Handler | TaskDefinition>;
 
-export type AbortReason = LostLeaseReason | "shutdown" | "renewal_failed" | "progress_refused";
+export type AbortReason = LostLeaseReason | "shutdown" | "renewal_failed" | "progress_refused" | "stalled" | "timed_out" | "fence_refused";
 
 /** The `signal.reason` of an aborted handler: says why it must stop. */
 export class JobAbortedError extends LeaseholdError {
@@ -74,6 +99,12 @@ function describeAbort(reason: AbortReason): string {
       return "the lease could not be renewed (database unreachable) and may run out";
     case "progress_refused":
       return "the database refused its progress or checkpoint; the attempt fails";
+    case "stalled":
+      return "no progress within the progress timeout; the attempt fails as stalled";
+    case "timed_out":
+      return "it ran past its maximum run time; the attempt fails as timed out";
+    case "fence_refused":
+      return "a fenced write was refused: a newer claim wrote first";
   }
 }
 

@@ -1,19 +1,25 @@
 /**
- * Heartbeats: one statement per tick renews the leases of all the worker's in-flight
- * jobs and carries their latest progress and checkpoint.
+ * Heartbeats: one statement per tick renews the leases of all the worker's in-flight jobs
+ * (buffered, running, or being reported), carries their latest progress and checkpoints, and
+ * refreshes the worker's own row (so the database knows it is alive even with no jobs).
  *
- * - A job the beat no longer matches lost its lease (reaped, re-claimed, finished):
- *   its handler is aborted with a reason that says which.
- * - A job whose cancel was requested is aborted with reason "cancelled".
- * - If beats keep failing (database unreachable), each handler is aborted a safety margin
+ * - A job the beat no longer matches lost its lease (reaped, re-claimed, finished): the
+ *   worker is told why, and aborts or drops it.
+ * - A job whose cancel was requested is handed to the worker to cancel.
+ * - If beats keep failing (database unreachable), each job is given up a safety margin
  *   before its lease could run out, measured on this process's monotonic clock from when
  *   the last successful renewal was *sent*: the worker trusts its lease less than the
  *   database does.
+ * - Every beat's delay (from when it was due to when its renewal was confirmed) goes into a
+ *   histogram the database keeps per worker, which `leasehold doctor` turns into a lease
+ *   recommendation.
  */
 import type { Logger } from "pino";
 import type { ClaimedJob } from "../jobs/types.js";
+import type { LostLeaseReason } from "../errors.js";
 import type { Metrics } from "../metrics.js";
 import type { AbortReason } from "./context.js";
+import type { Outage } from "./outage.js";
 import type { WorkerTransport } from "./transport.js";
 
 export interface InFlight {
@@ -21,8 +27,16 @@ export interface InFlight {
   controller: AbortController;
   /** Monotonic ms at which the last successful claim or beat for this job was sent. */
   renewedAt: number;
-  /** "running": the handler runs; "reporting": its end is being written. */
-  phase: "running" | "reporting";
+  /** "buffered": claimed, not started; "running": the handler runs; "reporting": its end is being written. */
+  phase: "buffered" | "running" | "reporting";
+  /** Monotonic ms: when it was claimed, when its handler started, its last progress. */
+  claimedAt: number;
+  startedAt?: number;
+  lastProgressAt?: number;
+  /** The limits this attempt runs under (the job's own, else its task's). */
+  progressTimeoutMs: number | null;
+  maxRunMs: number | null;
+  limitTimer?: NodeJS.Timeout;
   /** Set once the lease is known to be gone: the handler's end is not reported. */
   lostReason?: AbortReason;
   progressJson?: string;
@@ -39,38 +53,54 @@ export function attemptKey(job: { id: string; attempt: number }): string {
   return `${job.id}:${job.attempt}`;
 }
 
+/** Upper bounds (ms) of the beat delay histogram's buckets; the last bucket is everything above. */
+export const BEAT_DELAY_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000];
+
 /** Retry a failed beat this soon rather than waiting a whole interval. */
 const FAILED_BEAT_RETRY_MS = 500;
 
+export interface HeartbeatHost {
+  /** The lease of `entry` is gone (`reason` says why). */
+  lost(entry: InFlight, reason: LostLeaseReason): void;
+  /** A user asked to cancel this job. */
+  cancelRequested(entry: InFlight): void;
+  /** The database refused this attempt's progress or checkpoint. */
+  refused(entry: InFlight, why: string): void;
+  /** The lease could not be renewed in time and may run out: stop the attempt. */
+  unrenewable(entry: InFlight): void;
+}
+
 export class Heartbeater {
   private timer?: NodeJS.Timeout;
-  private deadlineTimer?: NodeJS.Timeout;
+  private checkTimer?: NodeJS.Timeout;
   private beating?: Promise<void>;
   private stopped = false;
   private nextBeatAt = Infinity;
+  private readonly delays = new Array<number>(BEAT_DELAY_BUCKETS_MS.length + 1).fill(0);
 
   constructor(
     private readonly inFlight: Map<string, InFlight>,
+    private readonly host: HeartbeatHost,
     private readonly transport: WorkerTransport,
     private readonly workerId: string,
     private readonly leaseMs: number,
     private readonly heartbeatMs: number,
-    private readonly abort: (entry: InFlight, reason: AbortReason) => void,
     private readonly metrics: Metrics,
+    private readonly outage: Outage,
     private readonly logger: Logger,
   ) {}
 
   start(): void {
     this.schedule(this.interval());
     const check = Math.max(50, Math.min(1_000, Math.floor(this.leaseMs / 20)));
-    this.deadlineTimer = setInterval(() => this.abortUnrenewable(), check);
-    this.deadlineTimer.unref();
+    this.checkTimer = setInterval(() => this.checkRenewals(), check);
+    this.checkTimer.unref();
   }
 
   async stop(): Promise<void> {
     this.stopped = true;
     clearTimeout(this.timer);
-    clearInterval(this.deadlineTimer);
+    clearInterval(this.checkTimer);
     await this.beating;
   }
 
@@ -95,10 +125,10 @@ export class Heartbeater {
   }
 
   /**
-   * A job just started: if its own lease needs a beat before the one scheduled (the timer was
+   * Jobs were claimed: if one's own lease needs a beat before the one scheduled (the timer was
    * set for longer leases), beat sooner, or its lease would run out before the first beat.
    */
-  jobStarted(leaseMs: number): void {
+  jobsClaimed(leaseMs: number): void {
     const within = Math.floor(leaseMs / 3);
     if (performance.now() + within < this.nextBeatAt) this.schedule(within);
   }
@@ -112,10 +142,10 @@ export class Heartbeater {
   }
 
   private async beat(): Promise<void> {
-    // At most one live entry per job: a re-claim marks the older attempt lost (Worker.runJob),
-    // so results keyed by job id below are unambiguous.
+    const dueAt = Math.min(this.nextBeatAt, performance.now());
+    // At most one live entry per job: a re-claim marks the older attempt lost (Worker), so
+    // results keyed by job id below are unambiguous.
     const entries = [...this.inFlight.values()].filter((e) => !e.lostReason);
-    if (entries.length === 0) return this.schedule(this.interval());
     const sentAt = performance.now();
     const beats = entries.map((e) => ({
       id: e.job.id,
@@ -125,57 +155,79 @@ export class Heartbeater {
     }));
     let result;
     try {
-      result = await this.transport.heartbeat({ workerId: this.workerId, leaseMs: this.leaseMs, beats });
+      result = await this.transport.heartbeat({
+        workerId: this.workerId,
+        leaseMs: this.leaseMs,
+        beats,
+        inFlight: this.inFlight.size,
+        beatDelays: this.delays,
+      });
     } catch (err) {
       this.metrics.heartbeats.inc({ result: "error" });
-      this.logger.warn({ err: String(err), jobs: entries.length }, "heartbeat failed; retrying");
+      if (entries.length > 0) this.metrics.heartbeatLeases.inc({ outcome: "error" }, entries.length);
+      this.outage.failed("heartbeat", err);
       return this.schedule(Math.min(FAILED_BEAT_RETRY_MS, this.interval()));
     }
+    const now = performance.now();
+    this.outage.ok();
     this.metrics.heartbeats.inc({ result: "ok" });
+    this.metrics.heartbeatDuration.observe((now - sentAt) / 1000);
+    this.recordDelay(now - dueAt);
+    let renewedCount = 0;
     for (const [i, e] of entries.entries()) {
       const renewed = result.renewed.get(e.job.id);
       if (!renewed) continue;
+      renewedCount++;
       e.renewedAt = sentAt;
       // Sent values are stored; keep only what the handler set after this beat was sent.
       if (e.progressJson === beats[i]!.progressJson) e.progressJson = undefined;
       if (e.checkpointJson === beats[i]!.checkpointJson) e.checkpointJson = undefined;
-      if (renewed.cancelRequested && e.phase === "running") this.abort(e, "cancelled");
+      if (renewed.cancelRequested) {
+        this.metrics.heartbeatLeases.inc({ outcome: "cancelled" });
+        this.host.cancelRequested(e);
+      }
       const refused = result.refused?.get(e.job.id);
       if (refused !== undefined) {
         e.progressJson = e.checkpointJson = undefined;
-        e.refusedValue = refused;
-        this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt, err: refused }, "progress refused; failing this attempt");
-        if (e.phase === "running") this.abort(e, "progress_refused");
+        this.host.refused(e, refused);
       }
     }
-    if (result.lost.length > 0) await this.handleLost(entries.filter((e) => result.lost.includes(e.job.id)));
+    if (renewedCount > 0) this.metrics.heartbeatLeases.inc({ outcome: "renewed" }, renewedCount);
+    if (result.lost.length > 0) {
+      const lost = new Set(result.lost);
+      await this.handleLost(entries.filter((e) => lost.has(e.job.id)));
+    }
     this.schedule(this.interval());
   }
 
+  private recordDelay(ms: number): void {
+    let i = BEAT_DELAY_BUCKETS_MS.findIndex((bound) => ms <= bound);
+    if (i < 0) i = BEAT_DELAY_BUCKETS_MS.length;
+    this.delays[i]!++;
+  }
+
   private async handleLost(entries: InFlight[]): Promise<void> {
-    const reasons = await this.transport
-      .describeLost(entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })))
-      .catch(() => new Map());
+    const reasons = await this.transport.describeLost(entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt }))).catch(() => new Map());
     for (const e of entries) {
       // The handler may have finished and its completion committed while the beat was in
       // flight: then the reporter owns the outcome.
-      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase !== "running") continue;
-      const reason = reasons.get(e.job.id)?.reason ?? "missing";
-      this.metrics.staleReports.inc({ kind: "heartbeat", reason });
-      e.lostReason = reason;
-      this.abort(e, reason);
+      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase === "reporting" || e.lostReason) continue;
+      const reason: LostLeaseReason = reasons.get(e.job.id)?.reason ?? "missing";
+      this.metrics.heartbeatLeases.inc({ outcome: "lost" });
+      this.metrics.fencingRejections.inc({ kind: "heartbeat", reason });
+      this.host.lost(e, reason);
     }
   }
 
-  private abortUnrenewable(): void {
+  private checkRenewals(): void {
     const now = performance.now();
     for (const e of this.inFlight.values()) {
-      if (e.phase !== "running" || e.lostReason || e.controller.signal.aborted) continue;
+      if (e.phase === "reporting" || e.lostReason || e.controller.signal.aborted) continue;
       const beatMs = Math.min(this.heartbeatMs, e.job.leaseMs / 3);
       const margin = Math.max(beatMs / 2, e.job.leaseMs / 10);
       if (now - e.renewedAt > e.job.leaseMs - margin) {
-        this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt }, "lease could not be renewed in time; aborting handler");
-        this.abort(e, "renewal_failed");
+        this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt }, "lease could not be renewed in time; giving up the attempt");
+        this.host.unrenewable(e);
       }
     }
   }

@@ -1,50 +1,95 @@
 /**
- * A dedicated LISTEN connection that survives terminated backends and database restarts.
- * Notifications sent while it was disconnected are lost, so after every (re)connect it
- * calls `onNotify(undefined)`: the worker polls at once.
+ * A dedicated session that survives terminated backends and database restarts: it LISTENs
+ * for wake-ups and (for a worker) holds session-level state, such as its liveness lock,
+ * which `onConnect` sets up again on every new session. Notifications sent while it was
+ * disconnected are lost, so after every (re)connect it calls `onNotify(undefined)`: the
+ * worker polls at once.
+ *
+ * Reconnects back off from 100 ms to at most a second, so a worker is back within about a
+ * second of the database, and an outage costs one attempt per second.
  */
 import pg from "pg";
+import { LeaseholdError } from "../errors.js";
+import { isConnectionError } from "../store/db.js";
 
 const RECONNECT_MIN_MS = 100;
-const RECONNECT_MAX_MS = 5_000;
+/** A first session that cannot be had for this long (the database is down) fails start(). */
+const FIRST_CONNECT_MAX_MS = 30_000;
+export const RECONNECT_MAX_MS = 1_000;
+
+export interface ListenerOptions {
+  connectionString: string;
+  channel: string;
+  onNotify: (payload: string | undefined) => void;
+  /**
+   * Runs on every new session before LISTEN. A LeaseholdError it throws (e.g. the worker's
+   * name is taken) stops the listener: reconnecting cannot help.
+   */
+  onConnect?: (client: pg.Client) => Promise<void>;
+  onFatal?: (err: Error) => void;
+  /** Session state changes, for outage logging: up after a (re)connect, down on loss. */
+  onState?: (state: "up" | "down", err?: unknown) => void;
+  applicationName?: string;
+  /** Session settings, e.g. the search_path `onConnect` needs. */
+  sessionOptions?: string;
+}
 
 export class Listener {
   private client?: pg.Client;
   private stopped = false;
   private reconnectTimer?: NodeJS.Timeout;
   private delayMs = RECONNECT_MIN_MS;
+  private firstConnect?: { resolve: () => void; reject: (err: unknown) => void; since: number };
 
-  constructor(
-    private readonly connectionString: string,
-    private readonly channel: string,
-    private readonly onNotify: (payload: string | undefined) => void,
-  ) {}
+  constructor(private readonly options: ListenerOptions) {}
 
-  async start(): Promise<void> {
-    await this.connect();
+  /** Resolves once the first session is set up; rejects if `onConnect` fails fatally. */
+  start(): Promise<void> {
+    return new Promise((resolve, reject) => {
+      this.firstConnect = { resolve, reject, since: Date.now() };
+      void this.connect();
+    });
   }
 
   private async connect(): Promise<void> {
     if (this.stopped) return;
-    const client = new pg.Client({ connectionString: this.connectionString, application_name: "leasehold-listen" });
+    const o = this.options;
+    const client = new pg.Client({ connectionString: o.connectionString, application_name: o.applicationName ?? "leasehold-listen", options: o.sessionOptions });
     this.client = client;
     client.on("notification", (msg) => {
-      if (msg.channel === this.channel) this.onNotify(msg.payload);
+      if (msg.channel === o.channel) o.onNotify(msg.payload);
     });
-    client.on("error", () => this.scheduleReconnect(client));
+    client.on("error", (err) => this.scheduleReconnect(client, err));
     client.on("end", () => this.scheduleReconnect(client));
     try {
       await client.connect();
-      await client.query(`LISTEN ${pg.escapeIdentifier(this.channel)}`);
-      this.delayMs = RECONNECT_MIN_MS;
-      this.onNotify(undefined);
-    } catch {
-      this.scheduleReconnect(client);
+      await o.onConnect?.(client);
+      await client.query(`LISTEN ${pg.escapeIdentifier(o.channel)}`);
+    } catch (err) {
+      const first = this.firstConnect;
+      // At start, a wrong password or database is not worth retrying, nor a long outage.
+      const giveUp = first && (!isConnectionError(err) || Date.now() - first.since > FIRST_CONNECT_MAX_MS);
+      if (err instanceof LeaseholdError || giveUp) {
+        this.stopped = true;
+        await client.end().catch(() => {});
+        this.firstConnect = undefined;
+        if (first) first.reject(err);
+        else o.onFatal?.(err as Error);
+        return;
+      }
+      this.scheduleReconnect(client, err);
+      return;
     }
+    this.delayMs = RECONNECT_MIN_MS;
+    o.onState?.("up");
+    this.firstConnect?.resolve();
+    this.firstConnect = undefined;
+    o.onNotify(undefined);
   }
 
-  private scheduleReconnect(client: pg.Client): void {
+  private scheduleReconnect(client: pg.Client, err?: unknown): void {
     if (this.stopped || client !== this.client || this.reconnectTimer) return;
+    this.options.onState?.("down", err);
     client.end().catch(() => {});
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = undefined;
@@ -53,9 +98,17 @@ export class Listener {
     this.delayMs = Math.min(this.delayMs * 2, RECONNECT_MAX_MS);
   }
 
+  /** Runs a statement on the session (e.g. a graceful goodbye before stop). */
+  async query(text: string, values?: unknown[]): Promise<void> {
+    await this.client?.query(text, values);
+  }
+
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    // A start still connecting ends now (the caller stops before it was ever up).
+    this.firstConnect?.resolve();
+    this.firstConnect = undefined;
     await this.client?.end().catch(() => {});
   }
 }

@@ -1,6 +1,6 @@
 /** Worker settings: defaults as named constants, validated at construction. */
 import { ConfigError } from "../errors.js";
-import { checkName, integerIn, suggest } from "../jobs/validate.js";
+import { checkName, integerIn, optionalLimit, suggest } from "../jobs/validate.js";
 import { DEFAULT_BACKOFF, type BackoffPolicy } from "./backoff.js";
 import type { Handler, TaskDefinition, TaskHandlers } from "./context.js";
 
@@ -12,6 +12,16 @@ export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 10_000;
 /** 500 jobs per claim measured best for the bare claim + complete SQL on 2 cores. */
 export const MAX_CLAIM_BATCH = 500;
 
+/** A task as the worker runs it: its handler and its policy (announced to the database). */
+export interface TaskSettings {
+  handler: Handler;
+  backoff: BackoffPolicy;
+  /** No ctx.progress/ctx.checkpoint call for this long: the attempt has stalled. */
+  progressTimeoutMs: number | null;
+  /** An attempt running longer than this has timed out. */
+  maxRunMs: number | null;
+}
+
 export interface WorkerSettings {
   queues: string[];
   concurrency: number;
@@ -20,8 +30,10 @@ export interface WorkerSettings {
   pollIntervalMs: number;
   shutdownTimeoutMs: number;
   name?: string;
+  /** With a name held by another live process: wait for it instead of failing at start. */
+  waitForName: boolean;
   backoff: BackoffPolicy;
-  tasks: Map<string, { handler: Handler; backoff: BackoffPolicy }>;
+  tasks: Map<string, TaskSettings>;
 }
 
 export interface WorkerSettingsInput {
@@ -33,10 +45,31 @@ export interface WorkerSettingsInput {
   pollIntervalMs?: number;
   shutdownTimeoutMs?: number;
   name?: string;
+  waitForName?: boolean;
   backoff?: Partial<BackoffPolicy>;
+  /** Defaults for every task (a task's own definition, then a job's own options, override them). */
+  progressTimeoutMs?: number;
+  maxRunMs?: number;
 }
 
-const KEYS = ["handlers", "queues", "concurrency", "leaseMs", "heartbeatMs", "pollIntervalMs", "shutdownTimeoutMs", "name", "backoff"];
+const KEYS = [
+  "handlers",
+  "queues",
+  "concurrency",
+  "leaseMs",
+  "heartbeatMs",
+  "pollIntervalMs",
+  "shutdownTimeoutMs",
+  "name",
+  "waitForName",
+  "backoff",
+  "progressTimeoutMs",
+  "maxRunMs",
+];
+const TASK_KEYS = new Set(["handler", "backoff", "progressTimeoutMs", "maxRunMs"]);
+
+/** A stable worker name: no "/", which separates it from the process part of a worker id. */
+export const WORKER_NAME = /^[A-Za-z0-9_.:-]{1,100}$/;
 
 export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: string[] = []): WorkerSettings {
   const known = new Set([...KEYS, ...extraKeys]);
@@ -57,21 +90,30 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
     const leaseMs = integerIn(input.leaseMs ?? DEFAULT_LEASE_MS, 1_000, 24 * 3600_000, "leaseMs");
     const heartbeatMs = integerIn(input.heartbeatMs ?? Math.min(DEFAULT_HEARTBEAT_MS, Math.floor(leaseMs / 3)), 100, leaseMs, "heartbeatMs");
     if (heartbeatMs * 3 > leaseMs) {
-      throw new ConfigError(
-        `heartbeatMs (${heartbeatMs}) must be at most a third of leaseMs (${leaseMs}): a lease must survive two missed beats`,
-      );
+      throw new ConfigError(`heartbeatMs (${heartbeatMs}) must be at most a third of leaseMs (${leaseMs}): a lease must survive two missed beats`);
     }
-    if (input.name !== undefined && (typeof input.name !== "string" || !/^[A-Za-z0-9_.:-]{1,100}$/.test(input.name))) {
+    if (input.name !== undefined && (typeof input.name !== "string" || !WORKER_NAME.test(input.name))) {
       throw new ConfigError(`name must be 1-100 characters of letters, digits and _ . : - (got ${JSON.stringify(input.name)})`);
     }
+    if (input.waitForName !== undefined && typeof input.waitForName !== "boolean") throw new ConfigError("waitForName must be true or false");
     const backoff = resolveBackoff(DEFAULT_BACKOFF, input.backoff);
-    const tasks = new Map<string, { handler: Handler; backoff: BackoffPolicy }>();
+    const progressTimeoutMs = optionalLimit(input.progressTimeoutMs, "progressTimeoutMs");
+    const maxRunMs = optionalLimit(input.maxRunMs, "maxRunMs");
+    const tasks = new Map<string, TaskSettings>();
     if (!input.handlers || typeof input.handlers !== "object") throw new ConfigError("handlers must map task names to functions");
     for (const [task, def] of Object.entries(input.handlers)) {
       checkName(task, "task name");
       const d: TaskDefinition = typeof def === "function" ? { handler: def } : def;
       if (!d || typeof d.handler !== "function") throw new ConfigError(`handler for task "${task}" is not a function`);
-      tasks.set(task, { handler: d.handler, backoff: resolveBackoff(backoff, d.backoff) });
+      for (const key of Object.keys(d)) {
+        if (!TASK_KEYS.has(key)) throw new ConfigError(`task "${task}": unknown option "${key}"${suggest(key, TASK_KEYS)}`);
+      }
+      tasks.set(task, {
+        handler: d.handler,
+        backoff: resolveBackoff(backoff, d.backoff),
+        progressTimeoutMs: optionalLimit(d.progressTimeoutMs, `task "${task}": progressTimeoutMs`) ?? progressTimeoutMs,
+        maxRunMs: optionalLimit(d.maxRunMs, `task "${task}": maxRunMs`) ?? maxRunMs,
+      });
     }
     if (tasks.size === 0) throw new ConfigError("a worker needs at least one task handler");
     return {
@@ -82,6 +124,7 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
       pollIntervalMs: integerIn(input.pollIntervalMs ?? DEFAULT_POLL_INTERVAL_MS, 10, 3600_000, "pollIntervalMs"),
       shutdownTimeoutMs: integerIn(input.shutdownTimeoutMs ?? DEFAULT_SHUTDOWN_TIMEOUT_MS, 0, 24 * 3600_000, "shutdownTimeoutMs"),
       name: input.name,
+      waitForName: input.waitForName ?? false,
       backoff,
       tasks,
     };
@@ -89,6 +132,7 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
 }
 
 export function resolveBackoff(base: BackoffPolicy, over: Partial<BackoffPolicy> | undefined): BackoffPolicy {
+  if (over !== undefined && (over === null || typeof over !== "object")) throw new ConfigError("backoff must be an object");
   const b = { ...base, ...over };
   integerIn(b.baseMs, 0, 24 * 3600_000, "backoff.baseMs");
   integerIn(b.maxMs, 0, 30 * 24 * 3600_000, "backoff.maxMs");

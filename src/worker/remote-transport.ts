@@ -20,7 +20,7 @@
 import type { ClaimedJob } from "../jobs/types.js";
 import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
 import type * as store from "../store/index.js";
-import type { WorkerTransport } from "./transport.js";
+import type { AttachParams, Attachment, WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
@@ -112,16 +112,30 @@ export class RemoteTransport implements WorkerTransport {
     }
   }
 
-  async heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
-    if (p.beats.length === 0) return { renewed: new Map(), lost: [] };
+  async attach(p: AttachParams): Promise<Attachment> {
+    this.wake = p.wake;
+    await this.post(
+      "/v1/worker/attach",
+      { workerId: p.workerId, name: p.name, queues: p.queues, concurrency: p.concurrency, leaseMs: p.leaseMs, heartbeatMs: p.heartbeatMs, policies: p.policies },
+      this.timeoutMs,
+    );
+    return {
+      detach: async (graceful) => {
+        this.wake = undefined;
+        await this.post("/v1/worker/detach", { workerId: p.workerId, graceful }, this.timeoutMs).catch(() => {});
+      },
+    };
+  }
+
+  async heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
     const beats = p.beats.map((b) => ({
       ...this.withReceipt(b),
       ...(b.progressJson != null && { progress: JSON.parse(b.progressJson) }),
       ...(b.checkpointJson != null && { checkpoint: JSON.parse(b.checkpointJson) }),
     }));
-    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: (Ref & { code: string })[] }>(
+    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: (Ref & { code: string; message?: string })[] }>(
       "/v1/worker/heartbeat",
-      { workerId: p.workerId, leaseMs: p.leaseMs, beats },
+      { workerId: p.workerId, leaseMs: p.leaseMs, beats, ...(p.inFlight !== undefined && { inFlight: p.inFlight }), ...(p.beatDelays && { beatDelays: p.beatDelays }) },
       this.timeoutMs,
       undefined,
       [409],
@@ -136,6 +150,7 @@ export class RemoteTransport implements WorkerTransport {
     result.lost.push(...invalid.filter((i) => i.code === "invalid_receipt").map((i) => i.id));
     // A beat refused for its progress or checkpoint (a value the server cannot store) would
     // be refused again: renew its lease without the values, which are dropped.
+    // The worker fails such an attempt: the value it reported could not be recorded.
     const badValues = p.beats.filter(
       (b) => (b.progressJson != null || b.checkpointJson != null) && invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt),
     );
@@ -143,6 +158,9 @@ export class RemoteTransport implements WorkerTransport {
       const retried = await this.heartbeat({ workerId: p.workerId, leaseMs: p.leaseMs, beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })) });
       for (const [id, r] of retried.renewed) result.renewed.set(id, r);
       result.lost.push(...retried.lost);
+      result.refused = new Map(
+        badValues.map((b) => [b.id, invalid.find((i) => i.id === b.id && i.code !== "invalid_receipt")?.message ?? "the server refused its progress or checkpoint"]),
+      );
     }
     return result;
   }
@@ -152,7 +170,13 @@ export class RemoteTransport implements WorkerTransport {
   }
 
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
-    const failures = p.failures.map((f) => ({ ...this.withReceipt(f), error: f.error, retryDelayMs: Math.max(0, Math.round(f.retryDelayMs)), giveUp: f.giveUp ?? false }));
+    const failures = p.failures.map((f) => ({
+      ...this.withReceipt(f),
+      error: f.error.slice(0, 10_000),
+      backoff: f.backoff,
+      outcome: f.outcome ?? "failed",
+      giveUp: f.giveUp ?? false,
+    }));
     return this.report("/v1/worker/fail", { workerId: p.workerId, failures }, p.failures);
   }
 
@@ -176,23 +200,16 @@ export class RemoteTransport implements WorkerTransport {
     const out = new Map<string, store.LostLease>();
     for (const [workerId, refs] of byWorker) {
       const res = await this.post<{ lost: ({ id: string } & store.LostLease)[] }>("/v1/worker/lost", { workerId, attempts: refs }, this.timeoutMs);
-      for (const l of res.body.lost) out.set(l.id, { reason: l.reason, endedAs: l.endedAs });
+      for (const l of res.body.lost) out.set(l.id, { reason: l.reason, endedAs: l.endedAs, finishedState: l.finishedState });
       // The reporter asks after a refused report, and then says nothing more about the attempt.
       for (const r of refs) if (this.receipts.get(key(r))?.refused) this.receipts.delete(key(r));
     }
     return out;
   }
 
-  async reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
+  async reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
     const res = await this.post<{ released: number }>("/v1/worker/reconcile", p, this.timeoutMs);
     return res.body.released;
-  }
-
-  async subscribe(_queues: string[], wake: () => void): Promise<() => Promise<void>> {
-    this.wake = wake;
-    return async () => {
-      this.wake = undefined;
-    };
   }
 
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */

@@ -10,6 +10,7 @@
  */
 import type { AttemptRef, EndState, Failure, LostLease } from "../store/index.js";
 import type { LostLeaseReason } from "../errors.js";
+import type { Outage } from "./outage.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
 
 export type ReportOutcome =
@@ -23,7 +24,8 @@ interface Pending<T> {
 }
 
 const RETRY_MIN_MS = 100;
-const RETRY_MAX_MS = 5_000;
+/** Retried at least once a second: reports land within a second of the database coming back. */
+const RETRY_MAX_MS = 1_000;
 
 export class Reporter {
   private successes: Pending<AttemptRef>[] = [];
@@ -35,6 +37,7 @@ export class Reporter {
   constructor(
     private readonly transport: WorkerTransport,
     private readonly workerId: string,
+    private readonly outage?: Outage,
   ) {}
 
   succeed(ref: AttemptRef): Promise<ReportOutcome> {
@@ -72,7 +75,7 @@ export class Reporter {
         successes.length &&
           this.send(successes, (items) => this.transport.complete({ workerId: this.workerId, jobs: items }), ["succeeded", "cancelled"]),
         failures.length &&
-          this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), ["failed", "cancelled"]),
+          this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), ["failed", "stalled", "timed_out", "cancelled"]),
       ]);
     }
   }
@@ -88,8 +91,10 @@ export class Reporter {
     for (let delay = RETRY_MIN_MS; ; delay = Math.min(delay * 2, RETRY_MAX_MS)) {
       try {
         applied = await write(items);
+        this.outage?.ok();
         break;
       } catch (err) {
+        this.outage?.failed("report", err);
         if (!isConnectionError(err) || Date.now() > this.giveUpAfter) {
           for (const p of batch) p.resolve({ applied: false, error: err });
           return;
@@ -112,7 +117,8 @@ export class Reporter {
       const l = lost.get(p.item.id);
       if (ambiguous && l?.endedAs && landedAs.includes(l.endedAs)) {
         // Our first try committed before the connection dropped.
-        p.resolve({ applied: true, state: l.endedAs === "failed" ? "waiting" : (l.endedAs as "succeeded" | "cancelled") });
+        const state = l.endedAs === "succeeded" || l.endedAs === "cancelled" ? l.endedAs : ((l.finishedState as EndState | null | undefined) ?? "waiting");
+        p.resolve({ applied: true, state });
       } else {
         p.resolve({ applied: false, reason: l?.reason ?? "missing" });
       }

@@ -4,43 +4,62 @@
  * talks to `leasehold serve` over HTTP. Both give the same fencing guarantees, because
  * the fence is in the SQL.
  */
+import os from "node:os";
 import type pg from "pg";
+import { WorkerNameInUseError } from "../errors.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import * as store from "../store/index.js";
+import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
+import { isConnectionError } from "../store/db.js";
 
-export interface WorkerTransport {
-  claim(p: store.ClaimParams): Promise<ClaimedJob[]>;
-  heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult>;
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
-  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
-  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>>;
-  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>>;
-  /** Startup reconciliation for a worker with a stable name; returns how many jobs were released. */
-  reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number>;
-  /**
-   * Calls `wake` when jobs may have become ready in one of `queues`, and after every
-   * reconnect (notifications sent while disconnected are lost). Returns a stop function.
-   */
-  subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>>;
-  /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
-  interrupt?(): void;
+export { isConnectionError };
+
+/** What a worker tells the world about itself when it starts. */
+export interface AttachParams {
+  workerId: string;
+  name?: string;
+  /** With the name held by another live process: wait for it instead of failing. */
+  waitForName: boolean;
+  queues: string[];
+  concurrency: number;
+  leaseMs: number;
+  heartbeatMs: number;
+  policies: store.TaskPolicy[];
+  /** Jobs may have become ready in one of the queues (or a wake-up may have been missed). */
+  wake: () => void;
+  /** The worker's identity was taken while it ran (its name is held by another process). */
+  onIdentityLost: (err: Error) => void;
+  /** The transport's own connection went down or came back (for outage logging). */
+  onConnection?: (state: "up" | "down", err?: unknown) => void;
 }
 
-/** Errors that mean "the request may or may not have been applied": retry the fenced call. */
-export function isConnectionError(err: unknown): boolean {
-  const e = err as { code?: string; message?: string };
-  if (!e || typeof e !== "object") return false;
-  if (typeof e.code === "string") {
-    // node socket errors, and PostgreSQL's admin shutdown / connection-exception classes
-    if (/^(ECONNRESET|ECONNREFUSED|EPIPE|ETIMEDOUT|ENOTFOUND|EHOSTUNREACH|ECONNABORTED|UND_ERR_\w+)$/.test(e.code)) return true;
-    if (/^(57P0[1-3]|08\d{3})$/.test(e.code)) return true;
-    // the remote transport: the server could not be reached, or could not reach the database
-    if (e.code === "server_unavailable") return true;
-  }
-  return /Connection terminated|connection timeout|timeout exceeded when trying to connect|Client has encountered a connection error|socket hang up|fetch failed|Query read timeout/i.test(
-    e.message ?? "",
-  );
+export interface Attachment {
+  /** Ends the worker's presence; `graceful`: it stopped on purpose (its jobs were released). */
+  detach(graceful: boolean): Promise<void>;
+}
+
+export interface WorkerTransport {
+  /**
+   * Announces the worker and its task policies, holds its liveness (and, with a name, the
+   * name: a second live process with that name is refused with WorkerNameInUseError), and
+   * calls `wake` when jobs may be ready. Resolves when the worker may start claiming.
+   */
+  attach(p: AttachParams): Promise<Attachment>;
+  claim(p: store.ClaimParams): Promise<ClaimedJob[]>;
+  heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult>;
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
+  /** A graceful release by this live worker: no retry budget is spent. */
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>>;
+  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>>;
+  /**
+   * Start-up reconciliation for a worker holding a stable name: the jobs an earlier process
+   * of the name still holds end as worker_lost (spending budget); returns how many.
+   */
+  reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number>;
+  /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
+  interrupt?(): void;
 }
 
 /**
@@ -53,11 +72,7 @@ export function isRefusedValue(err: unknown): boolean {
 }
 
 /** One job's beat; if its value is refused, the lease is renewed without the value. */
-async function beatAlone(
-  db: store.Queryable,
-  p: { workerId: string; leaseMs: number },
-  beat: store.Beat,
-): Promise<store.BeatResult> {
+async function beatAlone(db: store.Queryable, p: store.HeartbeatParams, beat: store.Beat): Promise<store.BeatResult> {
   try {
     return await store.extendLeases(db, { ...p, beats: [beat] });
   } catch (err) {
@@ -89,10 +104,53 @@ export class DatabaseTransport implements WorkerTransport {
     private readonly schema: string,
   ) {}
 
+  async attach(p: AttachParams): Promise<Attachment> {
+    const wanted = new Set(p.queues);
+    const announce = (key: string) => ({
+      workerId: p.workerId,
+      name: p.name,
+      kind: "worker" as const,
+      host: os.hostname(),
+      pid: process.pid,
+      queues: p.queues,
+      concurrency: p.concurrency,
+      leaseMs: p.leaseMs,
+      heartbeatMs: p.heartbeatMs,
+      livenessKey: key,
+      policies: p.policies,
+    });
+    // One session per worker: it LISTENs, and holds the worker's liveness lock (and its name)
+    // for as long as it lives; a new session after a reconnect takes them again.
+    const listener = new Listener({
+      connectionString: this.connectionString,
+      channel: store.notifyChannel(this.schema),
+      applicationName: "leasehold-worker",
+      sessionOptions: `-c search_path=${store.quoteIdent(this.schema)}`,
+      onNotify: (queue) => {
+        if (queue === undefined || wanted.has(queue)) p.wake();
+      },
+      onConnect: async (client) => {
+        if (p.name !== undefined && p.waitForName) await client.query(`SELECT pg_advisory_lock(hashtextextended('leasehold:' || current_schema() || ':name:' || $1, 0))`, [p.name]);
+        const held = await store.lockLiveness(client, { workerId: p.workerId, name: p.name });
+        if ("nameTaken" in held) throw new WorkerNameInUseError(p.name!);
+        await store.announceWorker(client, announce(held.key));
+      },
+      onFatal: p.onIdentityLost,
+      onState: p.onConnection,
+    });
+    await listener.start();
+    return {
+      detach: async (graceful) => {
+        if (graceful) await store.markWorkerStopped(this.pool, p.workerId).catch(() => {});
+        await listener.stop();
+      },
+    };
+  }
+
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
     return store.claimJobs(withQueryTimeout(this.pool, p.leaseMs), p);
   }
-  async heartbeat(p: { workerId: string; leaseMs: number; beats: store.Beat[] }): Promise<store.BeatResult> {
+  async heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
     // A beat that cannot answer within a third of the lease is retried on a fresh connection.
     const db = withQueryTimeout(this.pool, Math.max(1_000, Math.floor(p.leaseMs / 3)));
     try {
@@ -118,20 +176,12 @@ export class DatabaseTransport implements WorkerTransport {
     return store.failJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
-    return store.releaseJobs(this.pool, p);
+    return store.releaseJobs(this.pool, { ...p, spend: false, backoff: DEFAULT_BACKOFF });
   }
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
     return store.describeLostLeases(this.pool, attempts);
   }
-  async reconcile(p: { workerName: string; currentWorkerId: string }): Promise<number> {
-    return (await store.releaseJobsOfEarlierProcess(this.pool, p)).size;
-  }
-  async subscribe(queues: string[], wake: () => void): Promise<() => Promise<void>> {
-    const wanted = new Set(queues);
-    const listener = new Listener(this.connectionString, store.notifyChannel(this.schema), (queue) => {
-      if (queue === undefined || wanted.has(queue)) wake();
-    });
-    await listener.start();
-    return () => listener.stop();
+  async reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
+    return (await store.recoverJobsOfEarlierProcess(this.pool, p)).size;
   }
 }

@@ -1,12 +1,12 @@
 /**
- * The worker runtime: claims jobs in batches (the claim is the lease grant), runs their
- * handlers with up to `concurrency` at once, keeps their leases alive with one heartbeat
- * statement per tick, and reports their ends in batches, every write fenced by
- * (job id, attempt, worker id).
+ * The worker runtime: claims jobs ahead into a bounded local buffer (the claim is the lease
+ * grant), runs their handlers with up to `concurrency` at once, keeps every lease it holds
+ * alive with one heartbeat statement per tick, ends handlers that stall or run too long,
+ * and reports their ends in batches, every write fenced by (job id, attempt, worker id).
  *
  * Events (for tests and dashboards): "job:start" (job), "job:end" (job, outcome),
- * "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError),
- * "claim:error" (err), "idle".
+ * "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
+ * "identity:lost" (err), "stopped".
  */
 import { EventEmitter } from "node:events";
 import os from "node:os";
@@ -14,16 +14,20 @@ import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { ClaimedJob } from "../jobs/types.js";
-import { StaleLeaseError, UnknownTaskError } from "../errors.js";
+import { UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
-import { JobAbortedError, PermanentJobError, type AbortReason, type JobContext } from "./context.js";
+import { Claimer } from "./claimer.js";
+import { JobAbortedError, type AbortReason } from "./context.js";
 import { Heartbeater, attemptKey, type InFlight } from "./heartbeat.js";
-import { resolveWorkerSettings, MAX_CLAIM_BATCH, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
-import { Reporter, type ReportOutcome } from "./reporter.js";
-import { retryDelayMs } from "./backoff.js";
-import { sanitizeText, serializePayload } from "../jobs/validate.js";
-import { isConnectionError, type WorkerTransport } from "./transport.js";
+import { createJobContext } from "./job-context.js";
+import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
+import { Outage } from "./outage.js";
+import { reportEnd, type JobOutcome } from "./report-end.js";
+import { Reporter } from "./reporter.js";
+import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
+
+export type { JobOutcome };
 
 export interface WorkerOptions extends WorkerSettingsInput {
   transport: WorkerTransport;
@@ -33,18 +37,13 @@ export interface WorkerOptions extends WorkerSettingsInput {
   metricsRegistry?: Registry;
 }
 
-export type JobOutcome =
-  | { state: "succeeded" | "cancelled" | "waiting" | "dead" }
-  | { state: "stale"; error: StaleLeaseError }
-  | { state: "lost"; reason: AbortReason }
-  | { state: "report_failed"; error: unknown };
-
-const CLAIM_ERROR_BACKOFF_MAX_MS = 5_000;
 /** How long a stopping worker waits for its last reports. */
 const SHUTDOWN_REPORT_WAIT_MS = 5_000;
 /** Start-up reconciliation retries connection errors for about 30 s in all. */
 const RECONCILE_RETRY_MAX_MS = 16_000;
-const MAX_ERROR_LENGTH = 4_000;
+/** A buffered job not started within this share of its lease is given back. */
+const BUFFER_MAX_LEASE_SHARE = 0.25;
+const BUFFER_MAX_AGE_MS = 10_000;
 
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
 export function makeWorkerId(name?: string): string {
@@ -55,22 +54,25 @@ export function makeWorkerId(name?: string): string {
 export class Worker extends EventEmitter {
   readonly id: string;
   readonly settings: WorkerSettings;
-  private readonly transport: WorkerTransport;
-  private readonly logger: Logger;
-  private readonly metrics: Metrics;
-  /** Keyed by attemptKey (job id and attempt). */
-  private readonly inFlight = new Map<string, InFlight>();
+  readonly transport: WorkerTransport;
+  readonly logger: Logger;
+  readonly metrics: Metrics;
+  /** Every lease held, keyed by attemptKey (job id and attempt). */
+  readonly inFlight = new Map<string, InFlight>();
   /** The newest attempt this worker holds of each job. */
   private readonly newestAttempt = new Map<string, InFlight>();
-  private readonly heartbeater: Heartbeater;
-  private readonly reporter: Reporter;
+  /** Claimed, not yet started, in claim order (`head` is the next to start). */
+  private buffer: InFlight[] = [];
+  private head = 0;
   private running = 0;
+  private reporting = 0;
+  private readonly outage: Outage;
+  private readonly claimer: Claimer;
+  private readonly heartbeater: Heartbeater;
+  readonly reporter: Reporter;
+  private attachment?: Attachment;
+  private sweepTimer?: NodeJS.Timeout;
   private state: "new" | "started" | "stopping" | "stopped" = "new";
-  private loop?: Promise<void>;
-  private unsubscribe?: () => Promise<void>;
-  private notified = false;
-  private nudge?: () => void;
-  private readonly tasks: string[];
   private readonly services: MaintenanceService<unknown>[];
 
   constructor(options: WorkerOptions) {
@@ -82,21 +84,42 @@ export class Worker extends EventEmitter {
     this.id = makeWorkerId(this.settings.name);
     this.logger = (logger ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" })).child({ worker: this.id });
     this.metrics = metricsFor(metricsRegistry);
-    this.tasks = [...this.settings.tasks.keys()];
-    this.reporter = new Reporter(transport, this.id);
+    this.outage = new Outage(this.logger);
+    this.reporter = new Reporter(transport, this.id, this.outage);
+    const tasks = [...this.settings.tasks.keys()];
+    this.claimer = new Claimer(
+      { buffered: () => this.buffer.length - this.head, running: () => this.running, reporting: () => this.reporting, deliver: (j, at) => this.deliver(j, at), idle: () => this.emit("idle") },
+      transport,
+      this.id,
+      this.settings,
+      tasks,
+      this.metrics,
+      this.outage,
+      this.logger,
+    );
     this.heartbeater = new Heartbeater(
       this.inFlight,
+      {
+        lost: (e, reason) => this.leaseLost(e, reason),
+        cancelRequested: (e) => this.cancelRequested(e),
+        refused: (e, why) => {
+          e.refusedValue = why;
+          this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt, err: why }, "progress refused; failing this attempt");
+          if (e.phase === "running") this.abortJob(e, "progress_refused");
+        },
+        unrenewable: (e) => (e.phase === "buffered" ? this.drop(e, "renewal_failed") : this.abortJob(e, "renewal_failed")),
+      },
       transport,
       this.id,
       this.settings.leaseMs,
       this.settings.heartbeatMs,
-      (entry, reason) => this.abortJob(entry, reason),
       this.metrics,
+      this.outage,
       this.logger,
     );
   }
 
-  /** Jobs whose leases this worker holds now (running or being reported). */
+  /** Jobs whose leases this worker holds now (buffered, running or being reported). */
   get inFlightCount(): number {
     return this.inFlight.size;
   }
@@ -104,32 +127,49 @@ export class Worker extends EventEmitter {
   async start(): Promise<this> {
     if (this.state !== "new") throw new Error("a worker can be started once");
     this.state = "started";
-    if (this.settings.name) {
-      const released = await this.reconcile(this.settings.name);
-      if (released > 0) {
-        this.metrics.released.inc({ cause: "reconciliation" }, released);
-        this.logger.info({ released }, "released jobs still held by an earlier process of this worker name");
+    const s = this.settings;
+    this.attachment = await this.transport.attach({
+      workerId: this.id,
+      name: s.name,
+      waitForName: s.waitForName,
+      queues: s.queues,
+      concurrency: s.concurrency,
+      leaseMs: s.leaseMs,
+      heartbeatMs: s.heartbeatMs,
+      policies: [...s.tasks].map(([task, t]) => ({ task, backoff: t.backoff, progressTimeoutMs: t.progressTimeoutMs, maxRunMs: t.maxRunMs })),
+      wake: () => this.claimer.wake(),
+      onIdentityLost: (err) => {
+        this.logger.error({ err: err.message }, "this worker's name was taken by another process; stopping");
+        this.emit("identity:lost", err);
+        void this.stop();
+      },
+      onConnection: (state, err) => (state === "up" ? this.outage.ok() : this.outage.failed("listen", err)),
+    });
+    if (s.name) {
+      const recovered = await this.reconcile(s.name);
+      if (recovered > 0) {
+        this.metrics.recoveries.inc({ cause: "reconciliation" }, recovered);
+        this.logger.info({ recovered }, "recovered the jobs an earlier process of this worker name still held");
       }
     }
-    this.unsubscribe = await this.transport.subscribe(this.settings.queues, () => this.wake());
     this.heartbeater.start();
-    this.loop = this.claimLoop();
+    this.claimer.start();
+    const sweepMs = Math.max(50, Math.min(1_000, Math.floor(s.leaseMs * BUFFER_MAX_LEASE_SHARE)));
+    this.sweepTimer = setInterval(() => this.sweepBuffer(), sweepMs);
+    this.sweepTimer.unref();
     for (const service of this.services) service.start();
-    this.logger.info({ queues: this.settings.queues, concurrency: this.settings.concurrency, tasks: this.tasks }, "worker started");
+    this.logger.info({ queues: s.queues, concurrency: s.concurrency, tasks: [...s.tasks.keys()] }, "worker started");
     return this;
   }
 
-  /**
-   * Releases the jobs an earlier process of this name still holds. A database that is
-   * restarting or a terminated connection should not end the worker: retry for a while.
-   */
+  /** Recovers what an earlier process of this name left running; retried through a restart. */
   private async reconcile(name: string): Promise<number> {
     for (let delay = 200; ; delay *= 2) {
       try {
-        return await this.transport.reconcile({ workerName: name, currentWorkerId: this.id });
+        return await this.transport.reconcile({ workerName: name, currentWorkerId: this.id, backoff: this.settings.backoff });
       } catch (err) {
         if (!isConnectionError(err) || delay > RECONCILE_RETRY_MAX_MS) throw err;
-        this.logger.warn({ err: String(err) }, "start-up reconciliation failed; retrying");
+        this.outage.failed("reconciliation", err);
         await new Promise((r) => setTimeout(r, delay));
       }
     }
@@ -141,15 +181,17 @@ export class Worker extends EventEmitter {
   }
 
   /**
-   * Graceful shutdown: stop claiming; let running handlers finish until the deadline; then
-   * abort the rest and release their jobs to run again without spending an attempt.
+   * Graceful shutdown: stop claiming; give back jobs not started; let running handlers
+   * finish until the deadline; then abort the rest and release their jobs to run again
+   * without spending an attempt.
    */
   async stop(timeoutMs = this.settings.shutdownTimeoutMs): Promise<void> {
     if (this.state !== "started") return;
     this.state = "stopping";
-    this.wake();
     this.transport.interrupt?.();
-    await Promise.all([this.loop, ...this.services.map((s) => s.stop())]);
+    clearInterval(this.sweepTimer);
+    await Promise.all([this.claimer.stop(), ...this.services.map((s) => s.stop())]);
+    await this.release(this.takeBuffered(), "shutdown");
     const deadline = Date.now() + timeoutMs;
     while (this.running > 0 && Date.now() < deadline) {
       await new Promise<void>((resolve) => {
@@ -158,160 +200,218 @@ export class Worker extends EventEmitter {
       });
     }
     const unfinished = [...this.inFlight.values()].filter((e) => e.phase === "running" && !e.lostReason);
-    if (unfinished.length > 0) {
-      for (const e of unfinished) {
-        e.lostReason = "shutdown";
-        this.abortJob(e, "shutdown");
-      }
-      try {
-        const released = await this.transport.release({
-          workerId: this.id,
-          jobs: unfinished.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
-          reason: "released: worker shut down",
-        });
-        this.metrics.released.inc({ cause: "shutdown" }, released.size);
-        this.logger.info({ released: released.size }, "released unfinished jobs");
-      } catch (err) {
-        // Their leases will expire and the watchdog will recover them.
-        this.logger.warn({ err: String(err) }, "could not release unfinished jobs");
-      }
+    for (const e of unfinished) {
+      e.lostReason = "shutdown";
+      this.abortJob(e, "shutdown");
     }
+    await this.release(unfinished, "shutdown");
     // Reports still unsent after this are abandoned: their leases expire and the watchdog
     // puts the jobs through the retry path.
     this.reporter.giveUpAfter = Date.now() + SHUTDOWN_REPORT_WAIT_MS;
-    await Promise.race([
-      this.reporter.drain(),
-      new Promise((r) => setTimeout(r, SHUTDOWN_REPORT_WAIT_MS).unref()),
-    ]);
+    await Promise.race([this.reporter.drain(), new Promise((r) => setTimeout(r, SHUTDOWN_REPORT_WAIT_MS).unref())]);
     await this.heartbeater.stop();
-    await this.unsubscribe?.();
+    await this.attachment?.detach(true).catch(() => {});
     this.state = "stopped";
     this.logger.info("worker stopped");
     this.emit("stopped");
   }
 
-  private wake(): void {
-    this.notified = true;
-    this.nudge?.();
-  }
-
-  /**
-   * Waits until the timeout or a nudge that `accept` takes: nudges come from notifications,
-   * freed slots and stop.
-   */
-  private waitForNudge(timeoutMs: number, accept: () => boolean = () => true): Promise<void> {
-    return new Promise((resolve) => {
-      const done = () => {
-        clearTimeout(timer);
-        this.nudge = undefined;
-        resolve();
-      };
-      const timer = setTimeout(done, timeoutMs);
-      this.nudge = () => {
-        if (accept()) done();
-      };
-    });
-  }
-
-  private async claimLoop(): Promise<void> {
-    let errorDelay = 100;
-    while (this.state === "started") {
-      // A slot frees when its handler ends, before its report commits, so claims and reports
-      // overlap. But while reports hang (a half-open connection), leases pile up: count
-      // jobs waiting to report beyond a second `concurrency` against the free slots.
-      const reporting = this.inFlight.size - this.running;
-      const free = this.settings.concurrency - this.running - Math.max(0, reporting - this.settings.concurrency);
-      if (free <= 0) {
-        await this.waitForNudge(this.settings.pollIntervalMs);
-        continue;
-      }
-      const limit = Math.min(free, MAX_CLAIM_BATCH);
-      this.notified = false;
-      const sentAt = performance.now();
-      let jobs: ClaimedJob[];
-      try {
-        jobs = await this.transport.claim({
-          queues: this.settings.queues,
-          limit,
-          workerId: this.id,
-          leaseMs: this.settings.leaseMs,
-          tasks: this.tasks,
-        });
-        errorDelay = 100;
-      } catch (err) {
-        this.logger.warn({ err: String(err) }, "claim failed; retrying");
-        this.emit("claim:error", err);
-        await this.waitForNudge(errorDelay);
-        errorDelay = Math.min(errorDelay * 2, CLAIM_ERROR_BACKOFF_MAX_MS);
-        continue;
-      }
-      for (const job of jobs) this.runJob(job, sentAt);
-      if (jobs.length < limit && !this.notified && this.state === "started") {
-        // The queue is drained for now: sleep until a NOTIFY or the poll interval. A freed
-        // slot must not wake us here: there is nothing to claim.
-        this.emit("idle");
-        await this.waitForNudge(this.settings.pollIntervalMs, () => this.notified || this.state !== "started");
-      }
+  /** Gives jobs back without spending an attempt (this worker is alive and chose to). */
+  private async release(entries: InFlight[], why: "shutdown" | "buffered too long" | "cancelled"): Promise<void> {
+    if (entries.length === 0) return;
+    for (const e of entries) this.forget(e);
+    try {
+      const released = await this.transport.release({
+        workerId: this.id,
+        jobs: entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
+        reason: why === "shutdown" ? "released: worker shut down" : `released: ${why}`,
+      });
+      this.metrics.released.inc({ cause: why === "shutdown" ? "shutdown" : why === "cancelled" ? "cancelled" : "buffer_age" }, released.size);
+      if (why === "shutdown") this.logger.info({ released: released.size }, "released unfinished jobs");
+    } catch (err) {
+      // Their leases will expire and the watchdog will recover them.
+      this.logger.warn({ err: String(err), jobs: entries.length }, `could not release jobs (${why})`);
     }
   }
 
-  private runJob(job: ClaimedJob, sentAt: number): void {
-    const entry: InFlight = { job, controller: new AbortController(), renewedAt: sentAt, phase: "running" };
-    const older = this.newestAttempt.get(job.id);
-    if (older) {
+  private deliver(jobs: ClaimedJob[], sentAt: number): void {
+    let shortestLease = Infinity;
+    for (const job of jobs) {
+      const task = this.settings.tasks.get(job.task);
+      const entry: InFlight = {
+        job,
+        controller: new AbortController(),
+        renewedAt: sentAt,
+        claimedAt: sentAt,
+        phase: "buffered",
+        progressTimeoutMs: job.progressTimeoutMs ?? task?.progressTimeoutMs ?? null,
+        maxRunMs: job.maxRunMs ?? task?.maxRunMs ?? null,
+      };
+      const older = this.newestAttempt.get(job.id);
       // This worker lost the older attempt's lease (it was too slow to beat) and has now
       // claimed the job again: the older attempt can only be refused, so stop it.
-      older.lostReason = "reclaimed";
-      this.abortJob(older, "reclaimed");
+      if (older) this.leaseLost(older, "reclaimed");
+      this.inFlight.set(attemptKey(job), entry);
+      this.newestAttempt.set(job.id, entry);
+      this.buffer.push(entry);
+      shortestLease = Math.min(shortestLease, job.leaseMs);
+      this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(job.queue) });
     }
-    this.inFlight.set(attemptKey(job), entry);
-    this.newestAttempt.set(job.id, entry);
-    this.heartbeater.jobStarted(job.leaseMs);
+    this.metrics.leasesHeld.set(this.inFlight.size);
+    if (jobs.length > 0) this.heartbeater.jobsClaimed(shortestLease);
+    this.pump();
+  }
+
+  /** Starts buffered jobs while slots are free. */
+  private pump(): void {
+    while (this.running < this.settings.concurrency && this.head < this.buffer.length && this.state === "started") {
+      const entry = this.buffer[this.head++]!;
+      if (entry.phase === "buffered" && !entry.lostReason) this.runJob(entry);
+    }
+    if (this.head > 1_024 && this.head * 2 > this.buffer.length) {
+      this.buffer = this.buffer.slice(this.head);
+      this.head = 0;
+    }
+  }
+
+  /** Takes every job still buffered (not started), in order. */
+  private takeBuffered(): InFlight[] {
+    const rest = this.buffer.slice(this.head).filter((e) => e.phase === "buffered" && !e.lostReason);
+    this.buffer = [];
+    this.head = 0;
+    return rest;
+  }
+
+  /** Gives back buffered jobs that waited too long for a slot (handlers slowed down). */
+  private sweepBuffer(): void {
+    const now = performance.now();
+    const stale = this.buffer.slice(this.head).filter((e) => {
+      const maxAge = Math.min(BUFFER_MAX_AGE_MS, e.job.leaseMs * BUFFER_MAX_LEASE_SHARE);
+      return e.phase === "buffered" && !e.lostReason && now - e.claimedAt > maxAge;
+    });
+    if (stale.length > 0) void this.release(stale, "buffered too long");
+  }
+
+  private runJob(entry: InFlight): void {
+    const { job } = entry;
+    entry.phase = "running";
+    entry.startedAt = entry.lastProgressAt = performance.now();
     this.running++;
-    this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(job.queue) });
+    this.armLimits(entry);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
-    const started = performance.now();
     const run = async () => {
-      if (!task) throw new UnknownTaskError(job.task, this.tasks);
-      return task.handler(job.payload, this.contextFor(entry));
+      if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
+      return task.handler(job.payload, createJobContext(entry, this));
     };
     run().then(
-      () => this.endJob(entry, started, undefined),
-      (err: unknown) => this.endJob(entry, started, err ?? new Error("handler threw a nullish value")),
+      () => this.handlerEnded(entry, undefined),
+      (err: unknown) => this.handlerEnded(entry, err ?? new Error("handler threw a nullish value")),
     );
   }
 
-  private forget(entry: InFlight): void {
-    this.inFlight.delete(attemptKey(entry.job));
-    if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
+  /** @internal The handler made progress (ctx.progress or ctx.checkpoint). */
+  progressed(entry: InFlight): void {
+    entry.lastProgressAt = performance.now();
   }
 
-  private contextFor(entry: InFlight): JobContext {
-    const { job } = entry;
-    const parent = this.logger;
-    let childLogger: Logger | undefined;
-    return {
-      jobId: job.id,
-      attempt: job.attempt,
-      queue: job.queue,
-      task: job.task,
-      spentAttempts: job.spentAttempts,
-      maxAttempts: job.maxAttempts,
-      signal: entry.controller.signal,
-      previousCheckpoint: job.checkpoint,
-      progress: (data) => {
-        entry.progressJson = serializePayload(data, "", "progress");
-      },
-      checkpoint: (data) => {
-        entry.checkpointJson = serializePayload(data, "", "checkpoint");
-      },
-      // Created on first use: most handlers never log, and a child logger per job measured
-      // ~2 µs (docs/benchmarks.md).
-      get logger() {
-        return (childLogger ??= parent.child({ jobId: job.id, attempt: job.attempt, task: job.task }));
-      },
+  /** @internal */
+  abort(entry: InFlight, reason: AbortReason): void {
+    this.abortJob(entry, reason);
+  }
+
+  /**
+   * Progress timeout and maximum run time: one timer per attempt with limits, armed for the
+   * earlier deadline and re-armed when it fires early (progress moved the deadline).
+   */
+  private armLimits(entry: InFlight): void {
+    if (entry.progressTimeoutMs === null && entry.maxRunMs === null) return;
+    const check = () => {
+      if (entry.phase !== "running") return;
+      const now = performance.now();
+      const runLeft = entry.maxRunMs === null ? Infinity : entry.startedAt! + entry.maxRunMs - now;
+      const progressLeft = entry.progressTimeoutMs === null ? Infinity : entry.lastProgressAt! + entry.progressTimeoutMs - now;
+      if (runLeft <= 0) return this.endAtLimit(entry, "timed_out");
+      if (progressLeft <= 0) return this.endAtLimit(entry, "stalled");
+      entry.limitTimer = setTimeout(check, Math.min(runLeft, progressLeft) + 1);
     };
+    check();
+  }
+
+  /**
+   * A handler past its limit: abort it, stop renewing it, and report the attempt's end now;
+   * whatever the handler does later (if it ever settles) is ignored, and its slot is free.
+   */
+  private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
+    const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
+    this.logger.warn({ jobId: entry.job.id, attempt: entry.job.attempt, outcome }, `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`);
+    this.abortJob(entry, outcome);
+    this.slotFreed(entry);
+    void this.report(entry, new JobAbortedError(entry.job.id, entry.job.attempt, outcome), outcome, `${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`);
+  }
+
+  private handlerEnded(entry: InFlight, err: unknown): void {
+    // Ended already (at a limit) or dropped: nothing is reported twice.
+    if (entry.phase !== "running") return;
+    this.slotFreed(entry);
+    if (entry.lostReason) {
+      // The lease is known to be gone (or released at shutdown): a report would be refused.
+      this.forget(entry);
+      this.emit("job:end", entry.job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
+      return;
+    }
+    void this.report(entry, err);
+  }
+
+  private slotFreed(entry: InFlight): void {
+    clearTimeout(entry.limitTimer);
+    if (entry.startedAt !== undefined) this.metrics.jobDuration.observe({ task: entry.job.task }, (performance.now() - entry.startedAt) / 1000);
+    entry.phase = "reporting";
+    this.running--;
+    this.emit("slot");
+    this.claimer.jobFinished();
+    this.pump();
+  }
+
+  private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
+    this.reporting++;
+    try {
+      const result = await reportEnd(this, entry, err, outcome, message);
+      this.emit("job:end", entry.job, result);
+    } finally {
+      this.reporting--;
+      this.forget(entry);
+      this.claimer.kick(); // a report that landed may let claims resume (see Claimer)
+    }
+  }
+
+  private forget(entry: InFlight): void {
+    clearTimeout(entry.limitTimer);
+    this.inFlight.delete(attemptKey(entry.job));
+    if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
+    this.metrics.leasesHeld.set(this.inFlight.size);
+  }
+
+  private leaseLost(entry: InFlight, reason: LostLeaseReason | "reclaimed"): void {
+    if (entry.phase === "buffered") return this.drop(entry, reason);
+    if (entry.phase !== "running") return;
+    entry.lostReason = reason;
+    this.abortJob(entry, reason);
+  }
+
+  /** A buffered job that must not start: its lease is gone or may be. */
+  private drop(entry: InFlight, reason: AbortReason): void {
+    entry.lostReason = reason;
+    this.forget(entry);
+  }
+
+  private cancelRequested(entry: InFlight): void {
+    if (entry.phase === "running") return this.abortJob(entry, "cancelled");
+    // Not started: give it back; the release ends it as cancelled.
+    if (entry.phase === "buffered" && !entry.lostReason) {
+      entry.lostReason = "cancelled";
+      void this.release([entry], "cancelled");
+    }
   }
 
   private abortJob(entry: InFlight, reason: AbortReason): void {
@@ -322,66 +422,4 @@ export class Worker extends EventEmitter {
     entry.controller.abort(error);
   }
 
-  private async endJob(entry: InFlight, started: number, err: unknown): Promise<void> {
-    const { job } = entry;
-    this.metrics.jobDuration.observe({ task: job.task }, (performance.now() - started) / 1000);
-    this.running--;
-    this.emit("slot");
-    this.nudge?.();
-    if (entry.lostReason) {
-      // The lease is known to be gone (or released at shutdown): a report would be refused.
-      this.forget(entry);
-      this.emit("job:end", job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
-      return;
-    }
-    entry.phase = "reporting";
-    // A handler that returns after its progress was refused still fails: the job's recorded
-    // state would otherwise miss what the handler reported.
-    if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
-    let outcome: ReportOutcome;
-    if (err === undefined) {
-      outcome = await this.reporter.succeed({ id: job.id, attempt: job.attempt });
-    } else {
-      const task = this.settings.tasks.get(job.task);
-      outcome = await this.reporter.fail({
-        id: job.id,
-        attempt: job.attempt,
-        error: describeError(err),
-        retryDelayMs: retryDelayMs(task?.backoff ?? this.settings.backoff, job.spentAttempts),
-        giveUp: err instanceof PermanentJobError,
-      });
-      if (!(err instanceof JobAbortedError)) this.logger.warn({ jobId: job.id, attempt: job.attempt, err: describeError(err) }, "job failed");
-    }
-    this.forget(entry);
-    this.nudge?.(); // a report that landed may free a claim slot (see claimLoop)
-    let result: JobOutcome;
-    if (outcome.applied) {
-      result = { state: outcome.state };
-      this.metrics.jobsEnded.inc({ queue: this.metrics.queueLabel(job.queue), outcome: outcome.state === "waiting" ? "retry" : outcome.state });
-    } else if ("reason" in outcome) {
-      const stale = new StaleLeaseError(job.id, job.attempt, outcome.reason);
-      this.metrics.staleReports.inc({ kind: err === undefined ? "complete" : "fail", reason: outcome.reason });
-      this.logger.warn({ jobId: job.id, attempt: job.attempt, reason: outcome.reason }, "report refused: stale lease");
-      this.emit("job:stale", job, stale);
-      result = { state: "stale", error: stale };
-    } else {
-      // Not a fence refusal: the report could not be written. The lease will expire and
-      // the watchdog will put the job through the retry path.
-      this.logger.error({ jobId: job.id, err: String(outcome.error) }, "could not report job end");
-      result = { state: "report_failed", error: outcome.error };
-    }
-    this.emit("job:end", job, result);
-  }
-}
-
-function describeError(err: unknown): string {
-  let text: string;
-  try {
-    if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
-    else text = typeof err === "string" ? err : (JSON.stringify(err) ?? String(err));
-  } catch {
-    text = Object.prototype.toString.call(err);
-  }
-  // A NUL or a lone surrogate in the message would make PostgreSQL refuse the failure report.
-  return sanitizeText(text, MAX_ERROR_LENGTH);
 }

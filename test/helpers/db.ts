@@ -11,6 +11,9 @@ import { Leasehold } from "../../src/client.js";
 
 export const silent = pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" });
 
+/** Retries at once: tests about what a failure does, not about how long it waits. */
+export const NO_BACKOFF = { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 };
+
 export function databaseUrl(): string {
   const url = process.env.DATABASE_URL;
   if (!url) throw new Error("DATABASE_URL is not set: run tests with `npm test` (it starts PostgreSQL)");

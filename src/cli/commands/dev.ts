@@ -18,7 +18,7 @@ import { printJobEvents } from "../job-events.js";
 import { int } from "../parse.js";
 import { untilSignal } from "../signals.js";
 import { EXAMPLE_TASKS, loadTasks } from "../tasks.js";
-import { DEFAULT_PORT, startServer } from "./run.js";
+import { DEFAULT_PORT, startServer } from "./serve.js";
 
 /** The bundled examples' jobs, enqueued at start so there is something to watch. */
 const EXAMPLE_JOBS = [

@@ -1,0 +1,90 @@
+/** `leasehold worker`: run a tasks module's handlers on jobs, from the database or from a server. */
+import type { Command } from "commander";
+import { RemoteTransport } from "../../worker/remote-transport.js";
+import { Worker } from "../../worker/worker.js";
+import type { Run } from "../context.js";
+import { CliError } from "../errors.js";
+import { printJobEvents } from "../job-events.js";
+import { int, list } from "../parse.js";
+import { metricsOptions, retentionOptions, startMetricsServer, startRetention, type MetricsFlags, type RetentionFlags } from "../process-services.js";
+import { loadTasks } from "../tasks.js";
+import { untilSignal } from "../signals.js";
+
+interface WorkerFlags extends MetricsFlags, RetentionFlags {
+  tasks: string;
+  concurrency?: number;
+  queues?: string[];
+  name?: string;
+  waitForName?: boolean;
+  lease?: number;
+  heartbeatInterval?: number;
+  pollInterval?: number;
+  watchdogInterval?: number;
+  server?: string;
+  token?: string;
+  watchdog: boolean;
+}
+
+export function registerWorker(program: Command, run: Run): void {
+  const worker = program
+    .command("worker")
+    .description("run the handlers of a tasks module on jobs, from the database or from a server")
+    .requiredOption("--tasks <file>", "module whose default export maps task names to handlers (.ts or .js)")
+    .option("--concurrency <n>", "jobs at once (default 10)", int("--concurrency", 1, 10_000))
+    .option("--queues <a,b>", "queues to take jobs from (default: default)", list("--queues"))
+    .option(
+      "--name <name>",
+      "stable worker name (e.g. the pod name): one live process at a time may hold it; at start, jobs an earlier (dead) process of the name held are recovered",
+    )
+    .option("--wait-for-name", "if another live process holds --name, wait for it to end instead of exiting")
+    .option("--lease <ms>", "lease length in ms (default 30000)", int("--lease", 1000, 86_400_000))
+    .option("--heartbeat-interval <ms>", "how often leases are renewed (default: a third of the lease, at most 10000)", int("--heartbeat-interval", 100, 86_400_000))
+    .option("--poll-interval <ms>", "how often an idle worker looks for jobs when no wake-up arrives (default 1000)", int("--poll-interval", 10, 3_600_000))
+    .option("--watchdog-interval <ms>", "how often this process's watchdog reaps expired leases (default 2000)", int("--watchdog-interval", 100, 3_600_000))
+    .option("--server <url>", "take jobs from a `leasehold serve` at this URL instead of the database (default: LEASEHOLD_SERVER_URL)")
+    .option("--token <token>", "the server's API token (default: LEASEHOLD_WORKER_TOKEN, else LEASEHOLD_TOKEN)")
+    .option("--no-watchdog", "do not run a watchdog in this process (database mode)");
+  retentionOptions(metricsOptions(worker)).action(
+    run(async (cli, opts: WorkerFlags) => {
+      const { file, handlers } = await loadTasks(opts.tasks);
+      const settings = {
+        handlers,
+        ...(opts.concurrency !== undefined && { concurrency: opts.concurrency }),
+        ...(opts.queues !== undefined && { queues: opts.queues }),
+        ...(opts.name !== undefined && { name: opts.name }),
+        ...(opts.waitForName && { waitForName: true }),
+        ...(opts.lease !== undefined && { leaseMs: opts.lease }),
+        ...(opts.heartbeatInterval !== undefined && { heartbeatMs: opts.heartbeatInterval }),
+        ...(opts.pollInterval !== undefined && { pollIntervalMs: opts.pollInterval }),
+      };
+      const logger = cli.logger("info");
+      const serverUrl = opts.server ?? cli.serverUrl;
+      let worker: Worker;
+      let metrics: Pick<Worker, "metrics">;
+      if (serverUrl) {
+        // A worker host needs only the worker token; the operator token works too.
+        const token = opts.token ?? cli.options.token ?? (process.env.LEASEHOLD_WORKER_TOKEN || undefined) ?? cli.token;
+        if (!token) throw new CliError("a remote worker needs the server's token: set LEASEHOLD_WORKER_TOKEN (or LEASEHOLD_TOKEN) or pass --token");
+        const transport = new RemoteTransport({ serverUrl, token });
+        await transport.check();
+        worker = new Worker({ ...settings, logger, transport });
+        metrics = worker;
+      } else {
+        const lh = await cli.connect({ logger });
+        worker = lh.worker({ ...settings, watchdog: opts.watchdog && { intervalMs: opts.watchdogInterval } });
+        startRetention(cli, lh, opts);
+        metrics = lh;
+      }
+      const metricsUrl = await startMetricsServer(cli, metrics, opts);
+      printJobEvents(worker, (line) => process.stdout.write(line + "\n"), cli.json);
+      await worker.start();
+      cli.onClose(() => worker.stop());
+      cli.result({ worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database", metrics: metricsUrl ?? null }, () =>
+        `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"})` +
+        `${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it gracefully`,
+      );
+      await untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released");
+      await worker.stop();
+    }),
+  );
+}

@@ -1,0 +1,104 @@
+/**
+ * `leasehold doctor`: reads what the fleet recorded (its processes, their heartbeat delays,
+ * leases nobody reaped, states that should not exist) and says what is wrong and what to
+ * change, with a lease length taken from evidence rather than guessed.
+ */
+import type { FleetHealth } from "../store/health.js";
+import { BEAT_DELAY_BUCKETS_MS } from "../worker/heartbeat.js";
+
+export interface Finding {
+  level: "ok" | "warn" | "error";
+  message: string;
+}
+
+export interface LeaseAdvice {
+  /** Beats recorded, fleet-wide. */
+  beats: number;
+  /** The 99th percentile beat delay (ms), as the upper bound of its histogram bucket; null past the last bound. */
+  p99DelayMs: number | null;
+  /** Per live worker: its lease and the lease its beat interval and the fleet's delays call for. */
+  workers: { id: string; queues: string[]; leaseMs: number; heartbeatMs: number; recommendedMs: number }[];
+}
+
+export interface Diagnosis {
+  findings: Finding[];
+  lease: LeaseAdvice;
+}
+
+export interface OrphanCounts {
+  noWorkerForTask: { queue: string; task: string; jobs: number }[];
+  missingAudit: number;
+  overBudget: number;
+}
+
+/**
+ * A lease must outlast the beat interval plus the worst delay a beat meets, with room for
+ * one more: max(3 × heartbeat, heartbeat + p99 + max(p99, 1 s)).
+ */
+export function recommendLease(heartbeatMs: number, p99DelayMs: number): number {
+  const ms = Math.max(3 * heartbeatMs, heartbeatMs + p99DelayMs + Math.max(p99DelayMs, 1_000));
+  return Math.ceil(ms / 1_000) * 1_000;
+}
+
+/** The delay under which 99% of the recorded beats fell (a bucket's upper bound). */
+export function p99Delay(histogram: number[]): { beats: number; p99: number | null } {
+  const beats = histogram.reduce((a, b) => a + b, 0);
+  if (beats === 0) return { beats, p99: 0 };
+  let seen = 0;
+  for (let i = 0; i < histogram.length; i++) {
+    seen += histogram[i]!;
+    if (seen >= 0.99 * beats) return { beats, p99: BEAT_DELAY_BUCKETS_MS[i] ?? null };
+  }
+  return { beats, p99: null };
+}
+
+export function diagnose(health: FleetHealth, orphans: OrphanCounts): Diagnosis {
+  const findings: Finding[] = [];
+  const live = health.processes.filter((p) => p.live);
+  const watchdogs = live.filter((p) => p.kind === "watchdog");
+  const workers = live.filter((p) => p.kind === "worker");
+  findings.push(
+    watchdogs.length > 0
+      ? { level: "ok", message: `${watchdogs.length} watchdog(s) running` }
+      : {
+          level: health.expiredLeases > 0 ? "error" : "warn",
+          message:
+            "no watchdog is running: expired leases and dead workers' jobs are not recovered " +
+            "(run `leasehold watchdog`, or workers and `serve` with their watchdog on)",
+        },
+  );
+  if (health.expiredLeases > 0) {
+    const age = health.oldestExpiredSeconds ?? 0;
+    findings.push({
+      level: watchdogs.length === 0 || age > 30 ? "error" : "warn",
+      message: `${health.expiredLeases} lease(s) ran out and are not reaped yet (the oldest ${age.toFixed(1)} s ago)`,
+    });
+  }
+  const lost = health.processes.filter((p) => p.kind === "worker" && !p.live && p.secondsSinceSeen < 3600);
+  if (lost.length > 0) findings.push({ level: "warn", message: `${lost.length} worker(s) died or stopped in the last hour: ${lost.map((p) => p.id).join(", ")}` });
+  findings.push({ level: workers.length > 0 ? "ok" : "warn", message: `${workers.length} worker(s) running` });
+  for (const o of orphans.noWorkerForTask) {
+    findings.push({ level: "warn", message: `${o.jobs} ready job(s) of task ${o.task} in queue ${o.queue}, and no live worker runs that task there` });
+  }
+  if (orphans.missingAudit > 0) findings.push({ level: "error", message: `${orphans.missingAudit} finished job(s) have fewer audit rows than attempts` });
+  if (orphans.overBudget > 0) findings.push({ level: "warn", message: `${orphans.overBudget} waiting job(s) have spent their retry budget (the watchdog moves them to the dead letter)` });
+
+  const histogram = new Array<number>(BEAT_DELAY_BUCKETS_MS.length + 1).fill(0);
+  for (const p of health.processes) p.beatDelays?.forEach((n, i) => (histogram[i] = (histogram[i] ?? 0) + n));
+  const { beats, p99 } = p99Delay(histogram);
+  const advice: LeaseAdvice = { beats, p99DelayMs: p99, workers: [] };
+  for (const w of workers) {
+    if (w.leaseMs === null || w.heartbeatMs === null) continue;
+    const recommendedMs = recommendLease(w.heartbeatMs, p99 ?? 2 * BEAT_DELAY_BUCKETS_MS.at(-1)!);
+    advice.workers.push({ id: w.id, queues: w.queues, leaseMs: w.leaseMs, heartbeatMs: w.heartbeatMs, recommendedMs });
+    if (w.leaseMs < recommendedMs) {
+      findings.push({
+        level: "warn",
+        message:
+          `worker ${w.id} (queues ${w.queues.join(", ")}) has a ${w.leaseMs} ms lease, shorter than the ${recommendedMs} ms its ` +
+          `${w.heartbeatMs} ms beat and the fleet's beat delays (p99 ${p99 === null ? "over 30 s" : `${p99} ms`}) call for`,
+      });
+    }
+  }
+  return { findings, lease: advice };
+}

@@ -1,0 +1,230 @@
+/**
+ * Live processes: workers announce themselves (and their tasks' policies) and hold a
+ * session-level advisory lock while they live; a stable worker name is held the same way.
+ * The database learns of a process's death when its session ends (a kill -9 closes its
+ * sockets at once), long before a lease would run out.
+ *
+ * Lock keys are 64-bit hashes of "leasehold:<schema>:worker:<id>" and "...:name:<name>", so
+ * two schemas (or databases) never share one.
+ */
+import type { Queryable } from "./db.js";
+import { run, statement } from "./sql.js";
+import type { BackoffPolicy } from "./end-attempts.js";
+
+const KEY = (kind: string) => `hashtextextended('leasehold:' || current_schema() || ':${kind}:' || $1, 0)`;
+
+const LOCK_WORKER = statement(
+  "lockWorkerLiveness",
+  `SELECT pg_try_advisory_lock(k) AS acquired, k AS key FROM (SELECT ${KEY("worker")} AS k) AS s`,
+  { acquired: "bool", key: "int8" },
+);
+
+const LOCK_NAME = statement("lockWorkerName", `SELECT pg_try_advisory_lock(${KEY("name")}) AS acquired`, { acquired: "bool" });
+
+/**
+ * Takes the liveness lock of worker `id` on this session (held until the session ends) and,
+ * with a name, the name's lock. Returns the liveness key, or `nameTaken` if another live
+ * session holds the name (then nothing is held).
+ */
+export async function lockLiveness(db: Queryable, p: { workerId: string; name?: string }): Promise<{ key: string } | { nameTaken: true }> {
+  if (p.name !== undefined) {
+    const [name] = await run(db, LOCK_NAME, [p.name]);
+    if (!name!.acquired) return { nameTaken: true };
+  }
+  const [worker] = await run(db, LOCK_WORKER, [p.workerId]);
+  // A worker id is unique per process; held already means this session took it before.
+  return { key: worker!.key };
+}
+
+const ANNOUNCE_WORKER = statement(
+  "announceWorker",
+  `
+INSERT INTO workers (id, name, kind, host, pid, queues, tasks, concurrency, liveness_key, lease_ms, heartbeat_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+ON CONFLICT (id) DO UPDATE
+   SET last_seen_at = now(), lost_at = NULL, stopped_at = NULL, liveness_key = EXCLUDED.liveness_key,
+       queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, concurrency = EXCLUDED.concurrency,
+       lease_ms = EXCLUDED.lease_ms, heartbeat_ms = EXCLUDED.heartbeat_ms`,
+  {},
+);
+
+export interface TaskPolicy {
+  task: string;
+  backoff: BackoffPolicy;
+  progressTimeoutMs: number | null;
+  maxRunMs: number | null;
+}
+
+const ANNOUNCE_TASK_POLICIES = statement(
+  "announceTaskPolicies",
+  `
+INSERT INTO task_policies AS t (task, backoff_base_ms, backoff_factor, backoff_max_ms, backoff_jitter,
+                                progress_timeout_ms, max_run_ms, updated_by)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::float8[], $4::bigint[], $5::float8[], $6::int[], $7::int[])
+       CROSS JOIN (VALUES ($8::text)) AS w(id)
+ON CONFLICT (task) DO UPDATE
+   SET backoff_base_ms = EXCLUDED.backoff_base_ms, backoff_factor = EXCLUDED.backoff_factor,
+       backoff_max_ms = EXCLUDED.backoff_max_ms, backoff_jitter = EXCLUDED.backoff_jitter,
+       progress_timeout_ms = EXCLUDED.progress_timeout_ms, max_run_ms = EXCLUDED.max_run_ms,
+       updated_at = now(), updated_by = EXCLUDED.updated_by`,
+  {},
+);
+
+export interface WorkerAnnouncement {
+  workerId: string;
+  name?: string;
+  kind: "worker" | "watchdog";
+  host: string;
+  pid: number;
+  queues: string[];
+  concurrency?: number;
+  leaseMs?: number;
+  heartbeatMs?: number;
+  /** Null for a process that holds no liveness lock (a remote worker). */
+  livenessKey: string | null;
+  policies: TaskPolicy[];
+}
+
+/** Records (or refreshes) a live process and the policies of the tasks it runs. */
+export async function announceWorker(db: Queryable, a: WorkerAnnouncement): Promise<void> {
+  await run(db, ANNOUNCE_WORKER, [
+    a.workerId,
+    a.name ?? null,
+    a.kind,
+    a.host,
+    a.pid,
+    a.queues,
+    a.policies.map((t) => t.task),
+    a.concurrency ?? null,
+    a.livenessKey,
+    a.leaseMs ?? null,
+    a.heartbeatMs ?? null,
+  ]);
+  if (a.policies.length === 0) return;
+  const ps = a.policies;
+  await run(db, ANNOUNCE_TASK_POLICIES, [
+    ps.map((t) => t.task),
+    ps.map((t) => t.backoff.baseMs),
+    ps.map((t) => t.backoff.factor),
+    ps.map((t) => t.backoff.maxMs),
+    ps.map((t) => t.backoff.jitter),
+    ps.map((t) => t.progressTimeoutMs),
+    ps.map((t) => t.maxRunMs),
+    a.workerId,
+  ]);
+}
+
+const MARK_STOPPED = statement("markWorkerStopped", `UPDATE workers SET stopped_at = now(), in_flight = 0 WHERE id = $1`, {});
+
+/** A graceful stop: the process released its jobs and is going away on purpose. */
+export async function markWorkerStopped(db: Queryable, workerId: string): Promise<void> {
+  await run(db, MARK_STOPPED, [workerId]);
+}
+
+const MARK_LOST_WORKERS = statement(
+  "markLostWorkers",
+  `
+WITH held AS (
+  SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+    FROM pg_locks AS l
+   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+UPDATE workers AS w
+   SET lost_at = CASE WHEN w.lost_at IS NULL THEN now() END
+ WHERE w.liveness_key IS NOT NULL AND w.stopped_at IS NULL
+   AND (w.lost_at IS NULL) = NOT EXISTS (SELECT 1 FROM held WHERE held.key = w.liveness_key)
+   -- Right after the server (re)started, every session is new: give workers time to
+   -- reconnect before calling any of them lost.
+   AND (w.lost_at IS NOT NULL OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
+RETURNING w.id, w.lost_at IS NOT NULL AS lost`,
+  { id: "text", lost: "bool" },
+);
+
+/**
+ * Compares the workers that should be alive with the liveness locks held now: a worker whose
+ * lock is gone is marked lost (the time is kept, so recovery can wait a grace for a
+ * reconnect); one whose lock is back is unmarked. Returns the changes.
+ */
+export async function markLostWorkers(db: Queryable, p: { startupGraceMs: number }): Promise<{ lost: string[]; back: string[] }> {
+  const rows = await run(db, MARK_LOST_WORKERS, [p.startupGraceMs]);
+  return { lost: rows.filter((r) => r.lost).map((r) => r.id), back: rows.filter((r) => !r.lost).map((r) => r.id) };
+}
+
+const LIST_WORKERS = statement(
+  "listWorkers",
+  `
+SELECT id, name, kind, host, pid, queues, tasks, concurrency, in_flight, started_at, last_seen_at, lost_at, stopped_at,
+       liveness_key IS NOT NULL AS holds_liveness
+  FROM workers
+ WHERE stopped_at IS NULL AND (lost_at IS NULL OR lost_at > now() - interval '1 hour')
+ ORDER BY kind, id`,
+  {
+    id: "text",
+    name: "text?",
+    kind: "text",
+    host: "text?",
+    pid: "int4?",
+    queues: "_text",
+    tasks: "_text",
+    concurrency: "int4?",
+    in_flight: "int4",
+    started_at: "timestamptz",
+    last_seen_at: "timestamptz",
+    lost_at: "timestamptz?",
+    stopped_at: "timestamptz?",
+    holds_liveness: "bool",
+  },
+);
+
+export interface WorkerRecord {
+  id: string;
+  name: string | null;
+  kind: "worker" | "watchdog";
+  host: string | null;
+  pid: number | null;
+  queues: string[];
+  tasks: string[];
+  concurrency: number | null;
+  inFlight: number;
+  startedAt: Date;
+  lastSeenAt: Date;
+  lostAt: Date | null;
+}
+
+/** Workers and watchdogs not stopped (lost ones for an hour after they were lost). */
+export async function listWorkers(db: Queryable): Promise<WorkerRecord[]> {
+  const rows = await run(db, LIST_WORKERS);
+  return rows.map((r) => ({
+    id: r.id,
+    name: r.name,
+    kind: r.kind as WorkerRecord["kind"],
+    host: r.host,
+    pid: r.pid,
+    queues: r.queues,
+    tasks: r.tasks,
+    concurrency: r.concurrency,
+    inFlight: r.in_flight,
+    startedAt: r.started_at,
+    lastSeenAt: r.last_seen_at,
+    lostAt: r.lost_at,
+  }));
+}
+
+const PRUNE_WORKERS = statement(
+  "pruneWorkers",
+  `
+WITH gone AS (
+  DELETE FROM workers
+   WHERE coalesce(stopped_at, lost_at, last_seen_at) < now() - $1::bigint * interval '1 millisecond'
+  RETURNING 1
+)
+SELECT count(*)::int AS deleted FROM gone`,
+  { deleted: "int4" },
+);
+
+/** Forgets processes stopped, lost or silent for longer than `retainMs`. */
+export async function pruneWorkers(db: Queryable, p: { retainMs: number }): Promise<number> {
+  const [row] = await run(db, PRUNE_WORKERS, [p.retainMs]);
+  return row!.deleted;
+}

@@ -1,0 +1,71 @@
+/** Reports how an attempt ended (success, failure, a limit) and turns the answer into its outcome. */
+import { StaleLeaseError } from "../errors.js";
+import { sanitizeText } from "../jobs/validate.js";
+import type { Failure } from "../store/index.js";
+import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
+import type { InFlight } from "./heartbeat.js";
+import type { ReportOutcome } from "./reporter.js";
+import type { Worker } from "./worker.js";
+
+export type JobOutcome =
+  | { state: "succeeded" | "cancelled" | "waiting" | "dead" }
+  | { state: "stale"; error: StaleLeaseError }
+  | { state: "lost"; reason: AbortReason }
+  | { state: "report_failed"; error: unknown };
+
+const MAX_ERROR_LENGTH = 4_000;
+
+export async function reportEnd(
+  worker: Worker,
+  entry: InFlight,
+  err: unknown,
+  limit?: "stalled" | "timed_out",
+  limitMessage?: string,
+): Promise<JobOutcome> {
+  const { job } = entry;
+  // A handler that returns after its progress was refused still fails: the job's recorded
+  // state would otherwise miss what the handler reported.
+  if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
+  let outcome: ReportOutcome;
+  if (err === undefined) {
+    outcome = await worker.reporter.succeed({ id: job.id, attempt: job.attempt });
+  } else {
+    const failure: Failure = {
+      id: job.id,
+      attempt: job.attempt,
+      error: limitMessage ?? describeError(err),
+      backoff: worker.settings.tasks.get(job.task)?.backoff ?? worker.settings.backoff,
+      giveUp: err instanceof PermanentJobError,
+      outcome: limit ?? "failed",
+    };
+    outcome = await worker.reporter.fail(failure);
+    if (!(err instanceof JobAbortedError)) worker.logger.warn({ jobId: job.id, attempt: job.attempt, err: failure.error }, "job failed");
+  }
+  if (outcome.applied) {
+    worker.metrics.jobsEnded.inc({ queue: worker.metrics.queueLabel(job.queue), outcome: outcome.state === "waiting" ? "retry" : outcome.state });
+    return { state: outcome.state };
+  }
+  if ("reason" in outcome) {
+    const stale = new StaleLeaseError(job.id, job.attempt, outcome.reason);
+    worker.metrics.fencingRejections.inc({ kind: err === undefined ? "complete" : "fail", reason: outcome.reason });
+    worker.logger.warn({ jobId: job.id, attempt: job.attempt, reason: outcome.reason }, "report refused: stale lease");
+    worker.emit("job:stale", job, stale);
+    return { state: "stale", error: stale };
+  }
+  // Not a fence refusal: the report could not be written. The lease will expire and the
+  // watchdog will put the job through the retry path.
+  worker.logger.error({ jobId: job.id, err: String(outcome.error) }, "could not report job end");
+  return { state: "report_failed", error: outcome.error };
+}
+
+function describeError(err: unknown): string {
+  let text: string;
+  try {
+    if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
+    else text = typeof err === "string" ? err : (JSON.stringify(err) ?? String(err));
+  } catch {
+    text = Object.prototype.toString.call(err);
+  }
+  // A NUL or a lone surrogate in the message would make PostgreSQL refuse the failure report.
+  return sanitizeText(text, MAX_ERROR_LENGTH);
+}

@@ -1,0 +1,240 @@
+/**
+ * Recovery the design promises, against the real server: handlers that hang while their
+ * process lives, recoveries that spend the retry budget, a stable name held by one live
+ * process, the watchdog's orphan scan, and a retry that uses its task's own policy.
+ */
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { WorkerNameInUseError } from "../src/errors.js";
+import type { JobAbortedError, JobContext } from "../src/worker/context.js";
+import * as store from "../src/store/index.js";
+import { NO_BACKOFF, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
+
+const forever = () => new Promise<never>(() => {});
+const finalOf = async (lh: Awaited<ReturnType<typeof freshLeasehold>>, id: string) => {
+  const { job } = await lh.getJob(id);
+  return ["succeeded", "dead", "cancelled"].includes(job.state) ? job : undefined;
+};
+
+test("a handler that hangs while its process lives ends as stalled at its progress timeout; its slot is freed", async (t) => {
+  const lh = await freshLeasehold(t);
+  const reasons: string[] = [];
+  const ran: string[] = [];
+  const worker = lh.worker({
+    leaseMs: 1_500,
+    concurrency: 1,
+    pollIntervalMs: 50,
+    handlers: {
+      hangs: {
+        progressTimeoutMs: 1_000,
+        backoff: NO_BACKOFF,
+        handler: (_p: unknown, ctx: JobContext) => {
+          ctx.signal.addEventListener("abort", () => reasons.push((ctx.signal.reason as JobAbortedError).reason));
+          return forever(); // a socket that never answers
+        },
+      },
+      quick: (_p: unknown, ctx: JobContext) => void ran.push(ctx.jobId),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const hung = await lh.enqueue("hangs", {}, { maxAttempts: 1 });
+  await waitForEvent(worker, "job:start", (j: { id: string }) => j.id === hung.id);
+  const startedAt = Date.now();
+  const next = await lh.enqueue("quick");
+  const job = await eventually(() => finalOf(lh, hung.id), "the hung job ended", 5_000);
+  const took = Date.now() - startedAt;
+  assert.equal(job.state, "dead");
+  assert.ok(took >= 900 && took < 2_500, `ended after ${took} ms (progress timeout 1000 ms)`);
+  assert.deepEqual(reasons, ["stalled"]);
+  const { attempts } = await lh.getJob(hung.id);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["stalled"]);
+  assert.match(attempts[0]!.error!, /stalled: no progress for 1000 ms/);
+  // The one slot came back: the next job ran although the hung promise never settles.
+  await eventually(async () => ran.includes(next.id), "the next job ran in the freed slot");
+});
+
+test("progress keeps a long job alive; its maximum run time ends it as timed_out; a job's own limit beats its task's", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    leaseMs: 3_000,
+    pollIntervalMs: 50,
+    handlers: {
+      busy: {
+        progressTimeoutMs: 1_000,
+        backoff: NO_BACKOFF,
+        handler: async (p: { ms: number; silentMs?: number }, ctx: JobContext) => {
+          if (p.silentMs) await new Promise((r) => setTimeout(r, p.silentMs));
+          for (let i = 0; i * 200 < p.ms; i++) {
+            ctx.progress({ i });
+            await new Promise((r) => setTimeout(r, 200));
+          }
+        },
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  // 2.5 s, well past the progress timeout, but always progressing.
+  const steady = await lh.enqueue("busy", { ms: 2_500 }, { maxAttempts: 1 });
+  const capped = await lh.enqueue("busy", { ms: 5_000 }, { maxAttempts: 1, maxRunMs: 1_000 });
+  const [a, b] = await Promise.all([steady, capped].map(({ id }) => eventually(() => finalOf(lh, id), `job ${id} ended`, 8_000)));
+  assert.equal(a!.state, "succeeded");
+  assert.equal(b!.state, "dead");
+  const { attempts } = await lh.getJob(capped.id);
+  assert.deepEqual(attempts.map((x) => x.outcome), ["timed_out"]);
+  assert.ok(attempts[0]!.endedAt.getTime() - attempts[0]!.startedAt.getTime() < 2_000);
+  // A job's own progress timeout overrides its task's (1 s, too short for a 1.5 s silence).
+  const quiet = await lh.enqueue("busy", { ms: 0, silentMs: 1_500 }, { maxAttempts: 1, progressTimeoutMs: 60_000 });
+  assert.equal((await eventually(() => finalOf(lh, quiet.id), "quiet job ended"))!.state, "succeeded");
+});
+
+test("the watchdog ends, from the database, an attempt whose worker beats on but never ends it (stalled)", async (t) => {
+  const lh = await freshLeasehold(t);
+  // The task's policy, as its workers announced it: a 1 s progress timeout.
+  await store.announceWorker(lh.pool, {
+    workerId: "w-wedged",
+    kind: "worker",
+    host: "h",
+    pid: 1,
+    queues: ["default"],
+    livenessKey: null,
+    policies: [{ task: "t", backoff: NO_BACKOFF, progressTimeoutMs: 1_000, maxRunMs: null }],
+  });
+  const { id } = await lh.enqueue("t", {}, { maxAttempts: 1 });
+  const [job] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w-wedged", leaseMs: 1_000, tasks: ["t"] });
+  // A worker whose beats go on (its lease stays live) but whose handler never moves.
+  const beat = setInterval(() => void store.extendLeases(lh.pool, { workerId: "w-wedged", leaseMs: 1_000, beats: [{ id, attempt: job!.attempt }] }), 200);
+  t.after(() => clearInterval(beat));
+  const watchdog = lh.watchdog({ intervalMs: 100 });
+  await watchdog.runOnce();
+  assert.equal((await lh.getJob(id)).job.state, "running", "not before the timeout and a lease of slack");
+  const ended = await eventually(
+    async () => {
+      await watchdog.runOnce();
+      return finalOf(lh, id);
+    },
+    "the watchdog ended it",
+    6_000,
+  );
+  assert.equal(ended.state, "dead");
+  const { attempts } = await lh.getJob(id);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["stalled"]);
+  assert.match(attempts[0]!.error!, /ended by the watchdog/);
+});
+
+test("a job that crashes its worker every time reaches the dead letter through start-up reconciliation (it spends its budget)", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("oom", {}, { maxAttempts: 3 });
+  for (let restart = 1; restart <= 3; restart++) {
+    // The pod's process claims the job and dies with it (no stop, no release) ...
+    await eventually(
+      async () => (await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: `pod-x/host-${restart}`, leaseMs: 3_600_000, tasks: ["oom"] })).length === 1,
+      "claimed",
+    );
+    // ... and its restarted process, holding the name, recovers what it held.
+    const worker = lh.worker({ name: "pod-x", watchdog: false, handlers: { other: () => undefined } });
+    await worker.start();
+    await worker.stop(0);
+    await lh.pool.query("UPDATE jobs SET run_at = now() WHERE id = $1", [id]); // skip the backoff
+  }
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.state, "dead");
+  assert.equal(job.spentAttempts, 3);
+  assert.deepEqual(attempts.map((a) => a.outcome), ["worker_lost", "worker_lost", "worker_lost"]);
+});
+
+test("a release on behalf of an attempt whose client is gone spends budget; a live worker's graceful release does not", async (t) => {
+  const lh = await freshLeasehold(t);
+  const a = await lh.enqueue("t", {}, { maxAttempts: 1 });
+  const b = await lh.enqueue("t", {}, { maxAttempts: 1 });
+  const claimed = await store.claimJobs(lh.pool, { queues: ["default"], limit: 2, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  const ref = (id: string) => claimed.filter((j) => j.id === id).map((j) => ({ id: j.id, attempt: j.attempt }));
+  const undelivered = await store.releaseJobs(lh.pool, { workerId: "w", jobs: ref(a.id), reason: "gone", spend: true, backoff: NO_BACKOFF });
+  const graceful = await store.releaseJobs(lh.pool, { workerId: "w", jobs: ref(b.id), reason: "shutdown", backoff: NO_BACKOFF });
+  assert.equal(undelivered.get(a.id), "dead");
+  assert.equal(graceful.get(b.id), "waiting");
+  assert.deepEqual((await lh.getJob(a.id)).attempts.map((x) => x.outcome), ["worker_lost"]);
+  assert.deepEqual((await lh.getJob(b.id)).attempts.map((x) => x.outcome), ["released"]);
+});
+
+test("a stable name stands for one live process: a second is refused (its jobs untouched), or waits with waitForName", async (t) => {
+  const lh = await freshLeasehold(t);
+  let release!: () => void;
+  const first = lh.worker({ name: "pod-y", handlers: { t: () => new Promise<void>((r) => (release = r)) } });
+  await first.start();
+  t.after(() => first.stop(0));
+  const { id } = await lh.enqueue("t");
+  await waitForEvent(first, "job:start", (j: { id: string }) => j.id === id);
+  const second = lh.worker({ name: "pod-y", handlers: { t: () => undefined } });
+  await assert.rejects(second.start(), (err: unknown) => err instanceof WorkerNameInUseError && /pod-y/.test(err.message));
+  const { job } = await lh.getJob(id);
+  assert.equal(job.state, "running", "the first process's job was not taken from it");
+  assert.equal(job.attempt, 1);
+  // A third waits for the name, and takes it over once the first has stopped.
+  const third = lh.worker({ name: "pod-y", waitForName: true, handlers: { t: () => undefined } });
+  let started = false;
+  const starting = third.start().then(() => (started = true));
+  await new Promise((r) => setTimeout(r, 300));
+  assert.equal(started, false, "it waits while the name is held");
+  release();
+  await first.stop();
+  await starting;
+  t.after(() => third.stop(0));
+  assert.equal((await lh.getJob(id)).job.state, "succeeded");
+});
+
+test("the watchdog retries a reaped job with its task's announced policy, not the default", async (t) => {
+  const lh = await freshLeasehold(t);
+  await store.announceWorker(lh.pool, {
+    workerId: "w-policy",
+    kind: "worker",
+    host: "h",
+    pid: 1,
+    queues: ["default"],
+    livenessKey: null,
+    policies: [{ task: "slow-retry", backoff: { baseMs: 60_000, factor: 1, maxMs: 60_000, jitter: 0 }, progressTimeoutMs: null, maxRunMs: null }],
+  });
+  const { id } = await lh.enqueue("slow-retry");
+  await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w-policy", leaseMs: 30_000, tasks: ["slow-retry"] });
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
+  await lh.watchdog({ backoff: NO_BACKOFF }).runOnce();
+  const { rows } = await lh.pool.query<{ wait_s: number }>("SELECT extract(epoch FROM run_at - now())::float8 AS wait_s FROM jobs WHERE id = $1", [id]);
+  assert.ok(rows[0]!.wait_s > 55 && rows[0]!.wait_s <= 60, `retries in ${rows[0]!.wait_s} s (the task's 60 s backoff)`);
+});
+
+test("the orphan scan counts jobs no live worker runs and finished jobs missing audit rows, and moves over-budget jobs to the dead letter", async (t) => {
+  const lh = await freshLeasehold(t);
+  const nobody = await lh.enqueue("no-such-worker", {}, { queue: "orphans" });
+  const over = await lh.enqueue("t", {}, { queue: "orphans" });
+  await lh.pool.query("UPDATE jobs SET spent_attempts = max_attempts, run_at = now() - interval '1 hour' WHERE id = ANY($1::bigint[])", [[nobody.id, over.id]]);
+  const done = await lh.enqueue("t", {}, { queue: "orphans-done", maxAttempts: 5 });
+  const [c1] = await store.claimJobs(lh.pool, { queues: ["orphans-done"], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  await store.failJobs(lh.pool, { workerId: "w", failures: [{ id: done.id, attempt: c1!.attempt, error: "x", backoff: NO_BACKOFF }] });
+  const [c2] = await store.claimJobs(lh.pool, { queues: ["orphans-done"], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  await store.completeJobs(lh.pool, { workerId: "w", jobs: [{ id: done.id, attempt: c2!.attempt }] });
+  await lh.pool.query("DELETE FROM job_attempts WHERE job_id = $1", [done.id]); // an audit row lost
+  const found = await lh.watchdog({ orphanAfterMs: 60_000 }).scanOrphans();
+  assert.deepEqual(found, { no_worker_for_task: 2, missing_audit: 1, over_budget: 2 });
+  for (const id of [nobody.id, over.id]) {
+    const { job } = await lh.getJob(id);
+    assert.equal(job.state, "dead");
+    assert.match(job.lastError!, /retry budget was already spent/);
+  }
+  const gauge = await lh.metrics.orphanedJobs.get();
+  assert.deepEqual(Object.fromEntries(gauge.values.map((v) => [v.labels.kind, v.value])), found);
+});
+
+test("a recovery run sees how the previous attempt ended, and its last error", async (t) => {
+  const lh = await freshLeasehold(t);
+  const seen: [string | null, string | null][] = [];
+  const { id } = await lh.enqueue("t");
+  await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "gone", leaseMs: 30_000, tasks: ["t"] });
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
+  await lh.watchdog({ backoff: NO_BACKOFF }).runOnce();
+  const worker = lh.worker({ handlers: { t: { handler: (_p: unknown, ctx: JobContext) => void seen.push([ctx.previousOutcome, ctx.lastError]), backoff: NO_BACKOFF } } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await eventually(() => finalOf(lh, id), "job ran again");
+  assert.deepEqual(seen, [["lease_expired", "lease expired"]]);
+});
