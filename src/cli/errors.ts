@@ -26,6 +26,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   unknown_task: EXIT.usage,
   job_not_found: EXIT.notFound,
   invalid_state: EXIT.invalidState,
+  name_in_use: EXIT.invalidState,
   server_unavailable: EXIT.unavailable,
   unauthorized: EXIT.usage,
   forbidden: EXIT.usage,

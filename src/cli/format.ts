@@ -86,5 +86,12 @@ export function statsText(stats: QueueStats): string {
       : table(["QUEUE", ...STATES.map((s) => s.toUpperCase())], [...byQueue].map(([q, row]) => [q, ...STATES.map((s) => String(row[s] ?? 0))]));
   const oldest =
     stats.oldestReadyAt === null ? "none (no job is waiting to run)" : `ready for ${stats.oldestReadyAgeSeconds!.toFixed(1)}s (since ${stats.oldestReadyAt.toISOString()})`;
-  return `${counts}\n\nactive leases   ${stats.activeLeases} (expired, awaiting the watchdog: ${stats.expiredLeases})\noldest waiting  ${oldest}`;
+  const watchdogs =
+    stats.watchdogs > 0
+      ? `${stats.watchdogs} running`
+      : `none running${stats.expiredLeases > 0 ? ": expired leases are not being recovered (start `leasehold watchdog`; `leasehold doctor` says more)" : ""}`;
+  return (
+    `${counts}\n\nactive leases   ${stats.activeLeases} (expired, awaiting the watchdog: ${stats.expiredLeases})\n` +
+    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}`
+  );
 }

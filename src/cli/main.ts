@@ -60,7 +60,8 @@ function applyExitOverride(command: Command): void {
 
 try {
   await program.parseAsync(process.argv);
-  process.exitCode = EXIT.ok;
+  // A command may have set its own (doctor exits 1 when it finds an error).
+  process.exitCode ??= EXIT.ok;
 } catch (err) {
   if (err instanceof CommanderError) {
     // --help and --version end here with code 0; usage errors were printed by commander.

@@ -391,6 +391,8 @@ export const routes = {
           counts: { type: "array", items: { type: "object", properties: { queue: NAME, state: { type: "string" }, count: { type: "integer" } } } },
           activeLeases: { type: "integer" },
           expiredLeases: { type: "integer" },
+          watchdogs: { type: "integer", description: "watchdogs seen within the last minute" },
+          workers: { type: "integer", description: "workers seen within the last minute" },
           oldestReadyAt: TIME,
           oldestReadyAgeSeconds: { type: ["number", "null"] },
         },

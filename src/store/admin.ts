@@ -231,9 +231,13 @@ const LEASE_STATS = statement(
 SELECT count(*) FILTER (WHERE state = 'running')::int AS active_leases,
        count(*) FILTER (WHERE state = 'running' AND lease_until < now())::int AS expired_leases,
        min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()) AS oldest_ready_at,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()))::float8 AS oldest_ready_age_s
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now()))::float8 AS oldest_ready_age_s,
+       (SELECT count(*)::int FROM workers
+         WHERE kind = 'watchdog' AND stopped_at IS NULL AND last_seen_at > now() - interval '1 minute') AS watchdogs,
+       (SELECT count(*)::int FROM workers
+         WHERE kind = 'worker' AND stopped_at IS NULL AND lost_at IS NULL AND last_seen_at > now() - interval '1 minute') AS workers
   FROM jobs`,
-  { active_leases: "int4", expired_leases: "int4", oldest_ready_at: "timestamptz?", oldest_ready_age_s: "float8?" },
+  { active_leases: "int4", expired_leases: "int4", oldest_ready_at: "timestamptz?", oldest_ready_age_s: "float8?", watchdogs: "int4", workers: "int4" },
 );
 
 export interface QueueStats {
@@ -243,6 +247,9 @@ export interface QueueStats {
   /** The oldest job ready to run and not yet claimed: how far behind the workers are. */
   oldestReadyAt: Date | null;
   oldestReadyAgeSeconds: number | null;
+  /** Watchdogs and workers seen within the last minute (a watchdog refreshes its row every interval). */
+  watchdogs: number;
+  workers: number;
 }
 
 export async function queueStats(db: Queryable): Promise<QueueStats> {
@@ -254,5 +261,7 @@ export async function queueStats(db: Queryable): Promise<QueueStats> {
     expiredLeases: l.expired_leases,
     oldestReadyAt: l.oldest_ready_at,
     oldestReadyAgeSeconds: l.oldest_ready_age_s,
+    watchdogs: l.watchdogs,
+    workers: l.workers,
   };
 }

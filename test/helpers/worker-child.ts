@@ -1,0 +1,21 @@
+/**
+ * A worker in a process of its own, for tests that kill it for real: it runs task "hold"
+ * (never ends) and "quick" with the default lease, no watchdog, and prints "started <job id>"
+ * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional).
+ */
+import pino from "pino";
+import { Leasehold } from "../../src/client.js";
+
+const lh = await Leasehold.connect({ logger: pino({ level: "silent" }) });
+const worker = lh.worker({
+  watchdog: false,
+  ...(process.env.WORKER_NAME && { name: process.env.WORKER_NAME }),
+  handlers: {
+    hold: () => new Promise(() => {}),
+    quick: () => undefined,
+  },
+});
+worker.on("job:start", (job: { id: string }) => process.stdout.write(`started ${job.id}\n`));
+await worker.start();
+process.stdout.write(`ready ${worker.id}\n`);
+process.on("SIGTERM", () => void worker.stop(0).then(() => lh.close()).then(() => process.exit(0)));
