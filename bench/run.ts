@@ -40,6 +40,24 @@ const WORKLOADS: Workload[] = [
   { id: "enqueue", title: "1. Bulk enqueue", repeated: true, rows: perSystem("throughput", enqueueWorkload) },
   { id: "drain", title: "2a. Drain, 1 worker process", repeated: true, rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, 1)) },
   {
+    id: "sweep",
+    title: "2d. Drain at the same handler concurrency (one worker process; graphile-worker at each local queue size tried)",
+    repeated: true,
+    rows: (ctx, systems) =>
+      ctx.options.sweep.flatMap((c) =>
+        systems.flatMap((s) =>
+          s.name === "graphile-worker"
+            ? graphileQueueSizes(c).map((q) => ({
+                label: `graphile-worker c=${c} localQueue=${q}`,
+                system: s.name,
+                settings: `concurrency ${c}, localQueue size ${q}, completeJobBatchDelay 0`,
+                measure: () => drainWorkload(ctx, s, 1, { concurrency: c, localQueue: q }),
+              }))
+            : [{ label: `${s.name} c=${c}`, system: s.name, settings: `concurrency ${c}, otherwise its defaults`, measure: () => drainWorkload(ctx, s, 1, { concurrency: c }) }],
+        ),
+      ),
+  },
+  {
     id: "drain-multi",
     title: "2b. Drain, several worker processes",
     repeated: true,
@@ -83,6 +101,11 @@ const WORKLOADS: Workload[] = [
   },
 ];
 
+/** graphile-worker's local queue must hold at least its concurrency; sizes tried for its best. */
+function graphileQueueSizes(concurrency: number): number[] {
+  return [...new Set([concurrency, Math.max(concurrency, 500), Math.max(concurrency, 2_000)])];
+}
+
 const int = (v: string) => {
   const n = Number(v);
   if (!Number.isInteger(n) || n <= 0) throw new Error(`expected a positive integer, got "${v}"`);
@@ -102,6 +125,7 @@ const program = new Command("bench")
   .option("--heartbeat-jobs <n>", "long jobs in flight in the heartbeat workload", int, 1_000)
   .option("--heartbeat-seconds <n>", "measuring window of the heartbeat workload", int, 20)
   .option("--recovery-timeout <n>", "seconds to wait for a killed worker's job to run again", int, 20)
+  .option("--sweep <list>", "handler concurrencies of the sweep", "10,50,1000")
   .option("--steady-jobs <n>", "jobs through the queue in the steady-state workload (the issue's full size: 1000000)", int, 200_000)
   .option("--pressure-rate <n>", "jobs/s during the pinned-snapshot workload", int, 500)
   .option("--pressure-seconds <n>", "seconds before and after the pinned snapshot", int, 10)
@@ -124,6 +148,9 @@ const options: BenchOptions = {
   heartbeatSeconds: o.heartbeatSeconds,
   recoveryTimeoutSeconds: o.recoveryTimeout,
   steadyJobs: o.steadyJobs,
+  sweep: String(o.sweep)
+    .split(",")
+    .map((v) => int(v.trim())),
   pressureRate: o.pressureRate,
   pressureSeconds: o.pressureSeconds,
   pinSeconds: o.pinSeconds,

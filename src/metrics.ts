@@ -15,6 +15,11 @@ export interface Metrics {
   registry: Registry;
   /** The label value for a queue: its name, or "other" past MAX_QUEUE_LABELS distinct queues. */
   queueLabel(queue: string): string;
+  /**
+   * Counts the worker_leases gauge reads at scrape time (a set per job ran at every claim and
+   * end): each worker adds a function returning the leases it holds, and removes it at stop.
+   */
+  leaseHolders: Set<() => number>;
   // The eight operational metrics.
   leasesHeld: Gauge;
   activeLeases: Gauge;
@@ -48,7 +53,9 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
   if (existing) return existing;
   const registers = [registry];
   const queues = new Set<string>();
+  const leaseHolders = new Set<() => number>();
   const m: Metrics = {
+    leaseHolders,
     registry,
     queueLabel(queue) {
       if (queues.has(queue)) return queue;
@@ -60,6 +67,11 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       name: "leasehold_worker_leases",
       help: "Leases this process's workers hold now: jobs buffered, running, or being reported.",
       registers,
+      collect() {
+        let n = 0;
+        for (const held of leaseHolders) n += held();
+        this.set(n);
+      },
     }),
     activeLeases: new Gauge({
       name: "leasehold_active_leases",

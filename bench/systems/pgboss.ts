@@ -95,7 +95,10 @@ export const pgboss: BenchSystem = {
           { localConcurrency: 1, batchSize: 1, pollingIntervalSeconds: 0.5, notifyPollingIntervalSeconds: 0.5 }
         : spec.profile === "heartbeat"
           ? { localConcurrency: Math.max(1, Math.round((spec.concurrency ?? 250) / 10)), batchSize: 10, pollingIntervalSeconds: 0.5 }
-          : THROUGHPUT;
+          : spec.concurrency !== undefined
+            ? // The same handler concurrency as the others: up to 10 loops, each a batch at a time.
+              { ...THROUGHPUT, localConcurrency: Math.min(10, spec.concurrency), batchSize: Math.ceil(spec.concurrency / Math.min(10, spec.concurrency)) }
+            : THROUGHPUT;
     await b.work<Payload>(QUEUE, options, async (jobs) => {
       await Promise.all(jobs.map((job) => run(job.data, job.signal)));
     });

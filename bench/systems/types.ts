@@ -25,6 +25,8 @@ export interface WorkerSpec {
   concurrency?: number;
   /** Leasehold only: run its worker with this lease (ms), heartbeat at a third. */
   leaseMs?: number;
+  /** graphile-worker only: its local queue size (jobs fetched ahead; at least the concurrency). */
+  localQueue?: number;
 }
 
 export interface Producer {

@@ -22,6 +22,8 @@ export interface BenchOptions {
   recoveryTimeoutSeconds: number;
   /** Jobs through the queue in the steady-state workload. */
   steadyJobs: number;
+  /** Handler concurrencies of the sweep: every system drains at each. */
+  sweep: number[];
   /** Pinned-snapshot workload: rate (jobs/s) and seconds before, during and after the pin. */
   pressureRate: number;
   pressureSeconds: number;

@@ -6,7 +6,7 @@
 import { readDb } from "../lib/server.js";
 import { nowMs, sleep, waitUntil } from "../lib/stats.js";
 import { WorkerGroup } from "../lib/workers.js";
-import type { BenchSystem } from "../systems/types.js";
+import type { BenchSystem, WorkerSpec } from "../systems/types.js";
 import { payloads, urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
 
 /** Jobs per enqueue call when filling a queue for a drain (not measured). */
@@ -56,7 +56,7 @@ export async function fillQueue(ctx: BenchContext, system: BenchSystem, jobs: nu
  * first handler start to the moment the database holds no unfinished job, so process
  * start-up is not counted.
  */
-export async function drainWorkload(ctx: BenchContext, system: BenchSystem, processes: number): Promise<Metrics> {
+export async function drainWorkload(ctx: BenchContext, system: BenchSystem, processes: number, spec: Partial<WorkerSpec> = {}): Promise<Metrics> {
   const url = urlOf(ctx, system);
   const { jobs } = ctx.options;
   await system.reset(url, "throughput");
@@ -64,7 +64,7 @@ export async function drainWorkload(ctx: BenchContext, system: BenchSystem, proc
   await withClient(url, (db) => db.query("VACUUM ANALYZE"));
   await sleep(500);
   const producer = await system.producer(url, "throughput");
-  const group = await WorkerGroup.start(system.name, url, { profile: "throughput" }, processes, false);
+  const group = await WorkerGroup.start(system.name, url, { profile: "throughput", ...spec }, processes, false);
   try {
     return await withClient(url, async (db) => {
       const clientBefore = await group.stats();

@@ -53,7 +53,6 @@ export interface ClaimedJob {
   queue: string;
   task: string;
   payload: JsonValue;
-  priority: number;
   /** The fencing token of this claim within its job. */
   attempt: number;
   /** The fencing token of this claim across all jobs (a bigint, as a decimal string). */
@@ -62,8 +61,6 @@ export interface ClaimedJob {
   maxAttempts: number;
   leaseMs: number;
   checkpoint: JsonValue | null;
-  progress: JsonValue | null;
-  createdAt: Date;
   /** How the previous attempt ended (null on the first). */
   previousOutcome: AttemptOutcome | null;
   /** The last error recorded for the job (a failure, or why a recovery ended an attempt). */

@@ -79,9 +79,9 @@ const TIME = { type: ["string", "null"], format: "date-time" } as const;
 export const claimedJobSchema = {
   type: "object",
   properties: {
-    id: JOB_ID, queue: NAME, task: NAME, payload: {}, priority: { type: "integer" }, attempt: ATTEMPT,
+    id: JOB_ID, queue: NAME, task: NAME, payload: {}, attempt: ATTEMPT,
     spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
-    checkpoint: {}, progress: {}, createdAt: { type: "string", format: "date-time" },
+    checkpoint: {},
     fence: { type: "string", description: "the claim's token across all jobs (a bigint): greater than every earlier claim's" },
     previousOutcome: { type: ["string", "null"], enum: [...OUTCOMES, null], description: "how the previous attempt ended" },
     lastError: { type: ["string", "null"] },
@@ -89,7 +89,7 @@ export const claimedJobSchema = {
     maxRunMs: NULLABLE_LIMIT,
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
-  required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "createdAt", "receipt"],
+  required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "receipt"],
 };
 
 export const jobRecordSchema = {

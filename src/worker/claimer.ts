@@ -20,11 +20,15 @@ import type { Outage } from "./outage.js";
 import type { WorkerTransport } from "./transport.js";
 
 /** Keep this much work (at the current finishing rate) claimed ahead of the handlers. */
-export const PREFETCH_WINDOW_MS = 200;
+export const PREFETCH_WINDOW_MS = 250;
 /** At most this many jobs buffered beyond the running ones. */
 export const MAX_PREFETCH = 2 * MAX_CLAIM_BATCH;
-/** Claims running at once: the next batch is on its way while the last is being worked. */
-export const MAX_CLAIMS_IN_FLIGHT = 2;
+/**
+ * Claims running at once. One is always on its way while handlers run; a second one from the
+ * same worker only walked past the first one's locked rows (SKIP LOCKED): the claim cost 9.4
+ * µs a row with two in flight against 8.1 with one, and the drain was 10% slower.
+ */
+export const MAX_CLAIMS_IN_FLIGHT = 1;
 const ERROR_BACKOFF_MIN_MS = 100;
 /** A failed claim is retried at least this often: back within a second of the database. */
 const ERROR_BACKOFF_MAX_MS = 1_000;
@@ -59,6 +63,7 @@ export class Claimer {
   private rate = 0;
   private rateSampledAt = performance.now();
   private rateSampledFinished = 0;
+  private readonly maxBatch: number;
 
   constructor(
     private readonly host: ClaimerHost,
@@ -69,7 +74,9 @@ export class Claimer {
     private readonly metrics: Metrics,
     private readonly outage: Outage,
     private readonly logger: Logger,
-  ) {}
+  ) {
+    this.maxBatch = Math.min(MAX_CLAIM_BATCH, transport.maxClaimBatch ?? MAX_CLAIM_BATCH);
+  }
 
   start(): void {
     this.stopped = false;
@@ -122,9 +129,9 @@ export class Claimer {
       if (this.host.reporting() > this.settings.concurrency) return;
       const want = this.target() - this.host.buffered() - this.host.running() - this.asked;
       // With a claim already on its way, a second one must be worth its round trip.
-      const worthIt = this.inFlight === 0 ? 1 : Math.min(MAX_CLAIM_BATCH / 4, this.settings.concurrency);
+      const worthIt = this.inFlight === 0 ? 1 : Math.min(this.maxBatch / 4, this.settings.concurrency);
       if (want < worthIt) return;
-      this.claim(Math.min(want, MAX_CLAIM_BATCH));
+      this.claim(Math.min(want, this.maxBatch));
     }
   }
 

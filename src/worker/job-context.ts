@@ -1,7 +1,11 @@
-/** Builds the JobContext a handler receives for one attempt. */
+/**
+ * The JobContext a handler receives for one attempt. A class rather than an object of
+ * closures: one is made per job, and its methods live once on the prototype.
+ */
 import type { Logger } from "pino";
 import { serializePayload } from "../jobs/validate.js";
-import { fencedWrite } from "../fencing.js";
+import { fencedWrite, type FencedWriteDb } from "../fencing.js";
+import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
 import type { Metrics } from "../metrics.js";
 import type { AbortReason, JobContext } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
@@ -14,42 +18,85 @@ export interface ContextHost {
   abort(entry: InFlight, reason: AbortReason): void;
 }
 
+class AttemptContext implements JobContext {
+  private childLogger?: Logger;
+
+  constructor(
+    private readonly entry: InFlight,
+    private readonly host: ContextHost,
+  ) {}
+
+  get jobId(): string {
+    return this.entry.job.id;
+  }
+  get attempt(): number {
+    return this.entry.job.attempt;
+  }
+  get fence(): string {
+    return this.entry.job.fence;
+  }
+  get queue(): string {
+    return this.entry.job.queue;
+  }
+  get task(): string {
+    return this.entry.job.task;
+  }
+  get spentAttempts(): number {
+    return this.entry.job.spentAttempts;
+  }
+  get maxAttempts(): number {
+    return this.entry.job.maxAttempts;
+  }
+  get previousOutcome(): AttemptOutcome | null {
+    return this.entry.job.previousOutcome;
+  }
+  get lastError(): string | null {
+    return this.entry.job.lastError;
+  }
+  get previousCheckpoint(): JsonValue | null {
+    return this.entry.job.checkpoint;
+  }
+
+  /** Made on first use: most short handlers never read it. */
+  get signal(): AbortSignal {
+    const e = this.entry;
+    if (!e.controller) {
+      e.controller = new AbortController();
+      if (e.abortedWith) e.controller.abort(e.abortedWith);
+    }
+    return e.controller.signal;
+  }
+
+  // Validated here, so a value PostgreSQL would refuse throws to this handler only.
+  progress(data: JsonValue): void {
+    this.entry.progressJson = serializePayload(data, "", "progress");
+    this.host.progressed(this.entry);
+  }
+
+  checkpoint(data: JsonValue): void {
+    this.entry.checkpointJson = serializePayload(data, "", "checkpoint");
+    this.host.progressed(this.entry);
+  }
+
+  async fencedWrite(
+    db: FencedWriteDb,
+    write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
+  ): Promise<boolean> {
+    const accepted = await fencedWrite(db, { ...write, token: this.entry.job.fence });
+    if (!accepted) {
+      this.host.metrics.fencingRejections.inc({ kind: "downstream", reason: "newer_token" });
+      this.host.abort(this.entry, "fence_refused");
+    }
+    return accepted;
+  }
+
+  // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.
+  get logger(): Logger {
+    const job = this.entry.job;
+    return (this.childLogger ??= this.host.logger.child({ jobId: job.id, attempt: job.attempt, task: job.task }));
+  }
+}
+
 export function createJobContext(entry: InFlight, host: ContextHost): JobContext {
-  const { job } = entry;
-  let childLogger: Logger | undefined;
-  return {
-    jobId: job.id,
-    attempt: job.attempt,
-    fence: job.fence,
-    queue: job.queue,
-    task: job.task,
-    spentAttempts: job.spentAttempts,
-    maxAttempts: job.maxAttempts,
-    previousOutcome: job.previousOutcome,
-    lastError: job.lastError,
-    signal: entry.controller.signal,
-    previousCheckpoint: job.checkpoint,
-    progress: (data) => {
-      // Validated here, so a value PostgreSQL would refuse throws to this handler only.
-      entry.progressJson = serializePayload(data, "", "progress");
-      host.progressed(entry);
-    },
-    checkpoint: (data) => {
-      entry.checkpointJson = serializePayload(data, "", "checkpoint");
-      host.progressed(entry);
-    },
-    fencedWrite: async (db, write) => {
-      const accepted = await fencedWrite(db, { ...write, token: job.fence });
-      if (!accepted) {
-        host.metrics.fencingRejections.inc({ kind: "downstream", reason: "newer_token" });
-        host.abort(entry, "fence_refused");
-      }
-      return accepted;
-    },
-    // Created on first use: most handlers never log, and a child logger per job measured
-    // ~2 µs (docs/benchmarks.md).
-    get logger() {
-      return (childLogger ??= host.logger.child({ jobId: job.id, attempt: job.attempt, task: job.task }));
-    },
-  };
+  return new AttemptContext(entry, host);
 }

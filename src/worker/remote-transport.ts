@@ -63,9 +63,11 @@ interface ErrorBody {
 }
 
 type Ref = { id: string; attempt: number };
-type WireJob = Omit<ClaimedJob, "createdAt"> & { createdAt: string; receipt?: string };
+type WireJob = ClaimedJob & { receipt?: string };
 
 export class RemoteTransport implements WorkerTransport {
+  /** The server's claim limit (its schema). */
+  readonly maxClaimBatch = 500;
   private readonly base: URL;
   private readonly waitMs: number;
   private readonly timeoutMs: number;
@@ -102,7 +104,7 @@ export class RemoteTransport implements WorkerTransport {
       if (this.waitMs > 0 && (res.body.waited !== false || res.body.jobs.length > 0)) this.wake?.();
       return res.body.jobs.map(({ receipt, ...j }) => {
         if (receipt) this.keepReceipt(j, receipt, p.workerId);
-        return { ...j, checkpoint: j.checkpoint ?? null, progress: j.progress ?? null, createdAt: new Date(j.createdAt) };
+        return { ...j, checkpoint: j.checkpoint ?? null, previousOutcome: j.previousOutcome ?? null, lastError: j.lastError ?? null, progressTimeoutMs: j.progressTimeoutMs ?? null, maxRunMs: j.maxRunMs ?? null };
       });
     } catch (err) {
       if (controller.signal.aborted) return []; // interrupted by stop()

@@ -42,7 +42,7 @@ export async function reportEnd(
     if (!(err instanceof JobAbortedError)) worker.logger.warn({ jobId: job.id, attempt: job.attempt, err: failure.error }, "job failed");
   }
   if (outcome.applied) {
-    worker.metrics.jobsEnded.inc({ queue: worker.metrics.queueLabel(job.queue), outcome: outcome.state === "waiting" ? "retry" : outcome.state });
+    worker.countEnded(job.queue, outcome.state === "waiting" ? "retry" : outcome.state);
     return { state: outcome.state };
   }
   if ("reason" in outcome) {

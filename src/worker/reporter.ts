@@ -27,10 +27,18 @@ const RETRY_MIN_MS = 100;
 /** Retried at least once a second: reports land within a second of the database coming back. */
 const RETRY_MAX_MS = 1_000;
 
+/**
+ * Report statements in flight at once. One batch at a time let completions queue behind a
+ * round trip; a second batch starts only when enough have piled up to be worth a statement.
+ */
+export const MAX_REPORTS_IN_FLIGHT = 2;
+const MIN_EXTRA_BATCH = 100;
+
 export class Reporter {
   private successes: Pending<AttemptRef>[] = [];
   private failures: Pending<Failure>[] = [];
-  private flushing?: Promise<void>;
+  private inFlight = 0;
+  private drained: (() => void)[] = [];
   /** After this moment (Date.now()), connection errors are no longer retried. */
   giveUpAfter = Infinity;
 
@@ -55,28 +63,31 @@ export class Reporter {
   }
 
   /** Resolves when everything handed in so far has been reported. */
-  async drain(): Promise<void> {
-    while (this.flushing) await this.flushing;
+  drain(): Promise<void> {
+    if (this.inFlight === 0 && this.successes.length + this.failures.length === 0) return Promise.resolve();
+    return new Promise((resolve) => this.drained.push(resolve));
   }
 
   private kick(): void {
-    if (this.flushing) return;
-    this.flushing = this.flushAll().finally(() => {
-      this.flushing = undefined;
-      if (this.successes.length + this.failures.length > 0) this.kick();
-    });
-  }
-
-  private async flushAll(): Promise<void> {
-    while (this.successes.length + this.failures.length > 0) {
+    for (;;) {
+      const pending = this.successes.length + this.failures.length;
+      if (pending === 0 || this.inFlight >= MAX_REPORTS_IN_FLIGHT) break;
+      if (this.inFlight > 0 && pending < MIN_EXTRA_BATCH) break;
       const successes = takeOnePerJob(this.successes);
       const failures = takeOnePerJob(this.failures);
-      await Promise.all([
+      this.inFlight++;
+      void Promise.all([
         successes.length &&
           this.send(successes, (items) => this.transport.complete({ workerId: this.workerId, jobs: items }), ["succeeded", "cancelled"]),
         failures.length &&
           this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), ["failed", "stalled", "timed_out", "cancelled"]),
-      ]);
+      ]).finally(() => {
+        this.inFlight--;
+        this.kick();
+        if (this.inFlight === 0 && this.successes.length + this.failures.length === 0) {
+          for (const resolve of this.drained.splice(0)) resolve();
+        }
+      });
     }
   }
 

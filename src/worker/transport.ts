@@ -60,6 +60,8 @@ export interface WorkerTransport {
   reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
+  /** The most jobs one claim may ask for through this transport (default: the runtime's own cap). */
+  readonly maxClaimBatch?: number;
 }
 
 /**

@@ -12,7 +12,7 @@ import { EventEmitter } from "node:events";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
-import type { Registry } from "prom-client";
+import type { Counter, Histogram, Registry } from "prom-client";
 import type { ClaimedJob } from "../jobs/types.js";
 import { UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
@@ -74,6 +74,10 @@ export class Worker extends EventEmitter {
   private sweepTimer?: NodeJS.Timeout;
   private state: "new" | "started" | "stopping" | "stopped" = "new";
   private readonly services: MaintenanceService<unknown>[];
+  private readonly heldLeases = () => this.inFlight.size;
+  /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
+  private readonly durations = new Map<string, Histogram.Internal<"task">>();
+  private readonly endings = new Map<string, Counter.Internal>();
 
   constructor(options: WorkerOptions) {
     super();
@@ -152,6 +156,7 @@ export class Worker extends EventEmitter {
         this.logger.info({ recovered }, "recovered the jobs an earlier process of this worker name still held");
       }
     }
+    this.metrics.leaseHolders.add(this.heldLeases);
     this.heartbeater.start();
     this.claimer.start();
     const sweepMs = Math.max(50, Math.min(1_000, Math.floor(s.leaseMs * BUFFER_MAX_LEASE_SHARE)));
@@ -211,6 +216,7 @@ export class Worker extends EventEmitter {
     await Promise.race([this.reporter.drain(), new Promise((r) => setTimeout(r, SHUTDOWN_REPORT_WAIT_MS).unref())]);
     await this.heartbeater.stop();
     await this.attachment?.detach(true).catch(() => {});
+    this.metrics.leaseHolders.delete(this.heldLeases);
     this.state = "stopped";
     this.logger.info("worker stopped");
     this.emit("stopped");
@@ -236,11 +242,11 @@ export class Worker extends EventEmitter {
 
   private deliver(jobs: ClaimedJob[], sentAt: number): void {
     let shortestLease = Infinity;
+    const perQueue = new Map<string, number>();
     for (const job of jobs) {
       const task = this.settings.tasks.get(job.task);
       const entry: InFlight = {
         job,
-        controller: new AbortController(),
         renewedAt: sentAt,
         claimedAt: sentAt,
         phase: "buffered",
@@ -255,9 +261,9 @@ export class Worker extends EventEmitter {
       this.newestAttempt.set(job.id, entry);
       this.buffer.push(entry);
       shortestLease = Math.min(shortestLease, job.leaseMs);
-      this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(job.queue) });
+      perQueue.set(job.queue, (perQueue.get(job.queue) ?? 0) + 1);
     }
-    this.metrics.leasesHeld.set(this.inFlight.size);
+    for (const [queue, n] of perQueue) this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(queue) }, n);
     if (jobs.length > 0) this.heartbeater.jobsClaimed(shortestLease);
     this.pump();
   }
@@ -308,6 +314,20 @@ export class Worker extends EventEmitter {
       () => this.handlerEnded(entry, undefined),
       (err: unknown) => this.handlerEnded(entry, err ?? new Error("handler threw a nullish value")),
     );
+  }
+
+  private durationOf(task: string): Histogram.Internal<"task"> {
+    let child = this.durations.get(task);
+    if (!child) this.durations.set(task, (child = this.metrics.jobDuration.labels({ task })));
+    return child;
+  }
+
+  /** @internal Counts an attempt's end by queue and outcome. */
+  countEnded(queue: string, outcome: string): void {
+    const key = `${queue}\u0000${outcome}`;
+    let child = this.endings.get(key);
+    if (!child) this.endings.set(key, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
+    child.inc();
   }
 
   /** @internal The handler made progress (ctx.progress or ctx.checkpoint). */
@@ -365,7 +385,7 @@ export class Worker extends EventEmitter {
 
   private slotFreed(entry: InFlight): void {
     clearTimeout(entry.limitTimer);
-    if (entry.startedAt !== undefined) this.metrics.jobDuration.observe({ task: entry.job.task }, (performance.now() - entry.startedAt) / 1000);
+    if (entry.startedAt !== undefined) this.durationOf(entry.job.task).observe((performance.now() - entry.startedAt) / 1000);
     entry.phase = "reporting";
     this.running--;
     this.emit("slot");
@@ -389,7 +409,6 @@ export class Worker extends EventEmitter {
     clearTimeout(entry.limitTimer);
     this.inFlight.delete(attemptKey(entry.job));
     if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
-    this.metrics.leasesHeld.set(this.inFlight.size);
   }
 
   private leaseLost(entry: InFlight, reason: LostLeaseReason | "reclaimed"): void {
@@ -415,11 +434,12 @@ export class Worker extends EventEmitter {
   }
 
   private abortJob(entry: InFlight, reason: AbortReason): void {
-    if (entry.controller.signal.aborted) return;
+    if (entry.abortedWith) return;
     const error = new JobAbortedError(entry.job.id, entry.job.attempt, reason);
     this.metrics.leasesLost.inc({ reason });
     this.emit("job:aborted", entry.job, error);
-    entry.controller.abort(error);
+    entry.abortedWith = error;
+    entry.controller?.abort(error);
   }
 
 }
