@@ -1,5 +1,5 @@
 /**
- * The invariant checker: after a run has drained, compares the database (jobs, job_history,
+ * The invariant checker: after a run has drained, compares the database (jobs, finished_jobs,
  * job_attempts, the downstream table and its write log) with what every worker process
  * logged about its own reports. Every broken invariant becomes a violation naming the job
  * and what was seen; the run fails if there is any.
@@ -100,7 +100,7 @@ export async function loadRows(admin: pg.Pool) {
     admin.query<HistoryRow>(
       `SELECT id::text, state, attempt, spent_attempts AS spent, max_attempts AS max,
               (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write
-         FROM job_history`,
+         FROM finished_jobs`,
     ),
     admin.query<AttemptRow>(
       `SELECT job_id::text AS job, attempt, worker_id AS worker, outcome,

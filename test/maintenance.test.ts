@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import * as store from "../src/store/index.js";
 import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF } from "./helpers/db.js";
 
-test("retention deletes old finished jobs with their audit rows, keeps dead jobs longer, and works in batches", async (t) => {
+test("retention empties whole generations of finished jobs with their audit rows and keeps dead jobs longer", async (t) => {
   const lh = await freshLeasehold(t);
   const ids = (await lh.enqueueMany(Array.from({ length: 30 }, (_, i) => ({ task: "t", maxAttempts: i < 20 ? 2 : 1 })))).map((j) => j.id);
   const claim = () => store.claimJobs(lh.pool, { queues: ["default"], limit: 30, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
@@ -17,19 +17,68 @@ test("retention deletes old finished jobs with their audit rows, keeps dead jobs
   const attemptsOf = async (jobIds: string[]) =>
     (await lh.pool.query("SELECT count(*)::int AS n FROM all_attempts WHERE job_id = ANY($1::bigint[])", [jobIds])).rows[0].n as number;
   assert.equal(await attemptsOf(ids.slice(0, 10)), 20, "two attempts each: the failure's row and the history row's final attempt");
-  // Ten succeeded jobs finished two days ago, ten just now; the ten dead ones two days ago.
-  await lh.pool.query("UPDATE job_history SET finished_at = now() - interval '2 days' WHERE id = ANY($1::bigint[])", [
-    [...ids.slice(0, 10), ...ids.slice(20)],
-  ]);
   const retention = lh.retention({ retainMs: 24 * 3600_000, retainDeadMs: 7 * 24 * 3600_000, batchSize: 3 });
+  assert.equal(await retention.runOnce(), 0, "nothing is past retention yet");
+  // Ten succeeded jobs finished two days ago (into the generation of that time), ten just now;
+  // the ten dead ones two days ago.
+  await lh.pool.query(
+    `UPDATE job_history SET finished_at = now() - interval '2 days', generation = history_generation(now() - interval '2 days')
+      WHERE id = ANY($1::bigint[])`,
+    [ids.slice(0, 10)],
+  );
+  await lh.pool.query("UPDATE dead_jobs SET finished_at = now() - interval '2 days'");
   assert.equal(await retention.runOnce(), 10);
-  const left = await lh.pool.query("SELECT state, count(*)::int AS n FROM job_history GROUP BY state ORDER BY state");
+  const left = await lh.pool.query("SELECT state, count(*)::int AS n FROM finished_jobs GROUP BY state ORDER BY state");
   assert.deepEqual(left.rows, [{ state: "dead", n: 10 }, { state: "succeeded", n: 10 }]);
   assert.equal(await attemptsOf(ids.slice(0, 10)), 0, "audit rows go with their job");
   assert.equal(await retention.runOnce(), 0);
-  // Past the dead retention, dead jobs go too.
-  await lh.pool.query("UPDATE job_history SET finished_at = now() - interval '8 days' WHERE state = 'dead'");
+  // Past the dead retention, dead jobs go too, in batches of three.
+  await lh.pool.query("UPDATE dead_jobs SET finished_at = now() - interval '8 days'");
   assert.equal(await retention.runOnce(), 10);
+  assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM finished_jobs")).rows[0].n, 10);
+});
+
+test("retention never empties a generation that holds a job within retention, nor waits for one in use", async (t) => {
+  const lh = await freshLeasehold(t);
+  const retention = lh.retention({ retainMs: 24 * 3600_000 });
+  await retention.runOnce(); // sets the generation width: four hours
+  const ids = (await lh.enqueueMany(Array.from({ length: 4 }, () => ({ task: "t" })))).map((j) => j.id);
+  const jobs = await store.claimJobs(lh.pool, { queues: ["default"], limit: 4, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  await store.completeJobs(lh.pool, { workerId: "w", jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
+  const old = "now() - interval '2 days'";
+  await lh.pool.query(`UPDATE job_history SET finished_at = ${old}, generation = history_generation(${old}) WHERE id = ANY($1::bigint[])`, [ids.slice(0, 3)]);
+  // An hour-old job in the same generation (as after the width changed): the whole generation stays.
+  await lh.pool.query(`UPDATE job_history SET finished_at = now() - interval '1 hour', generation = history_generation(${old}) WHERE id = $1`, [ids[3]]);
+  assert.equal(await retention.runOnce(), 0);
+  await lh.pool.query(`UPDATE job_history SET finished_at = ${old} WHERE id = $1`, [ids[3]]);
+  // A reader holds the generation: retention passes over it at once and comes back later.
+  const { rows } = await lh.pool.query(`SELECT history_generation(${old}) AS g`);
+  const reader = await lh.pool.connect();
+  try {
+    await reader.query("BEGIN");
+    await reader.query(`SELECT count(*) FROM job_history_${rows[0].g}`);
+    assert.equal(await retention.runOnce(), 0);
+    await reader.query("COMMIT");
+  } finally {
+    reader.release();
+  }
+  assert.equal(await retention.runOnce(), 4);
+});
+
+test("finished jobs land in the current generation and leave once their generation is past retention", async (t) => {
+  const lh = await freshLeasehold(t);
+  // The shortest retention: one-second generations.
+  const retention = lh.retention({ retainMs: 1_000 });
+  await retention.runOnce();
+  await lh.enqueueMany(Array.from({ length: 5 }, () => ({ task: "t" })));
+  const jobs = await store.claimJobs(lh.pool, { queues: ["default"], limit: 5, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  await store.completeJobs(lh.pool, { workerId: "w", jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
+  const { rows } = await lh.pool.query("SELECT DISTINCT generation = history_generation(finished_at) AS matches FROM job_history");
+  assert.deepEqual(rows, [{ matches: true }], "each job is in the generation of when it finished");
+  assert.equal(await retention.runOnce(), 0, "the current generation is never emptied");
+  await new Promise((r) => setTimeout(r, 2_100));
+  assert.equal(await retention.runOnce(), 5);
+  assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM job_history")).rows[0].n, 0);
 });
 
 test("migrations are safe to run from many processes at once", async (t) => {

@@ -2,7 +2,7 @@
 
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 
-/** Unfinished jobs live in `jobs`; finished ones in `job_history`. */
+/** Unfinished jobs live in `jobs`; finished ones in `job_history`, dead ones in `dead_jobs`. */
 export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
 export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded", "dead", "cancelled"];
 

@@ -19,7 +19,7 @@ const ALL_JOBS = `(
   SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
          NULL, NULL, NULL, NULL, NULL, progress, checkpoint,
          last_error, unique_key, created_at, started_at, finished_at
-    FROM job_history
+    FROM finished_jobs
 ) AS all_jobs`;
 
 const JOB_ROW = {
@@ -152,10 +152,10 @@ WITH target AS (
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           fence, progress_timeout_ms, max_run_ms)
+                           fence, progress_timeout_ms, max_run_ms, generation)
   SELECT id, queue, task, payload, priority, 'cancelled', attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         fence, progress_timeout_ms, max_run_ms
+         fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
     FROM ended
 ), requested AS (
   UPDATE jobs AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
@@ -187,8 +187,12 @@ export async function cancelJob(db: Queryable, id: string): Promise<CancelResult
 const RETRY_JOB = statement(
   "retryJob",
   `
-WITH revived AS (
-  DELETE FROM job_history WHERE id = $1 AND state IN ('dead', 'cancelled') RETURNING *
+WITH dead AS (
+  DELETE FROM dead_jobs WHERE id = $1 RETURNING id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms
+), cancelled AS (
+  DELETE FROM job_history WHERE id = $1 AND state = 'cancelled' RETURNING id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms
+), revived AS (
+  SELECT * FROM dead UNION ALL SELECT * FROM cancelled
 ), final_attempt AS (
   INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, ended_at, outcome, error)
   SELECT id, attempt, worker_id, started_at, finished_at, outcome, last_error
@@ -221,6 +225,8 @@ const QUEUE_STATS = statement(
 SELECT queue, state, count(*)::int AS count FROM jobs GROUP BY queue, state
 UNION ALL
 SELECT queue, state, count(*)::int FROM job_history GROUP BY queue, state
+UNION ALL
+SELECT queue, state, count(*)::int FROM dead_jobs GROUP BY queue, state
 ORDER BY queue, state`,
   { queue: "text", state: "text", count: "int4" },
 );

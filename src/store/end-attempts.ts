@@ -4,8 +4,8 @@
  * graceful release, and start-up reconciliation. Each statement selects and locks its
  * attempts into a CTE named `ending`; the shared tail then, in the same statement:
  *   - retries the job (back to waiting after a backoff) if budget is left,
- *   - or moves it to job_history as dead (budget spent) or cancelled (a cancel was requested),
- *     the final attempt's audit fields in the history row,
+ *   - or moves it to the dead letter (budget spent) or to job_history as cancelled (a cancel
+ *     was requested), the final attempt's audit fields in that row,
  *   - and writes the audit row of an attempt that did not finish its job.
  * Only a graceful release by a live worker is free: every other end spends the retry budget,
  * so a job that kills its worker every time still reaches the dead letter. Nothing here
@@ -46,12 +46,21 @@ const END_ATTEMPTS = `
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts + spend::int, max_attempts,
          lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at,
-         final_worker, CASE WHEN final_state = 'cancelled' THEN 'cancelled' ELSE final_outcome END,
-         fence, progress_timeout_ms, max_run_ms
+         final_worker, 'cancelled', fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
     FROM finished
+   WHERE final_state = 'cancelled'
+), dead_letter AS (
+  INSERT INTO dead_jobs (id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
+                         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                         worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
+  SELECT id, queue, task, payload, priority, attempt, spent_attempts + spend::int, max_attempts,
+         lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at,
+         final_worker, final_outcome, fence, progress_timeout_ms, max_run_ms
+    FROM finished
+   WHERE final_state = 'dead'
 ), audit AS (
   INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, outcome, error)
   SELECT id, attempt, worker_id, started_at, outcome, error

@@ -3,10 +3,11 @@ import { run, statement } from "./sql.js";
 
 /**
  * Success for a batch of attempts, fenced like a heartbeat by (id, attempt, worker).
- * In one statement the job leaves the hot table for job_history, and its final attempt's
- * audit fields (worker, start, end, outcome) go with it in the same row: two row writes per
- * finished job. A job whose cancel was requested ends as cancelled: the handler's late
- * success is refused. Rows that match nothing are stale reports and change nothing.
+ * In one statement the job leaves the hot table for job_history (the generation of this
+ * moment: retention empties old generations whole), and its final attempt's audit fields
+ * (worker, start, end, outcome) go with it in the same row: two row writes per finished
+ * job. A job whose cancel was requested ends as cancelled: the handler's late success is
+ * refused. Rows that match nothing are stale reports and change nothing.
  *
  * No join: the rows are found through the primary key (`id = ANY($1)`) and the attempt is
  * checked against "id:attempt" keys (a hashed `= ANY` under custom plans). Joined to
@@ -26,10 +27,10 @@ WITH done AS (
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         locked_by, final_state, fence, progress_timeout_ms, max_run_ms
+         locked_by, final_state, fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
     FROM done
 )
 SELECT id, final_state AS state FROM done`,

@@ -96,7 +96,7 @@ SELECT a.id::text AS id, a.attempt, j.state, j.attempt AS current_attempt,
        h.state AS finished_state, ja.outcome AS ended_as
   FROM unnest($1::bigint[], $2::int[]) AS a(id, attempt)
   LEFT JOIN jobs AS j ON j.id = a.id
-  LEFT JOIN job_history AS h ON h.id = a.id
+  LEFT JOIN finished_jobs AS h ON h.id = a.id
   LEFT JOIN all_attempts AS ja ON ja.job_id = a.id AND ja.attempt = a.attempt`,
   { id: "text", attempt: "int4", state: "text?", current_attempt: "int4?", finished_state: "text?", ended_as: "text?" },
 );

@@ -42,7 +42,7 @@ const MISSING_AUDIT = statement(
   "findMissingAudit",
   `
 SELECT h.id, h.attempt, (SELECT count(*)::int FROM all_attempts AS a WHERE a.job_id = h.id) AS recorded
-  FROM job_history AS h
+  FROM finished_jobs AS h
  WHERE h.finished_at > now() - $1::bigint * interval '1 millisecond'
    AND h.attempt > (SELECT count(*) FROM all_attempts AS a WHERE a.job_id = h.id)
  LIMIT 100`,
@@ -64,11 +64,11 @@ WITH over AS (
   DELETE FROM jobs
    WHERE id IN (SELECT id FROM jobs WHERE state = 'waiting' AND spent_attempts >= max_attempts LIMIT 1000 FOR UPDATE SKIP LOCKED)
   RETURNING *
-), history AS (
-  INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
-                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           fence, progress_timeout_ms, max_run_ms)
-  SELECT id, queue, task, payload, priority, 'dead', attempt, spent_attempts, max_attempts,
+), dead_letter AS (
+  INSERT INTO dead_jobs (id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
+                         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                         fence, progress_timeout_ms, max_run_ms)
+  SELECT id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, coalesce(last_error, 'dead: its retry budget was already spent'), unique_key,
          created_at, started_at, fence, progress_timeout_ms, max_run_ms
     FROM over
