@@ -53,7 +53,14 @@ const WORKLOADS: Workload[] = [
                 settings: `concurrency ${c}, localQueue size ${q}, completeJobBatchDelay 0`,
                 measure: () => drainWorkload(ctx, s, 1, { concurrency: c, localQueue: q }),
               }))
-            : [{ label: `${s.name} c=${c}`, system: s.name, settings: `concurrency ${c}, otherwise its defaults`, measure: () => drainWorkload(ctx, s, 1, { concurrency: c }) }],
+            : [
+                {
+                  label: `${s.name} c=${c}`,
+                  system: s.name,
+                  settings: `concurrency ${c}, otherwise its defaults`,
+                  measure: () => drainWorkload(ctx, s, 1, { concurrency: c }),
+                },
+              ],
         ),
       ),
   },
@@ -69,7 +76,14 @@ const WORKLOADS: Workload[] = [
     repeated: true,
     rows: (ctx, systems) =>
       systems.some((s) => s.name === "leasehold")
-        ? [{ label: "bare SQL (claimJobs + completeJobs, 500/batch)", system: "ceiling", settings: "1, 2 and 4 connections; best reported", measure: () => ceilingWorkload(ctx) }]
+        ? [
+            {
+              label: "bare SQL (claimJobs + completeJobs, 500/batch)",
+              system: "ceiling",
+              settings: "1, 2 and 4 connections; best reported",
+              measure: () => ceilingWorkload(ctx),
+            },
+          ]
         : [],
   },
   { id: "latency", title: "3. Enqueue-to-start latency at a steady low rate", repeated: true, rows: perSystem("throughput", latencyWorkload) },
@@ -82,21 +96,38 @@ const WORKLOADS: Workload[] = [
       systems.flatMap((s) =>
         s.name === "leasehold"
           ? [
-              { label: "leasehold (lease 30 s, beat 10 s)", system: s.name, settings: "default lease and heartbeat", measure: () => heartbeatWorkload(ctx, s) },
+              {
+                label: "leasehold (lease 30 s, beat 10 s)",
+                system: s.name,
+                settings: "default lease and heartbeat",
+                measure: () => heartbeatWorkload(ctx, s),
+              },
               { label: "leasehold (lease 3 s, beat 1 s)", system: s.name, settings: "short lease", measure: () => heartbeatWorkload(ctx, s, 3_000) },
             ]
           : [{ label: s.name, system: s.name, settings: s.settings.heartbeat, measure: () => heartbeatWorkload(ctx, s) }],
       ),
   },
   { id: "steady", title: "6. Steady state: many jobs through the queue", repeated: false, rows: perSystem("steady", steadyWorkload) },
-  { id: "pressure", title: "7. Pinned snapshot: steady load while an idle transaction holds an old snapshot", repeated: false, rows: perSystem("throughput", pressureWorkload) },
+  {
+    id: "pressure",
+    title: "7. Pinned snapshot: steady load while an idle transaction holds an old snapshot",
+    repeated: false,
+    rows: perSystem("throughput", pressureWorkload),
+  },
   {
     id: "plans",
     title: "Plan check: 500-job completion and heartbeat with 20,000 running jobs, custom vs generic plan",
     repeated: false,
     rows: (ctx, systems) =>
       systems.some((s) => s.name === "leasehold")
-        ? [{ label: "leasehold store statements", system: "leasehold", settings: "unnamed (as the store runs them) vs named + force_generic_plan", measure: () => planCheckWorkload(ctx) }]
+        ? [
+            {
+              label: "leasehold store statements",
+              system: "leasehold",
+              settings: "unnamed (as the store runs them) vs named + force_generic_plan",
+              measure: () => planCheckWorkload(ctx),
+            },
+          ]
         : [],
   },
 ];
@@ -158,7 +189,10 @@ const options: BenchOptions = {
 
 const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {
   if (!names) return all;
-  const wanted = String(names).split(",").map((n) => n.trim()).filter(Boolean);
+  const wanted = String(names)
+    .split(",")
+    .map((n) => n.trim())
+    .filter(Boolean);
   for (const n of wanted) {
     if (!all.some((t) => key(t) === n)) {
       console.error(`unknown ${what} "${n}"; choose from ${all.map(key).join(", ")}`);
@@ -218,7 +252,11 @@ try {
         try {
           const m = await row.measure();
           result.rows[i]!.runs.push(m);
-          log(`  ${Object.entries(m).map(([k, v]) => `${k}=${Number.isFinite(v) ? +v.toFixed(2) : v}`).join(" ")}`);
+          log(
+            `  ${Object.entries(m)
+              .map(([k, v]) => `${k}=${Number.isFinite(v) ? +v.toFixed(2) : v}`)
+              .join(" ")}`,
+          );
         } catch (err) {
           failed = true;
           result.rows[i]!.errors.push(String((err as Error)?.message ?? err));

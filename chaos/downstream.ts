@@ -23,4 +23,3 @@ END;
 $$;
 CREATE TRIGGER downstream_write_log AFTER INSERT OR UPDATE ON ${RESULTS_TABLE}
   FOR EACH ROW EXECUTE FUNCTION log_downstream_write();`;
-

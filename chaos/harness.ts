@@ -154,12 +154,17 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       // Injectors take time too (a restart takes seconds): stop at the window's end, once
       // the whole mix has been injected.
       if (Date.now() > windowEnds && faults.length >= FAULTS_PER_ROUND) break;
-      const record = await INJECTORS[kind](ctx).catch(
-        (err): FaultRecord => ({ kind, at: Date.now(), held: [], skipped: `injector failed: ${String(err)}` }),
-      );
+      const record = await INJECTORS[kind](ctx).catch((err): FaultRecord => ({
+        kind,
+        at: Date.now(),
+        held: [],
+        skipped: `injector failed: ${String(err)}`,
+      }));
       faults.push(record);
-      say(`fault ${kind}${record.target ? ` on ${record.target}` : ""}${record.detail ? ` (${record.detail})` : ""}` +
-        `${record.skipped ? ` skipped: ${record.skipped}` : `, ${record.held.length} attempts held`}`);
+      say(
+        `fault ${kind}${record.target ? ` on ${record.target}` : ""}${record.detail ? ` (${record.detail})` : ""}` +
+          `${record.skipped ? ` skipped: ${record.skipped}` : `, ${record.held.length} attempts held`}`,
+      );
     }
     await Promise.all(ctx.pending);
     await producer.finish();

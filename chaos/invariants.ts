@@ -151,8 +151,10 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     const lastOk = h.state === "succeeded" ? last.outcome === "succeeded" : SPENDING.includes(last.outcome);
     if (!lastOk) add("one terminal state", `job ${h.state} but its last attempt ${last.attempt} ended ${last.outcome}`, h.id);
     const successes = list.filter((a) => a.outcome === "succeeded");
-    if (successes.length > 1) add("no stale report applied", `${successes.length} attempts succeeded: ${successes.map((a) => a.attempt).join(", ")}`, h.id);
-    if (successes.some((a) => a !== last)) add("no stale report applied", `attempt ${successes[0]!.attempt} succeeded but attempt ${last.attempt} ran after it`, h.id);
+    if (successes.length > 1)
+      add("no stale report applied", `${successes.length} attempts succeeded: ${successes.map((a) => a.attempt).join(", ")}`, h.id);
+    if (successes.some((a) => a !== last))
+      add("no stale report applied", `attempt ${successes[0]!.attempt} succeeded but attempt ${last.attempt} ran after it`, h.id);
     const spent = list.filter((a) => SPENDING.includes(a.outcome)).length;
     if (spent !== h.spent) add("attempts within the budget", `${spent} failed or expired attempts, spent_attempts says ${h.spent}`, h.id);
     if (spent > h.max) add("attempts within the budget", `${spent} failed or expired attempts, budget ${h.max}`, h.id);
@@ -185,7 +187,11 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
         // commits well after that, and a beat may land in between. The next claim is tighter:
         // it can only see the job once the end has committed.
         if (a.ended < line.sentAt - END_COMMIT_TOLERANCE_MS) {
-          add("no stale report applied", `${what} sent ${Math.round(line.sentAt - a.ended)} ms after the attempt ended ${a.outcome} was accepted`, job);
+          add(
+            "no stale report applied",
+            `${what} sent ${Math.round(line.sentAt - a.ended)} ms after the attempt ended ${a.outcome} was accepted`,
+            job,
+          );
         }
         const next = attemptOf(job, attempt + 1);
         if (next && next.started < line.sentAt - CLOCK_TOLERANCE_MS) {
@@ -217,14 +223,19 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     const winner = attemptOf(h.id, h.attempt);
     if (!r) add("no stale downstream write accepted", `succeeded with attempt ${h.attempt} but no downstream row`, h.id);
     else if (r.token !== h.attempt || r.worker !== winner?.worker) {
-      add("no stale downstream write accepted", `downstream holds attempt ${r.token} by ${r.worker}; attempt ${h.attempt} by ${winner?.worker} succeeded`, h.id);
+      add(
+        "no stale downstream write accepted",
+        `downstream holds attempt ${r.token} by ${r.worker}; attempt ${h.attempt} by ${winner?.worker} succeeded`,
+        h.id,
+      );
     }
   }
   for (const line of input.logs) {
     if (line.ev !== "write" || line.accepted === null) continue;
     const inTable = acceptedWrites.has(`${line.job}/${line.attempt}`);
     if (!line.accepted) staleRefused.downstream++;
-    if (line.accepted && !inTable) add("no stale downstream write accepted", `attempt ${line.attempt} was told its write landed; the table has no such write`, line.job);
+    if (line.accepted && !inTable)
+      add("no stale downstream write accepted", `attempt ${line.attempt} was told its write landed; the table has no such write`, line.job);
   }
 
   // 5. Duplicate executions: each explained by a reaped (or released) lease of the run before.
@@ -274,7 +285,8 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     hangTimes.push(took);
     if (!o) continue;
     const bound = o.progressTimeoutMs + o.watchdogIntervalMs + END_COMMIT_TOLERANCE_MS + (a.outcome === "stalled" ? 0 : o.leaseMs);
-    if (took > bound) add("hung handlers end", `attempt ${h.attempt} hung and ended ${a.outcome} after ${Math.round(took)} ms (bound ${bound} ms)`, h.job);
+    if (took > bound)
+      add("hung handlers end", `attempt ${h.attempt} hung and ended ${a.outcome} after ${Math.round(took)} ms (bound ${bound} ms)`, h.job);
   }
 
   // 7. Workers survive what they can survive.
@@ -306,10 +318,13 @@ function halfOpenLiveness(faults: FaultRecord[], logs: LogLine[]): CheckResult["
   const lasted: number[] = [];
   for (const f of faults.filter((f) => f.kind === "partition" && f.detail === "half_open")) {
     const answered = logs
-      .filter((l): l is Extract<LogLine, { ev: "report" }> => l.ev === "report" && l.accepted !== null && l.sentAt >= f.at && l.w.startsWith(`${f.target}/`))
+      .filter(
+        (l): l is Extract<LogLine, { ev: "report" }> =>
+          l.ev === "report" && l.accepted !== null && l.sentAt >= f.at && l.w.startsWith(`${f.target}/`),
+      )
       .map((l) => l.t);
     lasted.push(f.durationMs ?? 0);
-    back.push(answered.length ? Math.min(...answered) - f.at : f.durationMs ?? 0);
+    back.push(answered.length ? Math.min(...answered) - f.at : (f.durationMs ?? 0));
   }
   return { n: back.length, backAfter: percentiles(back), faultLasted: percentiles(lasted) };
 }

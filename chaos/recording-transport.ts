@@ -34,22 +34,47 @@ export class RecordingTransport implements WorkerTransport {
   }
 
   claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
-    return this.record("claim", [], () => this.inner.claim(p), (jobs) => jobs.map((j) => j.id));
+    return this.record(
+      "claim",
+      [],
+      () => this.inner.claim(p),
+      (jobs) => jobs.map((j) => j.id),
+    );
   }
   attach(p: AttachParams): Promise<Attachment> {
     return this.inner.attach(p);
   }
   heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
-    return this.record("heartbeat", p.beats, () => this.inner.heartbeat(p), (r) => [...r.renewed.keys()]);
+    return this.record(
+      "heartbeat",
+      p.beats,
+      () => this.inner.heartbeat(p),
+      (r) => [...r.renewed.keys()],
+    );
   }
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
-    return this.record("complete", p.jobs, () => this.inner.complete(p), (r) => [...r.keys()]);
+    return this.record(
+      "complete",
+      p.jobs,
+      () => this.inner.complete(p),
+      (r) => [...r.keys()],
+    );
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
-    return this.record("fail", p.failures, () => this.inner.fail(p), (r) => [...r.keys()]);
+    return this.record(
+      "fail",
+      p.failures,
+      () => this.inner.fail(p),
+      (r) => [...r.keys()],
+    );
   }
   release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
-    return this.record("release", p.jobs, () => this.inner.release(p), (r) => [...r.keys()]);
+    return this.record(
+      "release",
+      p.jobs,
+      () => this.inner.release(p),
+      (r) => [...r.keys()],
+    );
   }
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
     return this.inner.describeLost(attempts);

@@ -118,7 +118,8 @@ export function toMarkdown(r: ChaosReport): string {
   ];
   if (r.violations.length) {
     lines.push("### Violations", "", "| invariant | job | detail |", "|---|---|---|");
-    for (const v of r.violations.slice(0, 50)) lines.push(`| ${v.invariant} | ${v.job ?? ""} | ${v.detail.replace(/\|/g, "\\|").replace(/\n/g, " ")} |`);
+    for (const v of r.violations.slice(0, 50))
+      lines.push(`| ${v.invariant} | ${v.job ?? ""} | ${v.detail.replace(/\|/g, "\\|").replace(/\n/g, " ")} |`);
     if (r.violations.length > 50) lines.push(`| … | | ${r.violations.length - 50} more in the JSON report |`);
     lines.push("");
   }

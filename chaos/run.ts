@@ -57,7 +57,12 @@ if (o.seed) partial.seed = o.seed;
 const options = optionsFor(partial);
 try {
   // The workers' own validation, up front: a bad lease is one clear line, not a restart loop.
-  resolveWorkerSettings({ handlers: { chaos: () => {} }, leaseMs: options.leaseMs, heartbeatMs: options.heartbeatMs, concurrency: options.concurrency });
+  resolveWorkerSettings({
+    handlers: { chaos: () => {} },
+    leaseMs: options.leaseMs,
+    heartbeatMs: options.heartbeatMs,
+    concurrency: options.concurrency,
+  });
 } catch (err) {
   program.error(`error: ${(err as Error).message}`);
 }

@@ -165,7 +165,13 @@ export class Leasehold {
     const limit = integerIn(filter.limit ?? 50, 1, 10_000, "limit");
     const includePayload = filter.includePayload ?? true;
     if (typeof includePayload !== "boolean") throw new ValidationError("includePayload must be true or false");
-    return store.listJobs(this.pool, { state: filter.state as JobRecord["state"], queue: filter.queue, limit, before: filter.before, includePayload });
+    return store.listJobs(this.pool, {
+      state: filter.state as JobRecord["state"],
+      queue: filter.queue,
+      limit,
+      before: filter.before,
+      includePayload,
+    });
   }
 
   /**

@@ -32,7 +32,10 @@ export class StaleLeaseError extends LeaseholdError {
 }
 
 export class UnknownTaskError extends LeaseholdError {
-  constructor(readonly task: string, known: string[]) {
+  constructor(
+    readonly task: string,
+    known: string[],
+  ) {
     super("unknown_task", `no handler for task "${task}" (this worker handles: ${known.join(", ") || "nothing"})`);
   }
 }

@@ -83,7 +83,8 @@ export function fencedWriteSql(w: Omit<FencedWrite, "token">): string {
  * job to a newer one, and should stop.
  */
 export async function fencedWrite(db: FencedWriteDb, w: FencedWrite): Promise<boolean> {
-  const ok = typeof w.token === "number" ? Number.isSafeInteger(w.token) && w.token >= 1 : typeof w.token === "string" && /^[1-9]\d{0,18}$/.test(w.token);
+  const ok =
+    typeof w.token === "number" ? Number.isSafeInteger(w.token) && w.token >= 1 : typeof w.token === "string" && /^[1-9]\d{0,18}$/.test(w.token);
   if (!ok) {
     throw new ValidationError(`token must be ctx.fence or ctx.attempt, a positive integer (got ${JSON.stringify(w.token)})`);
   }

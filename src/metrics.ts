@@ -154,7 +154,12 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       labelNames: ["reason"],
       registers,
     }),
-    heartbeats: new Counter({ name: "leasehold_heartbeats_total", help: "Heartbeat statements, by result (ok, error).", labelNames: ["result"], registers }),
+    heartbeats: new Counter({
+      name: "leasehold_heartbeats_total",
+      help: "Heartbeat statements, by result (ok, error).",
+      labelNames: ["result"],
+      registers,
+    }),
     released: new Counter({
       name: "leasehold_jobs_released_total",
       help: "Jobs given back without spending an attempt, by cause: shutdown, buffer_age and cancelled (a live worker), response_cap (a claim answer over the server's size cap).",

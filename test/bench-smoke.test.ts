@@ -15,7 +15,23 @@ import { databaseUrl } from "./helpers/db.js";
 test("npm run bench: a tiny run of every system writes JSON, Markdown and an SVG chart", { timeout: 180_000 }, async () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-bench-smoke-"));
   try {
-    const args = ["--import", "tsx", "bench/run.ts", "--only", "enqueue,drain,ceiling", "--jobs", "300", "--batch", "100", "--runs", "1", "--out", out, "--name", "smoke"];
+    const args = [
+      "--import",
+      "tsx",
+      "bench/run.ts",
+      "--only",
+      "enqueue,drain,ceiling",
+      "--jobs",
+      "300",
+      "--batch",
+      "100",
+      "--runs",
+      "1",
+      "--out",
+      out,
+      "--name",
+      "smoke",
+    ];
     const child = spawn(process.execPath, args, { env: { ...process.env, BENCH_DATABASE_URL: databaseUrl() }, stdio: ["ignore", "pipe", "pipe"] });
     let output = "";
     child.stdout.on("data", (b: Buffer) => (output += b));

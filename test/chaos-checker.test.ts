@@ -23,7 +23,15 @@ async function scenario() {
   const logs: LogLine[] = [];
   const beatAt = Date.now();
   await store.extendLeases(lh.pool, { workerId: "w1", leaseMs: LEASE, beats: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
-  logs.push({ ev: "report", kind: "heartbeat", t: Date.now(), sentAt: beatAt, w: "w1", sent: jobs.map((j) => [j.id, j.attempt]), accepted: jobs.map((j) => j.id) });
+  logs.push({
+    ev: "report",
+    kind: "heartbeat",
+    t: Date.now(),
+    sentAt: beatAt,
+    w: "w1",
+    sent: jobs.map((j) => [j.id, j.attempt]),
+    accepted: jobs.map((j) => j.id),
+  });
   for (const j of jobs) {
     logs.push({ ev: "start", t: Date.now(), w: "w1", job: j.id, attempt: j.attempt });
     const accepted = await fencedWrite(lh.pool, { table: RESULTS_TABLE, key: { job_id: j.id }, token: j.attempt, values: { worker_id: "w1" } });
@@ -61,7 +69,10 @@ test("the checker reports a lost job, a second success, a broken budget and a st
     "no job lost or stuck",
     "no stale downstream write accepted",
   ]);
-  assert.ok(r.violations.some((v) => v.job === c && /attempt 0 accepted after attempt 1/.test(v.detail)), JSON.stringify(r.violations));
+  assert.ok(
+    r.violations.some((v) => v.job === c && /attempt 0 accepted after attempt 1/.test(v.detail)),
+    JSON.stringify(r.violations),
+  );
   await lh.dispose();
 });
 
@@ -100,6 +111,9 @@ test("the checker explains a duplicate execution by the reaped lease before it, 
   // Rewrite history so that attempt 1 "succeeded": the rerun is now unexplained.
   await lh.pool.query("UPDATE job_attempts SET outcome = 'succeeded' WHERE job_id = $1 AND attempt = 1", [id]);
   const broken = await checkInvariants({ admin: lh.pool, jobs: 1, logs, faults: [], unexpectedExits: [] });
-  assert.ok(broken.violations.some((v) => v.invariant === "duplicates explained"), JSON.stringify(broken.violations));
+  assert.ok(
+    broken.violations.some((v) => v.invariant === "duplicates explained"),
+    JSON.stringify(broken.violations),
+  );
   await lh.dispose();
 });

@@ -76,10 +76,16 @@ test("delayed jobs are not claimed before their time, by the database clock", as
   const claim = () => store.claimJobs(lh.pool, { queues: ["default"], limit: 10, workerId: "w", leaseMs: LEASE, tasks: ["t"] });
   assert.deepEqual(await claim(), []);
   await new Promise((r) => setTimeout(r, 400));
-  assert.deepEqual((await claim()).map((j) => j.id), [soon.id]);
+  assert.deepEqual(
+    (await claim()).map((j) => j.id),
+    [soon.id],
+  );
   // Move the delayed job's time into the past, as the clock would.
   await lh.pool.query("UPDATE jobs SET run_at = now() - interval '1 s' WHERE id = $1", [later.id]);
-  assert.deepEqual((await claim()).map((j) => j.id), [later.id]);
+  assert.deepEqual(
+    (await claim()).map((j) => j.id),
+    [later.id],
+  );
 });
 
 test("a worker claims only the tasks it has handlers for", async (t) => {
@@ -87,7 +93,10 @@ test("a worker claims only the tasks it has handlers for", async (t) => {
   await lh.enqueue("email");
   const video = await lh.enqueue("video");
   const jobs = await store.claimJobs(lh.pool, { queues: ["default"], limit: 10, workerId: "w", leaseMs: LEASE, tasks: ["video"] });
-  assert.deepEqual(jobs.map((j) => j.id), [video.id]);
+  assert.deepEqual(
+    jobs.map((j) => j.id),
+    [video.id],
+  );
 });
 
 test("completion and heartbeat fences keep an index plan under a generic plan (the prepared-statement trap)", async (t) => {
@@ -102,7 +111,9 @@ test("completion and heartbeat fences keep an index plan under a generic plan (t
   await client.connect();
   t.after(() => client.end());
   const captured: { text: string; values: unknown[] }[] = [];
-  const recorder = { query: (text: string, values?: unknown[]) => (captured.push({ text, values: values ?? [] }), client.query(text, values)) } as unknown as store.Queryable;
+  const recorder = {
+    query: (text: string, values?: unknown[]) => (captured.push({ text, values: values ?? [] }), client.query(text, values)),
+  } as unknown as store.Queryable;
   const refs = running.slice(0, 50).map((j) => ({ id: j.id, attempt: j.attempt }));
   await store.extendLeases(recorder, { workerId: "w", leaseMs: LEASE, beats: refs });
   await store.completeJobs(recorder, { workerId: "w", jobs: refs.slice(0, 10) });

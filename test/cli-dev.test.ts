@@ -41,7 +41,11 @@ test("leasehold dev runs the examples on the embedded database; other commands r
     const enq = await runCli(["enqueue", "example.progress", "--payload", '{"steps":1}', "--json"], opts);
     assert.equal(enq.code, 0, enq.stderr);
     const { id } = JSON.parse(enq.stdout) as { id: string };
-    await eventually(async () => new RegExp(`✔ job ${id} example\\.progress succeeded`).test(dev.output()), "dev ran the job enqueued from another terminal", 30_000);
+    await eventually(
+      async () => new RegExp(`✔ job ${id} example\\.progress succeeded`).test(dev.output()),
+      "dev ran the job enqueued from another terminal",
+      30_000,
+    );
 
     const stopped = await dev.stop("SIGINT");
     assert.equal(stopped.code, 0, stopped.stderr);
@@ -57,25 +61,32 @@ test("leasehold dev runs the examples on the embedded database; other commands r
   }
 });
 
-test("as root, run from a private (0700) folder: the default data dir moves out with one notice; an explicit --data-dir there is refused in one line", { skip: process.getuid?.() === 0 ? false : "needs root", timeout: 120_000 }, async () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-private-cli-")); // 0700, root's: closed to `postgres`
-  const relocated = relocatedDataDir(path.join(dir, ".leasehold", "pgdata"));
-  const opts = { schema: "unused", env: NO_DATABASE, cwd: dir };
-  try {
-    const refused = await runCli(["stats", "--data-dir", path.join(dir, "state")], opts);
-    assert.equal(refused.code, 1, refused.stderr);
-    const lastLine = refused.stderr.trimEnd().split("\n").at(-1)!;
-    assert.match(lastLine, /^leasehold: embedded PostgreSQL: .*cannot reach .*state\/pgdata because .* is closed to other users; choose a data directory/);
-    assert.doesNotMatch(refused.stderr, /^\s+at /m, "no stack trace");
-    assert.equal(fs.existsSync(path.join(dir, "state")), false, "nothing left behind");
+test(
+  "as root, run from a private (0700) folder: the default data dir moves out with one notice; an explicit --data-dir there is refused in one line",
+  { skip: process.getuid?.() === 0 ? false : "needs root", timeout: 120_000 },
+  async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-private-cli-")); // 0700, root's: closed to `postgres`
+    const relocated = relocatedDataDir(path.join(dir, ".leasehold", "pgdata"));
+    const opts = { schema: "unused", env: NO_DATABASE, cwd: dir };
+    try {
+      const refused = await runCli(["stats", "--data-dir", path.join(dir, "state")], opts);
+      assert.equal(refused.code, 1, refused.stderr);
+      const lastLine = refused.stderr.trimEnd().split("\n").at(-1)!;
+      assert.match(
+        lastLine,
+        /^leasehold: embedded PostgreSQL: .*cannot reach .*state\/pgdata because .* is closed to other users; choose a data directory/,
+      );
+      assert.doesNotMatch(refused.stderr, /^\s+at /m, "no stack trace");
+      assert.equal(fs.existsSync(path.join(dir, "state")), false, "nothing left behind");
 
-    const moved = await runCli(["stats", "--json"], opts);
-    assert.equal(moved.code, 0, moved.stderr);
-    assert.equal(moved.stderr.split("\n").filter((l) => l.includes(`so its data is in ${relocated}`)).length, 1, moved.stderr);
-    assert.ok(fs.existsSync(path.join(relocated, "PG_VERSION")));
-  } finally {
-    fs.rmSync(dir, { recursive: true, force: true });
-    fs.rmSync(relocated, { recursive: true, force: true });
-    fs.rmSync(`${relocated}.log`, { force: true });
-  }
-});
+      const moved = await runCli(["stats", "--json"], opts);
+      assert.equal(moved.code, 0, moved.stderr);
+      assert.equal(moved.stderr.split("\n").filter((l) => l.includes(`so its data is in ${relocated}`)).length, 1, moved.stderr);
+      assert.ok(fs.existsSync(path.join(relocated, "PG_VERSION")));
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+      fs.rmSync(relocated, { recursive: true, force: true });
+      fs.rmSync(`${relocated}.log`, { force: true });
+    }
+  },
+);

@@ -28,7 +28,10 @@ test("enqueue, jobs list/show/cancel/retry and stats, in human and --json form",
 
   const list = await cli("jobs", "list", "--queue", "mail", "--json", "--payload");
   const jobs = JSON.parse(list.stdout) as { id: string; task: string; priority: number; payload: unknown }[];
-  assert.deepEqual(jobs.map((j) => [j.id, j.task, j.priority]), [[id, "email.send", -5]]);
+  assert.deepEqual(
+    jobs.map((j) => [j.id, j.task, j.priority]),
+    [[id, "email.send", -5]],
+  );
   assert.deepEqual(jobs[0]!.payload, { to: "ada@example.com" });
   // Payloads are left out unless asked for, as through a server.
   const bare = JSON.parse((await cli("jobs", "list", "--queue", "mail", "--json")).stdout) as object[];
@@ -54,10 +57,7 @@ test("enqueue, jobs list/show/cancel/retry and stats, in human and --json form",
 
   const stats = await cli("stats", "--json");
   const s = JSON.parse(stats.stdout) as { counts: { queue: string; state: string; count: number }[]; activeLeases: number };
-  assert.deepEqual(
-    s.counts.map((c) => `${c.queue}/${c.state}/${c.count}`).sort(),
-    ["default/waiting/1", "mail/waiting/1"],
-  );
+  assert.deepEqual(s.counts.map((c) => `${c.queue}/${c.state}/${c.count}`).sort(), ["default/waiting/1", "mail/waiting/1"]);
   assert.equal(s.activeLeases, 0);
   const statsHuman = await cli("stats");
   assert.match(statsHuman.stdout, /QUEUE\s+WAITING\s+RUNNING/);

@@ -148,7 +148,11 @@ test("a data directory from the old code (password 'leasehold', no password file
   assert.notEqual(password, "leasehold");
   assert.equal(await tryLogin(url, password), "ok");
   assert.equal(await tryLogin(url, "leasehold"), "28P01");
-  assert.deepEqual(fs.readdirSync(dataDir).filter((f) => f.startsWith(PASSWORD_FILE)), [PASSWORD_FILE], "no pending file left");
+  assert.deepEqual(
+    fs.readdirSync(dataDir).filter((f) => f.startsWith(PASSWORD_FILE)),
+    [PASSWORD_FILE],
+    "no pending file left",
+  );
   const log = logged.join("");
   assert.match(log, /ALTER ROLE/, "the statement log is on, so a password in it would show");
   assert.ok(!log.includes(password), "the new password is not in the server log");
@@ -172,7 +176,10 @@ test("the password is not in the server log, redactedUrl, nor a failed start's o
   // A server that cannot start: the error says why, in one line, without the password.
   const broken = new EmbeddedPostgres({ dataDir, settings: { shared_buffers: "lots" } });
   servers.push(broken);
-  const err = await broken.start().then(() => undefined, (e: Error) => e);
+  const err = await broken.start().then(
+    () => undefined,
+    (e: Error) => e,
+  );
   assert.ok(err, "the start failed");
   assert.match(err.message, /shared_buffers/);
   assert.ok(!err.message.includes("\n"), err.message);
@@ -182,7 +189,10 @@ test("the password is not in the server log, redactedUrl, nor a failed start's o
   fs.writeFileSync(path.join(dataDir, PASSWORD_FILE), "not-the-password\n", { mode: 0o600 });
   const wrong = new EmbeddedPostgres({ dataDir });
   servers.push(wrong);
-  const err2 = await wrong.start().then(() => undefined, (e: Error) => e);
+  const err2 = await wrong.start().then(
+    () => undefined,
+    (e: Error) => e,
+  );
   assert.ok(err2, "the start failed");
   assert.match(err2.message, /refuses the superuser password in .*leasehold\.password/);
   assert.ok(!err2.message.includes("\n") && !err2.message.includes(password) && !err2.message.includes("not-the-password"), err2.message);
@@ -266,7 +276,10 @@ test("as root, an existing data directory that is not the server user's is refus
   fs.writeFileSync(path.join(dataDir, "secret.txt"), "s3cret\n", { mode: 0o600 });
 
   const server = new EmbeddedPostgres({ dataDir });
-  const err = await server.start().then(() => undefined, (e: Error) => e);
+  const err = await server.start().then(
+    () => undefined,
+    (e: Error) => e,
+  );
   await server.stop();
   assert.ok(err, "the start was refused");
   assert.ok(!err.message.includes("\n"), err.message);
@@ -286,7 +299,10 @@ test("as root, a data directory under a private (0700) folder: refused without r
   const tmpBefore = fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith("leasehold-initdb-"));
 
   const refused = new EmbeddedPostgres({ dataDir });
-  const err = await refused.start().then(() => undefined, (e: Error) => e);
+  const err = await refused.start().then(
+    () => undefined,
+    (e: Error) => e,
+  );
   assert.ok(err, "refused");
   assert.ok(!err.message.includes("\n"), err.message);
   assert.ok(err.message.includes(`${folder} is closed to other users`), err.message);
@@ -295,7 +311,11 @@ test("as root, a data directory under a private (0700) folder: refused without r
   assert.equal(fs.statSync(folder).uid, 0);
   assert.equal(fs.statSync(folder).mode & 0o777, 0o700);
   assert.equal(fs.existsSync(relocatedDataDir(dataDir)), false, "nothing created elsewhere");
-  assert.deepEqual(fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith("leasehold-initdb-")), tmpBefore, "no temp dir left");
+  assert.deepEqual(
+    fs.readdirSync(os.tmpdir()).filter((f) => f.startsWith("leasehold-initdb-")),
+    tmpBefore,
+    "no temp dir left",
+  );
 
   const notices: string[] = [];
   const moved = new EmbeddedPostgres({ dataDir, relocateIfUnreachable: true, onRelocate: (to, from) => notices.push(`${from} -> ${to}`) });

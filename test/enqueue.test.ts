@@ -127,7 +127,10 @@ test("a malformed unique key is refused at once instead of looping (it used to r
   const lh = await freshLeasehold(t);
   const started = Date.now();
   await assert.rejects(
-    Promise.race([lh.enqueue("t", {}, { uniqueKey: "\ud83d" }), new Promise((_, reject) => setTimeout(() => reject(new Error("enqueue did not return")), 3_000))]),
+    Promise.race([
+      lh.enqueue("t", {}, { uniqueKey: "\ud83d" }),
+      new Promise((_, reject) => setTimeout(() => reject(new Error("enqueue did not return")), 3_000)),
+    ]),
     /uniqueKey is not well-formed Unicode/,
   );
   assert.ok(Date.now() - started < 1_000);

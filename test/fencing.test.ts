@@ -29,7 +29,10 @@ test("a heartbeat extends the lease; a missed one lets it expire and the watchdo
   assert.equal(after.state, "waiting");
   assert.equal(after.lastError, "lease expired");
   assert.equal(after.spentAttempts, 1, "a reaped attempt spends the retry budget");
-  assert.deepEqual(attempts.map((a) => [a.attempt, a.workerId, a.outcome]), [[1, "w1", "lease_expired"]]);
+  assert.deepEqual(
+    attempts.map((a) => [a.attempt, a.workerId, a.outcome]),
+    [[1, "w1", "lease_expired"]],
+  );
 });
 
 test("the self-zombie: after its lease was reaped and it re-claimed the job, a worker cannot beat or finish the old attempt", async (t) => {
@@ -87,7 +90,9 @@ test("N concurrent watchdogs reap each expired job exactly once", async (t) => {
   const all = results.flat();
   assert.equal(all.length, n);
   assert.equal(new Set(all).size, n, "a job was reaped twice");
-  const audit = await lh.pool.query("SELECT count(*)::int AS rows, count(DISTINCT job_id)::int AS jobs FROM all_attempts WHERE outcome = 'lease_expired'");
+  const audit = await lh.pool.query(
+    "SELECT count(*)::int AS rows, count(DISTINCT job_id)::int AS jobs FROM all_attempts WHERE outcome = 'lease_expired'",
+  );
   assert.deepEqual(audit.rows[0], { rows: n, jobs: n });
 });
 
@@ -103,7 +108,10 @@ test("a job that kills its worker every time ends in the dead letter after its b
   const { job, attempts } = await lh.getJob(id);
   assert.equal(job.state, "dead");
   assert.equal(job.spentAttempts, 3);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["lease_expired", "lease_expired", "lease_expired"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["lease_expired", "lease_expired", "lease_expired"],
+  );
   assert.deepEqual(await claimAs(lh, "w4"), []);
 });
 
@@ -112,13 +120,19 @@ test("the fencing token never goes backwards: release and manual retry keep atte
   const { id } = await lh.enqueue("t", {}, { maxAttempts: 1 });
   const [a1] = await claimAs(lh, "w1");
   // Graceful release: back to waiting without spending budget, token kept.
-  assert.equal((await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: a1!.attempt }], reason: "shutdown", backoff: NO_BACKOFF })).get(id), "waiting");
+  assert.equal(
+    (await store.releaseJobs(lh.pool, { workerId: "w1", jobs: [{ id, attempt: a1!.attempt }], reason: "shutdown", backoff: NO_BACKOFF })).get(id),
+    "waiting",
+  );
   let { job } = await lh.getJob(id);
   assert.equal(job.spentAttempts, 0);
   const [a2] = await claimAs(lh, "w2");
   assert.equal(a2!.attempt, 2, "the claim after a release is a new token");
   // Fail it: the budget of 1 is spent, so it is dead.
-  assert.equal((await store.failJobs(lh.pool, { workerId: "w2", failures: [{ id, attempt: 2, error: "boom", backoff: NO_BACKOFF }] })).get(id), "dead");
+  assert.equal(
+    (await store.failJobs(lh.pool, { workerId: "w2", failures: [{ id, attempt: 2, error: "boom", backoff: NO_BACKOFF }] })).get(id),
+    "dead",
+  );
   // Manual retry: fresh budget, token kept; the next claim is attempt 3.
   await lh.retry(id);
   ({ job } = await lh.getJob(id));
@@ -128,11 +142,20 @@ test("the fencing token never goes backwards: release and manual retry keep atte
   const [a3] = await claimAs(lh, "w3");
   assert.equal(a3!.attempt, 3);
   // Every older attempt's report is refused against the new lease.
-  for (const [worker, attempt] of [["w1", 1], ["w2", 2]] as const) {
+  for (const [worker, attempt] of [
+    ["w1", 1],
+    ["w2", 2],
+  ] as const) {
     assert.equal((await store.completeJobs(lh.pool, { workerId: worker, jobs: [{ id, attempt }] })).size, 0);
   }
   const { attempts } = await lh.getJob(id);
-  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "released"], [2, "failed"]]);
+  assert.deepEqual(
+    attempts.map((a) => [a.attempt, a.outcome]),
+    [
+      [1, "released"],
+      [2, "failed"],
+    ],
+  );
 });
 
 test("after an ambiguous commit, the audit row tells a landed completion from a stale one", async (t) => {

@@ -33,7 +33,15 @@ function importGraph(entry: string): { files: Set<string>; packages: Set<string>
     files.add(file);
     for (const spec of staticImports(file)) {
       if (spec.startsWith(".")) visit(path.resolve(path.dirname(file), spec));
-      else packages.add(spec.startsWith("node:") ? "node:" : spec.split("/").slice(0, spec.startsWith("@") ? 2 : 1).join("/"));
+      else
+        packages.add(
+          spec.startsWith("node:")
+            ? "node:"
+            : spec
+                .split("/")
+                .slice(0, spec.startsWith("@") ? 2 : 1)
+                .join("/"),
+        );
     }
   };
   visit(entry);

@@ -29,7 +29,10 @@ test("retention empties whole generations of finished jobs with their audit rows
   await lh.pool.query("UPDATE dead_jobs SET finished_at = now() - interval '2 days'");
   assert.equal(await retention.runOnce(), 10);
   const left = await lh.pool.query("SELECT state, count(*)::int AS n FROM finished_jobs GROUP BY state ORDER BY state");
-  assert.deepEqual(left.rows, [{ state: "dead", n: 10 }, { state: "succeeded", n: 10 }]);
+  assert.deepEqual(left.rows, [
+    { state: "dead", n: 10 },
+    { state: "succeeded", n: 10 },
+  ]);
   assert.equal(await attemptsOf(ids.slice(0, 10)), 0, "audit rows go with their job");
   assert.equal(await retention.runOnce(), 0);
   // Past the dead retention, dead jobs go too, in batches of three.
@@ -46,9 +49,13 @@ test("retention never empties a generation that holds a job within retention, no
   const jobs = await store.claimJobs(lh.pool, { queues: ["default"], limit: 4, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
   await store.completeJobs(lh.pool, { workerId: "w", jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
   const old = "now() - interval '2 days'";
-  await lh.pool.query(`UPDATE job_history SET finished_at = ${old}, generation = history_generation(${old}) WHERE id = ANY($1::bigint[])`, [ids.slice(0, 3)]);
+  await lh.pool.query(`UPDATE job_history SET finished_at = ${old}, generation = history_generation(${old}) WHERE id = ANY($1::bigint[])`, [
+    ids.slice(0, 3),
+  ]);
   // An hour-old job in the same generation (as after the width changed): the whole generation stays.
-  await lh.pool.query(`UPDATE job_history SET finished_at = now() - interval '1 hour', generation = history_generation(${old}) WHERE id = $1`, [ids[3]]);
+  await lh.pool.query(`UPDATE job_history SET finished_at = now() - interval '1 hour', generation = history_generation(${old}) WHERE id = $1`, [
+    ids[3],
+  ]);
   assert.equal(await retention.runOnce(), 0);
   await lh.pool.query(`UPDATE job_history SET finished_at = ${old} WHERE id = $1`, [ids[3]]);
   // A reader holds the generation: retention passes over it at once and comes back later.

@@ -106,7 +106,11 @@ test("after an outage a worker is back within a second of the database, and logs
 
 test("every process exposes the eight operational metrics; `leasehold worker --metrics-port` serves them", async (t) => {
   const lh = await freshLeasehold(t);
-  const worker = lh.worker({ leaseMs: 3_000, watchdog: { intervalMs: 200 }, handlers: { t: (_p: unknown, ctx: JobContext) => ctx.progress({ ok: 1 }) } });
+  const worker = lh.worker({
+    leaseMs: 3_000,
+    watchdog: { intervalMs: 200 },
+    handlers: { t: (_p: unknown, ctx: JobContext) => ctx.progress({ ok: 1 }) },
+  });
   await worker.start();
   t.after(() => worker.stop(0));
   const jobs = await lh.enqueueMany(Array.from({ length: 20 }, () => ({ task: "t" })));
@@ -139,7 +143,10 @@ test("every process exposes the eight operational metrics; `leasehold worker --m
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const tasks = path.join(dir, "tasks.mjs");
   fs.writeFileSync(tasks, "export default { t: () => undefined };\n");
-  const cli = await startCli(["worker", "--tasks", tasks, "--metrics-port", "0", "--no-retention"], { schema: lh.schema, ready: /metrics at (http:\/\/\S+\/metrics)/ });
+  const cli = await startCli(["worker", "--tasks", tasks, "--metrics-port", "0", "--no-retention"], {
+    schema: lh.schema,
+    ready: /metrics at (http:\/\/\S+\/metrics)/,
+  });
   t.after(() => cli.stop());
   const scraped = await (await fetch(cli.match[1]!)).text();
   assert.match(scraped, /^# TYPE leasehold_heartbeat_leases_total counter$/m);
@@ -166,12 +173,18 @@ test("leasehold doctor: no watchdog with expired leases is an error; a lease sho
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 minute'");
   const r = await runCli(["doctor", "--json"], { schema: lh.schema });
   assert.equal(r.code, 1, r.stderr);
-  const d = JSON.parse(r.stdout) as { findings: { level: string; message: string }[]; lease: { p99DelayMs: number; workers: { recommendedMs: number }[] } };
+  const d = JSON.parse(r.stdout) as {
+    findings: { level: string; message: string }[];
+    lease: { p99DelayMs: number; workers: { recommendedMs: number }[] };
+  };
   assert.ok(d.findings.some((f) => f.level === "error" && /no watchdog is running/.test(f.message)));
   assert.ok(d.findings.some((f) => f.level === "error" && /1 lease\(s\) ran out and are not reaped/.test(f.message)));
   assert.equal(d.lease.p99DelayMs, 2_500);
   // max(3 x 1 s, 1 s + 2.5 s + 2.5 s) = 6 s, more than its 3 s lease.
-  assert.deepEqual(d.lease.workers.map((w) => w.recommendedMs), [6_000]);
+  assert.deepEqual(
+    d.lease.workers.map((w) => w.recommendedMs),
+    [6_000],
+  );
   assert.ok(d.findings.some((f) => f.level === "warn" && /w-doctor .* 3000 ms lease, shorter than the 6000 ms/.test(f.message)));
   const human = await runCli(["doctor"], { schema: lh.schema });
   assert.match(human.stdout, /✖ no watchdog is running/);

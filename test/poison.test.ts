@@ -136,10 +136,14 @@ test("a handler error holding NUL and a lone surrogate is recorded at once, not 
   t.after(() => worker.stop());
   const { id } = await lh.enqueue("boom", {}, { maxAttempts: 1 });
   // Within a few seconds, far inside the 30 s lease: the failure report itself landed.
-  const job = await eventually(async () => {
-    const { job } = await lh.getJob(id);
-    return job.state === "dead" ? job : undefined;
-  }, "job dead", 5_000);
+  const job = await eventually(
+    async () => {
+      const { job } = await lh.getJob(id);
+      return job.state === "dead" ? job : undefined;
+    },
+    "job dead",
+    5_000,
+  );
   assert.match(job.lastError!, /bad\uFFFDbytes \uFFFD here/);
   const { attempts } = await lh.getJob(id);
   assert.deepEqual(

@@ -48,7 +48,10 @@ test("a handler that hangs while its process lives ends as stalled at its progre
   assert.ok(took >= 900 && took < 2_500, `ended after ${took} ms (progress timeout 1000 ms)`);
   assert.deepEqual(reasons, ["stalled"]);
   const { attempts } = await lh.getJob(hung.id);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["stalled"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["stalled"],
+  );
   assert.match(attempts[0]!.error!, /stalled: no progress for 1000 ms/);
   // The one slot came back: the next job ran although the hung promise never settles.
   await eventually(async () => ran.includes(next.id), "the next job ran in the freed slot");
@@ -82,7 +85,10 @@ test("progress keeps a long job alive; its maximum run time ends it as timed_out
   assert.equal(a!.state, "succeeded");
   assert.equal(b!.state, "dead");
   const { attempts } = await lh.getJob(capped.id);
-  assert.deepEqual(attempts.map((x) => x.outcome), ["timed_out"]);
+  assert.deepEqual(
+    attempts.map((x) => x.outcome),
+    ["timed_out"],
+  );
   assert.ok(attempts[0]!.endedAt.getTime() - attempts[0]!.startedAt.getTime() < 2_000);
   // A job's own progress timeout overrides its task's (1 s, too short for a 1.5 s silence).
   const quiet = await lh.enqueue("busy", { ms: 0, silentMs: 1_500 }, { maxAttempts: 1, progressTimeoutMs: 60_000 });
@@ -104,7 +110,10 @@ test("the watchdog ends, from the database, an attempt whose worker beats on but
   const { id } = await lh.enqueue("t", {}, { maxAttempts: 1 });
   const [job] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w-wedged", leaseMs: 1_000, tasks: ["t"] });
   // A worker whose beats go on (its lease stays live) but whose handler never moves.
-  const beat = setInterval(() => void store.extendLeases(lh.pool, { workerId: "w-wedged", leaseMs: 1_000, beats: [{ id, attempt: job!.attempt }] }), 200);
+  const beat = setInterval(
+    () => void store.extendLeases(lh.pool, { workerId: "w-wedged", leaseMs: 1_000, beats: [{ id, attempt: job!.attempt }] }),
+    200,
+  );
   t.after(() => clearInterval(beat));
   const watchdog = lh.watchdog({ intervalMs: 100 });
   await watchdog.runOnce();
@@ -119,7 +128,10 @@ test("the watchdog ends, from the database, an attempt whose worker beats on but
   );
   assert.equal(ended.state, "dead");
   const { attempts } = await lh.getJob(id);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["stalled"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["stalled"],
+  );
   assert.match(attempts[0]!.error!, /ended by the watchdog/);
 });
 
@@ -129,7 +141,9 @@ test("a job that crashes its worker every time reaches the dead letter through s
   for (let restart = 1; restart <= 3; restart++) {
     // The pod's process claims the job and dies with it (no stop, no release) ...
     await eventually(
-      async () => (await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: `pod-x/host-${restart}`, leaseMs: 3_600_000, tasks: ["oom"] })).length === 1,
+      async () =>
+        (await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: `pod-x/host-${restart}`, leaseMs: 3_600_000, tasks: ["oom"] }))
+          .length === 1,
       "claimed",
     );
     // ... and its restarted process, holding the name, recovers what it held.
@@ -141,7 +155,10 @@ test("a job that crashes its worker every time reaches the dead letter through s
   const { job, attempts } = await lh.getJob(id);
   assert.equal(job.state, "dead");
   assert.equal(job.spentAttempts, 3);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["worker_lost", "worker_lost", "worker_lost"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["worker_lost", "worker_lost", "worker_lost"],
+  );
 });
 
 test("a release on behalf of an attempt whose client is gone spends budget; a live worker's graceful release does not", async (t) => {
@@ -154,8 +171,14 @@ test("a release on behalf of an attempt whose client is gone spends budget; a li
   const graceful = await store.releaseJobs(lh.pool, { workerId: "w", jobs: ref(b.id), reason: "shutdown", backoff: NO_BACKOFF });
   assert.equal(undelivered.get(a.id), "dead");
   assert.equal(graceful.get(b.id), "waiting");
-  assert.deepEqual((await lh.getJob(a.id)).attempts.map((x) => x.outcome), ["worker_lost"]);
-  assert.deepEqual((await lh.getJob(b.id)).attempts.map((x) => x.outcome), ["released"]);
+  assert.deepEqual(
+    (await lh.getJob(a.id)).attempts.map((x) => x.outcome),
+    ["worker_lost"],
+  );
+  assert.deepEqual(
+    (await lh.getJob(b.id)).attempts.map((x) => x.outcome),
+    ["released"],
+  );
 });
 
 test("a stable name stands for one live process: a second is refused (its jobs untouched), or waits with waitForName", async (t) => {
@@ -199,7 +222,9 @@ test("the watchdog retries a reaped job with its task's announced policy, not th
   await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w-policy", leaseMs: 30_000, tasks: ["slow-retry"] });
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
   await lh.watchdog({ backoff: NO_BACKOFF }).runOnce();
-  const { rows } = await lh.pool.query<{ wait_s: number }>("SELECT extract(epoch FROM run_at - now())::float8 AS wait_s FROM jobs WHERE id = $1", [id]);
+  const { rows } = await lh.pool.query<{ wait_s: number }>("SELECT extract(epoch FROM run_at - now())::float8 AS wait_s FROM jobs WHERE id = $1", [
+    id,
+  ]);
   assert.ok(rows[0]!.wait_s > 55 && rows[0]!.wait_s <= 60, `retries in ${rows[0]!.wait_s} s (the task's 60 s backoff)`);
 });
 
@@ -207,7 +232,9 @@ test("the orphan scan counts jobs no live worker runs and finished jobs missing 
   const lh = await freshLeasehold(t);
   const nobody = await lh.enqueue("no-such-worker", {}, { queue: "orphans" });
   const over = await lh.enqueue("t", {}, { queue: "orphans" });
-  await lh.pool.query("UPDATE jobs SET spent_attempts = max_attempts, run_at = now() - interval '1 hour' WHERE id = ANY($1::bigint[])", [[nobody.id, over.id]]);
+  await lh.pool.query("UPDATE jobs SET spent_attempts = max_attempts, run_at = now() - interval '1 hour' WHERE id = ANY($1::bigint[])", [
+    [nobody.id, over.id],
+  ]);
   const done = await lh.enqueue("t", {}, { queue: "orphans-done", maxAttempts: 5 });
   const [c1] = await store.claimJobs(lh.pool, { queues: ["orphans-done"], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
   await store.failJobs(lh.pool, { workerId: "w", failures: [{ id: done.id, attempt: c1!.attempt, error: "x", backoff: NO_BACKOFF }] });
@@ -232,7 +259,9 @@ test("a recovery run sees how the previous attempt ended, and its last error", a
   await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "gone", leaseMs: 30_000, tasks: ["t"] });
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
   await lh.watchdog({ backoff: NO_BACKOFF }).runOnce();
-  const worker = lh.worker({ handlers: { t: { handler: (_p: unknown, ctx: JobContext) => void seen.push([ctx.previousOutcome, ctx.lastError]), backoff: NO_BACKOFF } } });
+  const worker = lh.worker({
+    handlers: { t: { handler: (_p: unknown, ctx: JobContext) => void seen.push([ctx.previousOutcome, ctx.lastError]), backoff: NO_BACKOFF } },
+  });
   await worker.start();
   t.after(() => worker.stop(0));
   await eventually(() => finalOf(lh, id), "job ran again");

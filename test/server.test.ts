@@ -14,7 +14,16 @@ import type { JobContext } from "../src/worker/context.js";
 import { RemoteTransport } from "../src/worker/remote-transport.js";
 import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
-import { api as apiAt, claimDroppingProxy, postAnnouncing as postAnnouncingAt, rawConnection, remoteWorker, startServe as startServeOn, statementCountingProxy, TOKEN } from "./helpers/server.js";
+import {
+  api as apiAt,
+  claimDroppingProxy,
+  postAnnouncing as postAnnouncingAt,
+  rawConnection,
+  remoteWorker,
+  startServe as startServeOn,
+  statementCountingProxy,
+  TOKEN,
+} from "./helpers/server.js";
 
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
 let serve: Awaited<ReturnType<typeof startCli>>;
@@ -37,9 +46,20 @@ after(async () => {
 });
 
 test("every call but /healthz needs the bearer token: missing or wrong is 401 with a typed body", async () => {
-  const attempts: Record<string, string>[] = [{}, { authorization: "Bearer wrong-token-0123456789abc" }, { authorization: `Basic ${TOKEN}` }, { authorization: `Bearer ${TOKEN}x` }];
+  const attempts: Record<string, string>[] = [
+    {},
+    { authorization: "Bearer wrong-token-0123456789abc" },
+    { authorization: `Basic ${TOKEN}` },
+    { authorization: `Bearer ${TOKEN}x` },
+  ];
   for (const headers of attempts) {
-    for (const [method, path] of [["GET", "/v1/stats"], ["POST", "/v1/worker/claim"], ["GET", "/metrics"], ["GET", "/openapi.json"], ["GET", "/v1/jobs/1"]] as const) {
+    for (const [method, path] of [
+      ["GET", "/v1/stats"],
+      ["POST", "/v1/worker/claim"],
+      ["GET", "/metrics"],
+      ["GET", "/openapi.json"],
+      ["GET", "/v1/jobs/1"],
+    ] as const) {
       const r = await api(method, path, method === "POST" ? {} : undefined, headers);
       assert.equal(r.status, 401, `${method} ${path} with ${JSON.stringify(headers)}`);
       assert.equal(r.json.error.code, "unauthorized");
@@ -149,7 +169,9 @@ test("without the claim's receipt nobody can beat, finish, fail, release or ask 
   assert.match(owned.receipt, /^[A-Za-z0-9_-]{43}$/);
   // A receipt the attacker holds for its own claim is no good for the owner's attempt.
   await lh.enqueue("guarded", { n: 2 }, { queue: "receipts-other" });
-  const theirs = (await api("POST", "/v1/worker/claim", { workerId: "w-attacker", queues: ["receipts-other"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 })).json.jobs[0];
+  const theirs = (
+    await api("POST", "/v1/worker/claim", { workerId: "w-attacker", queues: ["receipts-other"], tasks: ["guarded"], limit: 1, leaseMs: 60_000 })
+  ).json.jobs[0];
   const db = await rawClient(lh.schema);
   const row = async () => (await db.query("SELECT state, attempt, lease_until, progress, locked_by FROM jobs WHERE id = $1", [id])).rows[0];
   try {
@@ -162,9 +184,15 @@ test("without the claim's receipt nobody can beat, finish, fail, release or ask 
       assert.equal(success.status, 200, success.text);
       assert.deepEqual([success.json.applied, success.json.refused], [[], [{ id, attempt: owned.attempt, reason: "invalid_receipt" }]]);
       const failure = await api("POST", "/v1/worker/fail", { ...asOwner, failures: [{ ...forged, error: "x", giveUp: true }] });
-      assert.deepEqual(failure.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      assert.deepEqual(
+        failure.json.refused.map((r: { reason: string }) => r.reason),
+        ["invalid_receipt"],
+      );
       const release = await api("POST", "/v1/worker/release", { ...asOwner, jobs: [forged], reason: "stolen" });
-      assert.deepEqual(release.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+      assert.deepEqual(
+        release.json.refused.map((r: { reason: string }) => r.reason),
+        ["invalid_receipt"],
+      );
       const beat = await api("POST", "/v1/worker/heartbeat", { ...asOwner, leaseMs: 5_000, beats: [{ ...forged, progress: { evil: true } }] });
       assert.deepEqual([beat.status, beat.json.renewed, beat.json.invalid.map((i: { code: string }) => i.code)], [200, [], ["invalid_receipt"]]);
       const lost = await api("POST", "/v1/worker/lost", { ...asOwner, attempts: [forged] });
@@ -172,7 +200,11 @@ test("without the claim's receipt nobody can beat, finish, fail, release or ask 
     }
     assert.deepEqual(await row(), before);
     // An id beyond bigint has no receipt either: refused before the database sees it.
-    const huge = await api("POST", "/v1/worker/heartbeat", { workerId: "w-owner", leaseMs: 5_000, beats: [{ id: "9223372036854775808", attempt: 1, receipt: owned.receipt }] });
+    const huge = await api("POST", "/v1/worker/heartbeat", {
+      workerId: "w-owner",
+      leaseMs: 5_000,
+      beats: [{ id: "9223372036854775808", attempt: 1, receipt: owned.receipt }],
+    });
     assert.deepEqual([huge.status, huge.json.invalid[0].code], [200, "invalid_receipt"]);
     const metrics = (await api("GET", "/metrics")).text;
     assert.match(metrics, /^leasehold_server_invalid_receipts_total\{kind="complete"\} 4$/m);
@@ -194,11 +226,22 @@ test("a remote worker runs the same runtime over the server: progress rides hear
       ctx.progress({ pct: p.pct });
       await eventually(async () => ((await lh.getJob(ctx.jobId)).job.progress as { pct?: number } | null)?.pct === p.pct, "progress stored");
     },
-    flaky: { handler: async (_p: unknown, ctx) => { if (ctx.spentAttempts === 0) throw new Error("first try fails"); }, backoff: { baseMs: 100, jitter: 0 } },
+    flaky: {
+      handler: async (_p: unknown, ctx) => {
+        if (ctx.spentAttempts === 0) throw new Error("first try fails");
+      },
+      backoff: { baseMs: 100, jitter: 0 },
+    },
     endless: (_p: unknown, ctx) =>
-      new Promise((_resolve, reject) => ctx.signal.addEventListener("abort", () => { cancelReason = (ctx.signal.reason as { reason?: string }).reason; reject(ctx.signal.reason); })),
+      new Promise((_resolve, reject) =>
+        ctx.signal.addEventListener("abort", () => {
+          cancelReason = (ctx.signal.reason as { reason?: string }).reason;
+          reject(ctx.signal.reason);
+        }),
+      ),
   });
-  const ended = (task: string, state: string) => waitForEvent(worker, "job:end", (job: { task: string }, o: { state: string }) => job.task === task && o.state === state);
+  const ended = (task: string, state: string) =>
+    waitForEvent(worker, "job:end", (job: { task: string }, o: { state: string }) => job.task === task && o.state === state);
   const reportEnded = ended("report", "succeeded");
   const flakyEnded = ended("flaky", "succeeded");
   const endlessStarted = waitForEvent(worker, "job:start", (job: { task: string }) => job.task === "endless");
@@ -217,7 +260,10 @@ test("a remote worker runs the same runtime over the server: progress rides hear
     assert.equal(r.job.state, "succeeded");
     assert.deepEqual(r.job.progress, { pct: 40 });
     const f = await lh.getJob(flaky.id);
-    assert.deepEqual(f.attempts.map((a) => a.outcome), ["failed", "succeeded"]);
+    assert.deepEqual(
+      f.attempts.map((a) => a.outcome),
+      ["failed", "succeeded"],
+    );
     assert.equal((await lh.getJob(endless.id)).job.state, "cancelled");
   } finally {
     await worker.stop();
@@ -240,15 +286,25 @@ test("a claim whose response never reaches the worker is not lost: the lease exp
   assert.deepEqual(runs, [2], "the handler never saw attempt 1, whose claim response was lost");
   const { job, attempts } = await lh.getJob(id);
   assert.equal(job.state, "succeeded");
-  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
+  assert.deepEqual(
+    attempts.map((a) => [a.attempt, a.outcome]),
+    [
+      [1, "lease_expired"],
+      [2, "succeeded"],
+    ],
+  );
 });
 
 test("two server replicas on one database: a receipt from one is good at the other; remote workers on each run every job exactly once", async () => {
   const second = await startServe(["--no-watchdog"]);
   // Replicas with the same token derive the same receipt key: a worker may claim at one and report at the other.
   const { id } = await lh.enqueue("cross", {}, { queue: "cross-replica" });
-  const claimed = (await api("POST", "/v1/worker/claim", { workerId: "w-x", queues: ["cross-replica"], tasks: ["cross"], limit: 1, leaseMs: 30_000 })).json.jobs[0];
-  const done = await apiAt(second.match[1]!, "POST", "/v1/worker/succeed", { workerId: "w-x", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] });
+  const claimed = (await api("POST", "/v1/worker/claim", { workerId: "w-x", queues: ["cross-replica"], tasks: ["cross"], limit: 1, leaseMs: 30_000 }))
+    .json.jobs[0];
+  const done = await apiAt(second.match[1]!, "POST", "/v1/worker/succeed", {
+    workerId: "w-x",
+    jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }],
+  });
   assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
   const runs = new Map<string, number>();
   const perWorker = [0, 0];
@@ -268,16 +324,23 @@ test("two server replicas on one database: a receipt from one is good at the oth
     const tasks = ["spread-a", "spread-b", "spread-both", "spread-both"];
     const { json } = await api("POST", "/v1/jobs/batch", { jobs: Array.from({ length: 100 }, (_, n) => ({ task: tasks[n % 4], payload: { n } })) });
     assert.equal(json.jobs.length, 100);
-    await eventually(async () => {
-      const stats = (await api("GET", "/v1/stats")).json as { counts: { queue: string; state: string; count: number }[] };
-      return stats.counts.some((c) => c.state === "succeeded" && c.count >= 100 + 0) && runs.size === 100;
-    }, "all 100 jobs succeeded", 30_000);
+    await eventually(
+      async () => {
+        const stats = (await api("GET", "/v1/stats")).json as { counts: { queue: string; state: string; count: number }[] };
+        return stats.counts.some((c) => c.state === "succeeded" && c.count >= 100 + 0) && runs.size === 100;
+      },
+      "all 100 jobs succeeded",
+      30_000,
+    );
   } finally {
     await Promise.all(workers.map((w) => w.stop()));
     await second.stop("SIGTERM");
   }
   assert.equal(runs.size, 100);
-  assert.ok([...runs.values()].every((n) => n === 1), "no job ran twice");
+  assert.ok(
+    [...runs.values()].every((n) => n === 1),
+    "no job ran twice",
+  );
   assert.ok(perWorker[0]! > 0 && perWorker[1]! > 0, `both replicas served jobs: ${perWorker}`);
 });
 
@@ -292,8 +355,15 @@ test("leasehold worker --server runs a tasks module against the server, with no 
     env: { LEASEHOLD_TOKEN: TOKEN, DATABASE_URL: "postgres://nobody@127.0.0.1:1/none" },
     ready: /"event":"job:end".*\n/,
   });
-  const events = worker.output().trim().split("\n").map((l) => JSON.parse(l) as { event?: string; id?: string; state?: string });
-  assert.deepEqual(events.filter((e) => e.event === "job:end").map((e) => [e.id, e.state]), [[job.id, "succeeded"]]);
+  const events = worker
+    .output()
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as { event?: string; id?: string; state?: string });
+  assert.deepEqual(
+    events.filter((e) => e.event === "job:end").map((e) => [e.id, e.state]),
+    [[job.id, "succeeded"]],
+  );
   const stopped = await worker.stop("SIGINT");
   assert.equal(stopped.code, 0, stopped.stderr);
   assert.equal((await lh.getJob(job.id)).job.state, "succeeded");
@@ -307,10 +377,20 @@ test("leasehold worker --server runs a tasks module against the server, with no 
 
 test("a job whose own lease is shorter than the worker's beat interval is kept alive by heartbeats over HTTP", async () => {
   // Worker lease 30 s (a beat every 10 s); this job's lease is 1.5 s and its handler runs 3 s.
-  const worker = remoteWorker(base, { slow: (_p: unknown, ctx) => new Promise((r, reject) => {
-    const t = setTimeout(r, 3_000);
-    ctx.signal.addEventListener("abort", () => { clearTimeout(t); reject(ctx.signal.reason); });
-  }) }, { leaseMs: 30_000 });
+  const worker = remoteWorker(
+    base,
+    {
+      slow: (_p: unknown, ctx) =>
+        new Promise((r, reject) => {
+          const t = setTimeout(r, 3_000);
+          ctx.signal.addEventListener("abort", () => {
+            clearTimeout(t);
+            reject(ctx.signal.reason);
+          });
+        }),
+    },
+    { leaseMs: 30_000 },
+  );
   const { id } = await lh.enqueue("slow", {}, { leaseMs: 1_500 });
   const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
   await worker.start();
@@ -320,7 +400,10 @@ test("a job whose own lease is shorter than the worker's beat interval is kept a
   } finally {
     await worker.stop();
   }
-  assert.deepEqual((await lh.getJob(id)).attempts.map((a) => a.outcome), ["succeeded"]);
+  assert.deepEqual(
+    (await lh.getJob(id)).attempts.map((a) => a.outcome),
+    ["succeeded"],
+  );
 });
 
 test("job commands go through the server with --server, without a database: enqueue, bulk, list, show, cancel, retry, stats", async () => {
@@ -334,7 +417,10 @@ test("job commands go through the server with --server, without a database: enqu
   assert.deepEqual([shown.job.state, shown.job.payload, shown.job.queue], ["waiting", { k: 1 }, "remote-ops"]);
   assert.match((await cli(["jobs", "show", id])).stdout, /attempt history:/);
 
-  const bulk = await cli(["enqueue", "via.server", "--queue", "remote-ops", "--delay", "1h", "--payloads", "-", "--json"], Array.from({ length: 2_500 }, (_, n) => `{"n":${n}}`).join("\n"));
+  const bulk = await cli(
+    ["enqueue", "via.server", "--queue", "remote-ops", "--delay", "1h", "--payloads", "-", "--json"],
+    Array.from({ length: 2_500 }, (_, n) => `{"n":${n}}`).join("\n"),
+  );
   assert.equal(bulk.code, 0, bulk.stderr);
   assert.deepEqual(JSON.parse(bulk.stdout), { enqueued: 2_500, created: 2_500 });
   const badLine = await cli(["enqueue", "via.server", "--payloads", "-"], '{"n":1}\nnope\n');
@@ -360,7 +446,10 @@ test("job commands go through the server with --server, without a database: enqu
 });
 
 test("a long poll whose client went away claims nothing: a job enqueued afterwards stays waiting", async () => {
-  const req = http.request(base + "/v1/worker/claim", { method: "POST", headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" } });
+  const req = http.request(base + "/v1/worker/claim", {
+    method: "POST",
+    headers: { authorization: `Bearer ${TOKEN}`, "content-type": "application/json" },
+  });
   req.on("error", () => {});
   req.end(JSON.stringify({ workerId: "w-gone", queues: ["left-behind"], tasks: ["t"], limit: 5, leaseMs: 60_000, waitMs: 10_000 }));
   await new Promise((r) => setTimeout(r, 300)); // the server is now waiting for a job
@@ -416,7 +505,10 @@ test("request metrics keep a bounded set of labels: unknown routes are one label
   const routes = new Set([...text.matchAll(/^leasehold_http_requests_total\{route="([^"]*)"/gm)].map((m) => m[1]));
   assert.ok(!text.includes("nothing-") && !text.includes("q-1"), "a raw URL became a label");
   assert.ok(routes.has("unmatched"), [...routes].join(", "));
-  assert.ok([...routes].every((r) => r === "unmatched" || r!.startsWith("/")), [...routes].join(", "));
+  assert.ok(
+    [...routes].every((r) => r === "unmatched" || r!.startsWith("/")),
+    [...routes].join(", "),
+  );
 });
 
 test("timeouts: a slow body or slow headers are cut (408), an idle connection is closed, and a long poll still waits its full time", async () => {
@@ -434,7 +526,14 @@ test("timeouts: a slow body or slow headers are cut (408), an idle connection is
     const idle = rawConnection(url);
     idle.socket.write(`GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n`);
     const started = Date.now();
-    const pollAt = apiAt(url, "POST", "/v1/worker/claim", { workerId: "w-timeouts", queues: ["never-filled"], tasks: ["t"], limit: 1, leaseMs: 5_000, waitMs: 3_000 });
+    const pollAt = apiAt(url, "POST", "/v1/worker/claim", {
+      workerId: "w-timeouts",
+      queues: ["never-filled"],
+      tasks: ["t"],
+      limit: 1,
+      leaseMs: 5_000,
+      waitMs: 3_000,
+    });
 
     const [bodyMs, headersMs, idleMs] = await Promise.all([slowBody.closed, slowHeaders.closed, idle.closed]);
     assert.ok(bodyMs < 3_000, `slow body kept for ${bodyMs} ms`);
@@ -455,7 +554,9 @@ test("timeouts: a slow body or slow headers are cut (408), an idle connection is
 
 test("an authentication failure closes the connection, even while the client is still sending its body", async () => {
   const conn = rawConnection(base);
-  conn.socket.write(`POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer not-the-token-0123456789\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`);
+  conn.socket.write(
+    `POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer not-the-token-0123456789\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{`,
+  );
   void conn.trickle(" ".repeat(99), 100);
   const closedMs = await Promise.race([conn.closed, new Promise<number>((r) => setTimeout(() => r(-1), 3_000))]);
   assert.match(conn.received(), /^HTTP\/1\.1 401/);
@@ -507,7 +608,10 @@ test("idle long polls are cheap: one shared re-check a second for all of them, a
     await new Promise((r) => setTimeout(r, 200));
     const { id } = await lh.enqueue("idle.t", {}, { queue: "idle-q", delayMs: 1_500 });
     const got = await waiting;
-    assert.deepEqual(got.json.jobs.map((j: { id: string }) => j.id), [id]);
+    assert.deepEqual(
+      got.json.jobs.map((j: { id: string }) => j.id),
+      [id],
+    );
     assert.ok(Date.now() - started < 4_000, `claimed after ${Date.now() - started} ms`);
   } finally {
     await counted.stop("SIGTERM");
@@ -530,7 +634,10 @@ test("beyond --max-long-polls a claim answers at once with what it finds (waited
     const { id } = await lh.enqueue("cap.t", {}, { queue: "cap-d" });
     started = Date.now();
     const found = await claim("cap-d", 3_000);
-    assert.deepEqual(found.json.jobs.map((j: { id: string }) => j.id), [id]);
+    assert.deepEqual(
+      found.json.jobs.map((j: { id: string }) => j.id),
+      [id],
+    );
     const metrics = await apiAt(url, "GET", "/metrics");
     assert.match(metrics.text, /^leasehold_server_long_polls_refused_total 1$/m);
     assert.match(metrics.text, /^leasehold_server_long_polls_waiting 2$/m);
@@ -549,7 +656,17 @@ test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas
   const [urlOne, urlTwo] = [one.match[1]!, two.match[1]!];
   const asWorker = { authorization: `Bearer ${WORKER_TOKEN}` };
   try {
-    for (const [method, path] of [["GET", "/v1/stats"], ["GET", "/v1/jobs"], ["POST", "/v1/jobs"], ["POST", "/v1/jobs/batch"], ["GET", "/v1/jobs/1"], ["POST", "/v1/jobs/1/cancel"], ["POST", "/v1/jobs/1/retry"], ["GET", "/metrics"], ["GET", "/openapi.json"]] as const) {
+    for (const [method, path] of [
+      ["GET", "/v1/stats"],
+      ["GET", "/v1/jobs"],
+      ["POST", "/v1/jobs"],
+      ["POST", "/v1/jobs/batch"],
+      ["GET", "/v1/jobs/1"],
+      ["POST", "/v1/jobs/1/cancel"],
+      ["POST", "/v1/jobs/1/retry"],
+      ["GET", "/metrics"],
+      ["GET", "/openapi.json"],
+    ] as const) {
       const r = await apiAt(urlOne, method, path, method === "POST" ? { task: "x" } : undefined, asWorker);
       assert.equal(r.status, 403, `${method} ${path}: ${r.text}`);
       assert.equal(r.json.error.code, "forbidden");
@@ -563,14 +680,31 @@ test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas
 
     // Claimed at one replica with the worker token, finished at the other (another operator token, same receipt key).
     const { id } = await lh.enqueue("scoped", {}, { queue: "scopes" });
-    const claimed = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
-    const done = await apiAt(urlTwo, "POST", "/v1/worker/succeed", { workerId: "w-s", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] }, { authorization: `Bearer ${OTHER_TOKEN}` });
+    const claimed = (
+      await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)
+    ).json.jobs[0];
+    const done = await apiAt(
+      urlTwo,
+      "POST",
+      "/v1/worker/succeed",
+      { workerId: "w-s", jobs: [{ id, attempt: claimed.attempt, receipt: claimed.receipt }] },
+      { authorization: `Bearer ${OTHER_TOKEN}` },
+    );
     assert.deepEqual(done.json.applied, [{ id, state: "succeeded" }]);
     // The main server derives its key from its token, so it refuses that receipt.
     const { id: id2 } = await lh.enqueue("scoped", {}, { queue: "scopes" });
-    const other = (await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)).json.jobs[0];
-    const refused = await api("POST", "/v1/worker/release", { workerId: "w-s", jobs: [{ id: id2, attempt: other.attempt, receipt: other.receipt }], reason: "x" });
-    assert.deepEqual(refused.json.refused.map((r: { reason: string }) => r.reason), ["invalid_receipt"]);
+    const other = (
+      await apiAt(urlOne, "POST", "/v1/worker/claim", { workerId: "w-s", queues: ["scopes"], tasks: ["scoped"], limit: 1, leaseMs: 30_000 }, asWorker)
+    ).json.jobs[0];
+    const refused = await api("POST", "/v1/worker/release", {
+      workerId: "w-s",
+      jobs: [{ id: id2, attempt: other.attempt, receipt: other.receipt }],
+      reason: "x",
+    });
+    assert.deepEqual(
+      refused.json.refused.map((r: { reason: string }) => r.reason),
+      ["invalid_receipt"],
+    );
 
     // A remote worker holding only the worker token checks the server and runs jobs.
     const worker = remoteWorker(urlOne, { scoped: () => {} }, { token: WORKER_TOKEN });
@@ -599,7 +733,9 @@ test("scopes: a worker token may use only /v1/worker/* (403 elsewhere); replicas
 
 /** `n` jobs with payloads of about 1 MB each in `queue`. */
 async function enqueueBig(queue: string, n: number): Promise<string[]> {
-  const jobs = await lh.enqueueMany(Array.from({ length: n }, (_, i) => ({ task: "big", queue, payload: { i, blob: String(i % 10).repeat(1_000_000) } })));
+  const jobs = await lh.enqueueMany(
+    Array.from({ length: n }, (_, i) => ({ task: "big", queue, payload: { i, blob: String(i % 10).repeat(1_000_000) } })),
+  );
   return jobs.map((j) => j.id);
 }
 
@@ -608,7 +744,10 @@ test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB c
   const plain = await api("GET", "/v1/jobs?queue=big-list&limit=100");
   assert.equal(plain.status, 200);
   assert.equal(plain.json.jobs.length, 12);
-  assert.ok(plain.json.jobs.every((j: object) => !("payload" in j)), "payloads left out by default");
+  assert.ok(
+    plain.json.jobs.every((j: object) => !("payload" in j)),
+    "payloads left out by default",
+  );
   assert.ok(plain.text.length < 20_000, `${plain.text.length} bytes without payloads`);
   assert.equal(plain.json.next, null);
 
@@ -631,7 +770,10 @@ test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB c
   const limited = await api("GET", "/v1/jobs?queue=big-list&limit=3");
   assert.deepEqual([limited.json.jobs.length, limited.json.next], [3, ids[9]]);
   const rest = await api("GET", `/v1/jobs?queue=big-list&limit=100&before=${limited.json.next}`);
-  assert.deepEqual(rest.json.jobs.map((j: { id: string }) => j.id), ids.slice(0, 9).reverse());
+  assert.deepEqual(
+    rest.json.jobs.map((j: { id: string }) => j.id),
+    ids.slice(0, 9).reverse(),
+  );
   const tooBig = await api("GET", "/v1/jobs?before=9223372036854775808");
   assert.deepEqual([tooBig.status, tooBig.json.error.code], [400, "invalid_input"]);
   assert.match(tooBig.json.error.message, /before must be a positive integer no larger than 9223372036854775807/);
@@ -639,12 +781,18 @@ test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB c
   const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
   const cli = (args: string[]) => runCli(["--server", base, "jobs", "list", "--queue", "big-list", "--json", ...args], { schema: lh.schema, env });
   const withPayloads = JSON.parse((await cli(["--payload", "--limit", "100"])).stdout) as { id: string; payload: { blob: string } }[];
-  assert.deepEqual(withPayloads.map((j) => j.id), [...ids].reverse());
+  assert.deepEqual(
+    withPayloads.map((j) => j.id),
+    [...ids].reverse(),
+  );
   assert.ok(withPayloads.every((j) => j.payload.blob.length === 1_000_000));
   const without = JSON.parse((await cli([])).stdout) as object[];
   assert.ok(without.length === 12 && without.every((j) => !("payload" in j)));
   const older = JSON.parse((await cli(["--before", ids[2]!])).stdout) as { id: string }[];
-  assert.deepEqual(older.map((j) => j.id), [ids[1], ids[0]]);
+  assert.deepEqual(
+    older.map((j) => j.id),
+    [ids[1], ids[0]],
+  );
 });
 
 test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once, with no retry spent", async () => {
@@ -659,10 +807,16 @@ test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once,
   for (const id of released) {
     const { job, attempts } = await lh.getJob(id);
     assert.deepEqual([job.state, job.attempt, job.spentAttempts], ["waiting", 1, 0]);
-    assert.deepEqual(attempts.map((a) => a.outcome), ["released"]);
+    assert.deepEqual(
+      attempts.map((a) => a.outcome),
+      ["released"],
+    );
   }
   const second = await claim();
-  assert.deepEqual((second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]), released.map((id) => [id, 2]));
+  assert.deepEqual(
+    (second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]),
+    released.map((id) => [id, 2]),
+  );
   assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
 });
 
@@ -671,7 +825,7 @@ test("a heartbeat judges each beat alone: a progress or checkpoint that cannot b
   const claim = await api("POST", "/v1/worker/claim", { workerId: "w-beats", queues: ["beats"], tasks: ["beat.t"], limit: 7, leaseMs: 60_000 });
   const refs = (claim.json.jobs as { id: string; attempt: number; receipt: string }[]).map(({ id, attempt, receipt }) => ({ id, attempt, receipt }));
   assert.equal(refs.length, 7);
-  const [good, plain, nul, surrogate, nulKey, deep, huge] = refs as [typeof refs[0], ...typeof refs];
+  const [good, plain, nul, surrogate, nulKey, deep, huge] = refs as [(typeof refs)[0], ...typeof refs];
   const DEEP = "__deep__";
   const beats = [
     { ...good, progress: { pct: 10 } },
@@ -686,7 +840,9 @@ test("a heartbeat judges each beat alone: a progress or checkpoint that cannot b
   const body = JSON.stringify({ workerId: "w-beats", leaseMs: 120_000, beats }).replace(`"${DEEP}"`, "[".repeat(5_000) + "]".repeat(5_000));
   const db = await rawClient(lh.schema);
   const rows = async () =>
-    new Map((await db.query("SELECT id::text, lease_until, progress, checkpoint FROM jobs WHERE queue = 'beats'")).rows.map((r) => [r.id as string, r]));
+    new Map(
+      (await db.query("SELECT id::text, lease_until, progress, checkpoint FROM jobs WHERE queue = 'beats'")).rows.map((r) => [r.id as string, r]),
+    );
   try {
     const before = await rows();
     const r = await api("POST", "/v1/worker/heartbeat", body);
@@ -740,11 +896,18 @@ test("a remote worker whose progress the server cannot store keeps its lease: th
 
 test("RemoteTransport keeps a claim's receipt while its attempt may still be reported, and drops it once the end is reported", async () => {
   const transport = new RemoteTransport({ serverUrl: base, token: TOKEN, waitMs: 0 });
-  const invalidReceipts = async () => Number(/^leasehold_server_invalid_receipts_total\{kind="complete"\} (\d+)$/m.exec((await api("GET", "/metrics")).text)?.[1] ?? 0);
-  await lh.enqueueMany([{ task: "rt.t", queue: "rt" }, { task: "rt.t", queue: "rt", leaseMs: 1_000 }]);
+  const invalidReceipts = async () =>
+    Number(/^leasehold_server_invalid_receipts_total\{kind="complete"\} (\d+)$/m.exec((await api("GET", "/metrics")).text)?.[1] ?? 0);
+  await lh.enqueueMany([
+    { task: "rt.t", queue: "rt" },
+    { task: "rt.t", queue: "rt", leaseMs: 1_000 },
+  ]);
   const claimed = await transport.claim({ queues: ["rt"], tasks: ["rt.t"], limit: 2, workerId: "w-rt", leaseMs: 30_000 });
   assert.equal(claimed.length, 2);
-  assert.ok(claimed.every((j) => !("receipt" in j)), "the runtime never sees receipts");
+  assert.ok(
+    claimed.every((j) => !("receipt" in j)),
+    "the runtime never sees receipts",
+  );
   const [done, expiring] = claimed as [(typeof claimed)[0], (typeof claimed)[0]];
   const ref = (j: typeof done) => ({ id: j.id, attempt: j.attempt });
 

@@ -30,7 +30,15 @@ test("a failing job retries with backoff, then goes to the dead letter; manual r
   const lh = await freshLeasehold(t);
   let calls = 0;
   const worker = lh.worker({
-    handlers: { flaky: { handler: () => { calls++; throw new Error(`boom ${calls}`); }, backoff: { baseMs: 50, maxMs: 50, jitter: 0 } } },
+    handlers: {
+      flaky: {
+        handler: () => {
+          calls++;
+          throw new Error(`boom ${calls}`);
+        },
+        backoff: { baseMs: 50, maxMs: 50, jitter: 0 },
+      },
+    },
     pollIntervalMs: 20,
   });
   await worker.start();
@@ -42,7 +50,10 @@ test("a failing job retries with backoff, then goes to the dead letter; manual r
   assert.deepEqual(states, ["waiting", "waiting", "dead"]);
   const { job, attempts } = await lh.getJob(id);
   assert.match(job.lastError!, /boom 3/);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["failed", "failed", "failed"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["failed", "failed", "failed"],
+  );
   // Backoff: each retry waited at least the policy's delay, by the database clock.
   for (let i = 1; i < attempts.length; i++) {
     assert.ok(attempts[i]!.startedAt.getTime() - attempts[i - 1]!.endedAt.getTime() >= 45, "retry came before its backoff");
@@ -57,7 +68,13 @@ test("a failing job retries with backoff, then goes to the dead letter; manual r
 
 test("a handler that throws PermanentJobError goes to the dead letter at once", async (t) => {
   const lh = await freshLeasehold(t);
-  const worker = lh.worker({ handlers: { bad: () => { throw new PermanentJobError("invalid address"); } } });
+  const worker = lh.worker({
+    handlers: {
+      bad: () => {
+        throw new PermanentJobError("invalid address");
+      },
+    },
+  });
   await worker.start();
   t.after(() => worker.stop());
   const { id } = await lh.enqueue("bad", {}, { maxAttempts: 10 });
@@ -94,7 +111,10 @@ test("cancelling a running job aborts its handler at the next beat, and its late
   assert.equal(outcome.state, "cancelled", "the late success ends the job as cancelled, not succeeded");
   const { job, attempts } = await lh.getJob(id);
   assert.equal(job.state, "cancelled");
-  assert.deepEqual(attempts.map((a) => a.outcome), ["cancelled"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["cancelled"],
+  );
   void release;
 });
 
@@ -203,7 +223,10 @@ test("graceful shutdown lets short jobs finish and releases long ones without sp
   const { job, attempts } = await lh.getJob(endless.id);
   assert.equal(job.state, "waiting");
   assert.equal(job.spentAttempts, 0, "a release spends no attempt");
-  assert.deepEqual(attempts.map((a) => a.outcome), ["released"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["released"],
+  );
   // Released to run at once: another worker picks it up without waiting for a lease.
   const next = lh.worker({ handlers: { endless: () => undefined } });
   await next.start();
@@ -223,7 +246,13 @@ test("a worker with a stable name recovers at start-up the jobs its dead previou
   t.after(() => worker.stop());
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "reconciled job ran again");
   const { job, attempts } = await lh.getJob(id);
-  assert.deepEqual(attempts.map((a) => [a.outcome, a.workerId.split("/")[0]]), [["worker_lost", "pod-7"], ["succeeded", "pod-7"]]);
+  assert.deepEqual(
+    attempts.map((a) => [a.outcome, a.workerId.split("/")[0]]),
+    [
+      ["worker_lost", "pod-7"],
+      ["succeeded", "pod-7"],
+    ],
+  );
   assert.equal(job.spentAttempts, 1, "a crash recovered at start-up spends an attempt");
   assert.equal((await lh.getJob(other.id)).job.state, "running", "another name's job is left alone");
 });
@@ -256,7 +285,10 @@ test("a worker cut off from the database aborts its handlers before their leases
   proxy.restore();
   await eventually(async () => (await admin.getJob(id)).job.state === "waiting", "job back to waiting", 10_000);
   const { attempts } = await admin.getJob(id);
-  assert.deepEqual(attempts.map((a) => a.outcome), ["failed"]);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["failed"],
+  );
   assert.match(attempts[0]!.error!, /lease could not be renewed/);
   await worker.stop(0);
   await lh.close();
@@ -354,10 +386,19 @@ test("a worker that claims again a job whose older attempt it still runs stops t
   assert.ok((await lh.getJob(id)).job.leaseUntil! > before, "attempt 2 is still beaten");
   finishers.get(2)!();
   await eventually(async () => ends.length === 2, "the new attempt ended");
-  assert.deepEqual(ends, [[1, "lost"], [2, "succeeded"]]);
+  assert.deepEqual(ends, [
+    [1, "lost"],
+    [2, "succeeded"],
+  ]);
   const { job, attempts } = await lh.getJob(id);
   assert.equal(job.state, "succeeded");
-  assert.deepEqual(attempts.map((a) => [a.attempt, a.outcome]), [[1, "lease_expired"], [2, "succeeded"]]);
+  assert.deepEqual(
+    attempts.map((a) => [a.attempt, a.outcome]),
+    [
+      [1, "lease_expired"],
+      [2, "succeeded"],
+    ],
+  );
 });
 
 test("while reports hang, a worker holds at most twice its concurrency in leases", async (t) => {
@@ -365,7 +406,14 @@ test("while reports hang, a worker holds at most twice its concurrency in leases
   const transport = new DatabaseTransport(lh.pool, databaseUrl(), lh.schema);
   // Completions never answer, as on a half-open connection; claims still work.
   transport.complete = () => new Promise(() => {});
-  const worker = new Worker({ transport, logger: silent, metricsRegistry: new Registry(), concurrency: 3, pollIntervalMs: 20, handlers: { t: () => undefined } });
+  const worker = new Worker({
+    transport,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    concurrency: 3,
+    pollIntervalMs: 20,
+    handlers: { t: () => undefined },
+  });
   await worker.start();
   t.after(() => worker.stop(0));
   await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "t" })));

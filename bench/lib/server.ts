@@ -125,7 +125,12 @@ export async function readDb(db: pg.ClientBase, postmasterPid: number | undefine
     `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn AS lsn,
             (SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()) AS xacts`,
   );
-  return { at: performance.now(), walBytes: BigInt(Math.round(Number(rows[0]!.lsn))), xacts: Number(rows[0]!.xacts), cpuMs: serverCpuMs(postmasterPid) };
+  return {
+    at: performance.now(),
+    walBytes: BigInt(Math.round(Number(rows[0]!.lsn))),
+    xacts: Number(rows[0]!.xacts),
+    cpuMs: serverCpuMs(postmasterPid),
+  };
 }
 
 export interface TableReading {

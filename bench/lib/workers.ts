@@ -52,22 +52,24 @@ export class WorkerGroup extends EventEmitter {
   /** Starts the workers of every loaded process; resolves when all run. */
   async go(): Promise<void> {
     await Promise.all(
-      this.children.filter((c) => !c.exited).map(
-        (c) =>
-          new Promise<void>((resolve, reject) => {
-            const timer = setTimeout(() => reject(new Error("worker did not start within 60 s")), READY_TIMEOUT_MS);
-            const onMessage = (m: FromWorker) => {
-              if (m.type === "running" || m.type === "error") {
-                clearTimeout(timer);
-                c.process.off("message", onMessage);
-                if (m.type === "running") resolve();
-                else reject(new Error(`worker failed to start: ${m.message}`));
-              }
-            };
-            c.process.on("message", onMessage);
-            c.process.send({ type: "go" } satisfies ToWorker);
-          }),
-      ),
+      this.children
+        .filter((c) => !c.exited)
+        .map(
+          (c) =>
+            new Promise<void>((resolve, reject) => {
+              const timer = setTimeout(() => reject(new Error("worker did not start within 60 s")), READY_TIMEOUT_MS);
+              const onMessage = (m: FromWorker) => {
+                if (m.type === "running" || m.type === "error") {
+                  clearTimeout(timer);
+                  c.process.off("message", onMessage);
+                  if (m.type === "running") resolve();
+                  else reject(new Error(`worker failed to start: ${m.message}`));
+                }
+              };
+              c.process.on("message", onMessage);
+              c.process.send({ type: "go" } satisfies ToWorker);
+            }),
+        ),
     );
   }
 

@@ -38,7 +38,12 @@ type Column = [key: string, header: string, digits: number];
 
 /** Which metrics each workload's table shows (the JSON has them all). */
 const COLUMNS: Record<string, Column[]> = {
-  enqueue: [["jobsPerSecond", "jobs/s", 0], ["walBytesPerJob", "WAL B/job", 0], ["serverCpuPct", "server CPU %", 0], ["clientCpuPct", "producer CPU %", 0]],
+  enqueue: [
+    ["jobsPerSecond", "jobs/s", 0],
+    ["walBytesPerJob", "WAL B/job", 0],
+    ["serverCpuPct", "server CPU %", 0],
+    ["clientCpuPct", "producer CPU %", 0],
+  ],
   drain: [
     ["jobsPerSecond", "jobs/s", 0],
     ["serverCpuMsPerKJob", "server CPU ms/1k jobs", 0],
@@ -50,8 +55,18 @@ const COLUMNS: Record<string, Column[]> = {
     ["lwlockWaitPct", "% LWLock waits", 0],
     ["ioWaitPct", "% IO waits", 0],
   ],
-  ceiling: [["jobsPerSecond", "best jobs/s", 0], ["jobsPerSecond_1conn", "1 conn", 0], ["jobsPerSecond_2conn", "2 conns", 0], ["jobsPerSecond_4conn", "4 conns", 0]],
-  latency: [["p50Ms", "p50 ms", 2], ["p99Ms", "p99 ms", 2], ["maxMs", "max ms", 1], ["samples", "samples", 0]],
+  ceiling: [
+    ["jobsPerSecond", "best jobs/s", 0],
+    ["jobsPerSecond_1conn", "1 conn", 0],
+    ["jobsPerSecond_2conn", "2 conns", 0],
+    ["jobsPerSecond_4conn", "4 conns", 0],
+  ],
+  latency: [
+    ["p50Ms", "p50 ms", 2],
+    ["p99Ms", "p99 ms", 2],
+    ["maxMs", "max ms", 1],
+    ["samples", "samples", 0],
+  ],
   recovery: [["recoverySeconds", "kill -9 → running again, s", 2]],
   heartbeat: [
     ["jobsInFlight", "jobs in flight", 0],
@@ -76,7 +91,12 @@ const COLUMNS: Record<string, Column[]> = {
     [`${p}P99Ms`, `${p} p99 ms`, 1],
     [`${p}DeadTuplesMax`, `${p} dead tuples`, 0],
   ]),
-  plans: [["completeMsCustom", "complete, custom ms", 2], ["completeMsGeneric", "complete, generic ms", 2], ["heartbeatMsCustom", "heartbeat, custom ms", 2], ["heartbeatMsGeneric", "heartbeat, generic ms", 2]],
+  plans: [
+    ["completeMsCustom", "complete, custom ms", 2],
+    ["completeMsGeneric", "complete, generic ms", 2],
+    ["heartbeatMsCustom", "heartbeat, custom ms", 2],
+    ["heartbeatMsGeneric", "heartbeat, generic ms", 2],
+  ],
 };
 COLUMNS["drain-multi"] = COLUMNS.drain!;
 
@@ -144,7 +164,11 @@ export function targets(results: BenchResults): Target[] {
   const lhMulti = m("drain-multi", "leasehold", "jobsPerSecond");
   if (multi && lhMulti !== undefined) {
     const best = Math.max(...multi.rows.filter((r) => r.system !== "leasehold").map((r) => r.median.jobsPerSecond ?? 0));
-    out.push({ name: `drain ≥ 2x the fastest peer (${results.options.processes} processes)`, value: `${fmt(lhMulti / best, 2)}x`, met: lhMulti >= 2 * best });
+    out.push({
+      name: `drain ≥ 2x the fastest peer (${results.options.processes} processes)`,
+      value: `${fmt(lhMulti / best, 2)}x`,
+      met: lhMulti >= 2 * best,
+    });
   }
   const ceiling = m("ceiling", "ceiling", "jobsPerSecond");
   if (ceiling !== undefined && lhDrain !== undefined) {
@@ -157,9 +181,11 @@ export function targets(results: BenchResults): Target[] {
   if (p50 !== undefined) out.push({ name: "enqueue-to-start p50 ≤ 2 ms", value: `${fmt(p50, 2)} ms`, met: p50 <= 2 });
   if (p99 !== undefined) out.push({ name: "enqueue-to-start p99 ≤ 5 ms", value: `${fmt(p99, 2)} ms`, met: p99 <= 5 });
   const rec = m("recovery", "leasehold", "recoverySeconds");
-  if (rec !== undefined) out.push({ name: "recovery after kill -9 as short as the lease allows (lease 1 s)", value: `${fmt(rec, 2)} s`, met: rec <= 1.5 });
+  if (rec !== undefined)
+    out.push({ name: "recovery after kill -9 as short as the lease allows (lease 1 s)", value: `${fmt(rec, 2)} s`, met: rec <= 1.5 });
   const steady = m("steady", "leasehold", "endToStart");
-  if (steady !== undefined) out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
+  if (steady !== undefined)
+    out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
   return out;
 }
 
@@ -172,10 +198,15 @@ export function markdown(results: BenchResults): string {
     "",
     `Machine: ${results.machine.cpus}, ${results.machine.memoryGB} GB RAM, ${results.machine.os}, Node ${results.machine.node}; ` +
       `PostgreSQL ${results.machine.postgres} (embedded, one server for all systems; ` +
-      Object.entries(results.machine.postgresSettings).filter(([k]) => k !== "server_version").map(([k, v]) => `${k}=${v}`).join(", ") +
+      Object.entries(results.machine.postgresSettings)
+        .filter(([k]) => k !== "server_version")
+        .map(([k, v]) => `${k}=${v}`)
+        .join(", ") +
       ")",
     "",
-    `Versions: ${Object.entries(results.versions).map(([k, v]) => `${k} ${v}`).join(", ")}`,
+    `Versions: ${Object.entries(results.versions)
+      .map(([k, v]) => `${k} ${v}`)
+      .join(", ")}`,
     "",
     `Sizes: ${results.options.jobs.toLocaleString("en-US")} jobs for enqueue/drain/ceiling (enqueue batches of ${results.options.batch}), ` +
       `${results.options.processes} processes for the multi-process drain, latency at ${results.options.latencyRate} jobs/s for ${results.options.latencySeconds} s, ` +

@@ -64,7 +64,9 @@ export const graphile: BenchSystem = {
       pollInterval: 2_000,
       logger: silent,
       taskList: { [QUEUE]: (payload, helpers) => run(payload as Payload, helpers.abortSignal) },
-      ...(throughput ? { preset: { worker: { localQueue: { size: spec.localQueue ?? Math.max(LOCAL_QUEUE_SIZE, concurrency) }, completeJobBatchDelay: 0 } } } : {}),
+      ...(throughput
+        ? { preset: { worker: { localQueue: { size: spec.localQueue ?? Math.max(LOCAL_QUEUE_SIZE, concurrency) }, completeJobBatchDelay: 0 } } }
+        : {}),
     });
     return {
       async stop() {

@@ -34,7 +34,9 @@ function boss(url: string, profile: Profile, worker: boolean): PgBoss {
     supervise: worker,
     schedule: false,
     // The monitor (which fails jobs whose heartbeat lapsed) runs at most every monitorIntervalSeconds.
-    ...(profile === "recovery" || profile === "heartbeat" ? { superviseIntervalSeconds: SUPERVISE_SECONDS, monitorIntervalSeconds: SUPERVISE_SECONDS } : {}),
+    ...(profile === "recovery" || profile === "heartbeat"
+      ? { superviseIntervalSeconds: SUPERVISE_SECONDS, monitorIntervalSeconds: SUPERVISE_SECONDS }
+      : {}),
     ...(profile === "steady" ? { superviseIntervalSeconds: 2, monitorIntervalSeconds: 2, maintenanceIntervalSeconds: 2 } : {}),
   });
   b.on("error", () => {});
@@ -70,7 +72,10 @@ export const pgboss: BenchSystem = {
     const pool = new pg.Pool({ connectionString: url, max: 1 });
     return {
       async enqueue(payloads: Payload[]) {
-        await b.insert(QUEUE, payloads.map((data) => ({ data })));
+        await b.insert(
+          QUEUE,
+          payloads.map((data) => ({ data })),
+        );
       },
       async pending() {
         const { rows } = await pool.query<{ n: number }>(
@@ -97,7 +102,11 @@ export const pgboss: BenchSystem = {
           ? { localConcurrency: Math.max(1, Math.round((spec.concurrency ?? 250) / 10)), batchSize: 10, pollingIntervalSeconds: 0.5 }
           : spec.concurrency !== undefined
             ? // The same handler concurrency as the others: up to 10 loops, each a batch at a time.
-              { ...THROUGHPUT, localConcurrency: Math.min(10, spec.concurrency), batchSize: Math.ceil(spec.concurrency / Math.min(10, spec.concurrency)) }
+              {
+                ...THROUGHPUT,
+                localConcurrency: Math.min(10, spec.concurrency),
+                batchSize: Math.ceil(spec.concurrency / Math.min(10, spec.concurrency)),
+              }
             : THROUGHPUT;
     await b.work<Payload>(QUEUE, options, async (jobs) => {
       await Promise.all(jobs.map((job) => run(job.data, job.signal)));

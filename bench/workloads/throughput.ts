@@ -123,7 +123,12 @@ function sampleWaits(url: string): { stop(): Promise<{ activeAvg: number; lockPc
       running = false;
       await done;
       const pct = (n: number) => (totals.active ? (n / totals.active) * 100 : 0);
-      return { activeAvg: totals.samples ? totals.active / totals.samples : 0, lockPct: pct(totals.Lock), lwlockPct: pct(totals.LWLock), ioPct: pct(totals.IO) };
+      return {
+        activeAvg: totals.samples ? totals.active / totals.samples : 0,
+        lockPct: pct(totals.Lock),
+        lwlockPct: pct(totals.LWLock),
+        ioPct: pct(totals.IO),
+      };
     },
   };
 }

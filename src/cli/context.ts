@@ -67,7 +67,9 @@ export class Cli {
         url = dev.databaseUrl;
         schema ??= dev.schema;
       } else if (!options.quiet) {
-        this.note(`No database given and no \`leasehold dev\` running: starting the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} for this command.`);
+        this.note(
+          `No database given and no \`leasehold dev\` running: starting the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} for this command.`,
+        );
       }
     }
     const lh = await Leasehold.connect({

@@ -42,7 +42,10 @@ export function describeFailure(err: unknown): { message: string; exitCode: numb
   const pgError = err as { code?: string; severity?: string };
   if (pgError && typeof pgError.severity === "string") {
     // A PostgreSQL error: its message is about the database (permissions, a missing schema), not our internals.
-    return { message: `database error: ${oneLine(err)}`, exitCode: pgError.code === "28P01" || pgError.code === "3D000" ? EXIT.unavailable : EXIT.failure };
+    return {
+      message: `database error: ${oneLine(err)}`,
+      exitCode: pgError.code === "28P01" || pgError.code === "3D000" ? EXIT.unavailable : EXIT.failure,
+    };
   }
   return { message: `unexpected error: ${oneLine(err)} (set LEASEHOLD_DEBUG=1 for details)`, exitCode: EXIT.failure };
 }

@@ -4,7 +4,11 @@ import type { QueueStats } from "../store/index.js";
 
 export function table(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  const line = (cells: string[]) => cells.map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i]!))).join("  ").trimEnd();
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i]!)))
+      .join("  ")
+      .trimEnd();
   return [line(headers), ...rows.map(line)].join("\n");
 }
 
@@ -12,7 +16,8 @@ export function ago(date: Date | null): string {
   if (!date) return "-";
   const s = Math.round((Date.now() - date.getTime()) / 1000);
   const abs = Math.abs(s);
-  const text = abs < 60 ? `${abs}s` : abs < 3600 ? `${Math.round(abs / 60)}m` : abs < 86400 ? `${Math.round(abs / 3600)}h` : `${Math.round(abs / 86400)}d`;
+  const text =
+    abs < 60 ? `${abs}s` : abs < 3600 ? `${Math.round(abs / 60)}m` : abs < 86400 ? `${Math.round(abs / 3600)}h` : `${Math.round(abs / 86400)}d`;
   return s >= 0 ? `${text} ago` : `in ${text}`;
 }
 
@@ -83,9 +88,14 @@ export function statsText(stats: QueueStats): string {
   const counts =
     byQueue.size === 0
       ? "no jobs"
-      : table(["QUEUE", ...STATES.map((s) => s.toUpperCase())], [...byQueue].map(([q, row]) => [q, ...STATES.map((s) => String(row[s] ?? 0))]));
+      : table(
+          ["QUEUE", ...STATES.map((s) => s.toUpperCase())],
+          [...byQueue].map(([q, row]) => [q, ...STATES.map((s) => String(row[s] ?? 0))]),
+        );
   const oldest =
-    stats.oldestReadyAt === null ? "none (no job is waiting to run)" : `ready for ${stats.oldestReadyAgeSeconds!.toFixed(1)}s (since ${stats.oldestReadyAt.toISOString()})`;
+    stats.oldestReadyAt === null
+      ? "none (no job is waiting to run)"
+      : `ready for ${stats.oldestReadyAgeSeconds!.toFixed(1)}s (since ${stats.oldestReadyAt.toISOString()})`;
   const watchdogs =
     stats.watchdogs > 0
       ? `${stats.watchdogs} running`

@@ -17,7 +17,17 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
     started.delete(job.id);
     if (json) {
       const detail = outcome.state === "stale" ? { reason: outcome.error.reason } : outcome.state === "lost" ? { reason: outcome.reason } : {};
-      return print(JSON.stringify({ event: "job:end", id: job.id, task: job.task, attempt: job.attempt, state: outcome.state, seconds: Number(seconds.toFixed(3)), ...detail }));
+      return print(
+        JSON.stringify({
+          event: "job:end",
+          id: job.id,
+          task: job.task,
+          attempt: job.attempt,
+          state: outcome.state,
+          seconds: Number(seconds.toFixed(3)),
+          ...detail,
+        }),
+      );
     }
     const took = seconds.toFixed(1);
     const name = `job ${job.id} ${job.task}`;

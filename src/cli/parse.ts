@@ -34,7 +34,10 @@ export function isoDate(flag: string): (value: string) => Date {
 
 export function list(flag: string): (value: string) => string[] {
   return (value) => {
-    const items = value.split(",").map((s) => s.trim()).filter(Boolean);
+    const items = value
+      .split(",")
+      .map((s) => s.trim())
+      .filter(Boolean);
     if (items.length === 0) throw new CliError(`${flag} needs at least one name`);
     return items;
   };

@@ -24,7 +24,11 @@ export interface RetentionFlags {
 
 export function metricsOptions(command: Command): Command {
   return command
-    .option("--metrics-port <port>", "serve Prometheus metrics at http://<metrics-host>:<port>/metrics (off by default)", int("--metrics-port", 0, 65535))
+    .option(
+      "--metrics-port <port>",
+      "serve Prometheus metrics at http://<metrics-host>:<port>/metrics (off by default)",
+      int("--metrics-port", 0, 65535),
+    )
     .option("--metrics-host <host>", "interface for --metrics-port", "127.0.0.1");
 }
 

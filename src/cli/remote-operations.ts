@@ -49,7 +49,10 @@ export class RemoteOperations implements JobOperations {
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
     checkJobId(id);
     const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
-    return { job: jobFromWire(r.job) as JobRecord, attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })) };
+    return {
+      job: jobFromWire(r.job) as JobRecord,
+      attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })),
+    };
   }
 
   /** As `Leasehold.listJobs`: follows the server's pages (each at most a few MiB) up to `limit` jobs. */

@@ -32,7 +32,9 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
     handlers = (handlers as { default: unknown }).default;
   }
   if (!handlers || typeof handlers !== "object" || Object.keys(handlers).length === 0) {
-    throw new CliError(`tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`);
+    throw new CliError(
+      `tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`,
+    );
   }
   return { file: abs, handlers: handlers as TaskHandlers };
 }

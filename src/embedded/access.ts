@@ -30,7 +30,10 @@ export function ensureRunAsUser(): RunAs {
     spawnSync("groupadd", ["--system", SERVER_USER]);
     const r = spawnSync("useradd", ["--system", "-g", SERVER_USER, "--no-create-home", SERVER_USER], { encoding: "utf8" });
     ids = lookupUser(SERVER_USER);
-    if (!ids) throw new EmbeddedPostgresError(`embedded PostgreSQL: running as root, and could not create the '${SERVER_USER}' user to run the server as: ${oneLine(r.error?.message ?? r.stderr)}`);
+    if (!ids)
+      throw new EmbeddedPostgresError(
+        `embedded PostgreSQL: running as root, and could not create the '${SERVER_USER}' user to run the server as: ${oneLine(r.error?.message ?? r.stderr)}`,
+      );
   }
   return ids;
 }

@@ -101,7 +101,9 @@ function install(nativeDir: string, target: string, manifest: string): void {
       if (treeManifest(target) !== manifest) throw err; // else another process put the same copy there first
     }
   } catch (err) {
-    throw new EmbeddedPostgresError(`embedded PostgreSQL: cannot copy the PostgreSQL binaries to ${target} for the ${SERVER_USER} user: ${oneLine((err as Error).message)}`);
+    throw new EmbeddedPostgresError(
+      `embedded PostgreSQL: cannot copy the PostgreSQL binaries to ${target} for the ${SERVER_USER} user: ${oneLine((err as Error).message)}`,
+    );
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
   }
@@ -175,7 +177,10 @@ function systemBinDirs(): string[] {
   if (pgConfig.status === 0) dirs.push(pgConfig.stdout.trim());
   const debian = "/usr/lib/postgresql";
   if (fs.existsSync(debian)) {
-    const versions = fs.readdirSync(debian).filter((v) => /^\d+$/.test(v)).sort((a, b) => Number(b) - Number(a));
+    const versions = fs
+      .readdirSync(debian)
+      .filter((v) => /^\d+$/.test(v))
+      .sort((a, b) => Number(b) - Number(a));
     dirs.push(...versions.map((v) => path.join(debian, v, "bin")));
   }
   dirs.push("/usr/local/bin", "/usr/bin");

@@ -25,7 +25,16 @@ import pg from "pg";
 import { EmbeddedPostgresError } from "../errors.js";
 import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
 import { findBinaries, type BinarySet } from "./binaries.js";
-import { LEGACY_PASSWORD, newPassword, PASSWORD_FILE, passwordFile, pendingPasswordFile, readPassword, scramVerifier, writePassword } from "./password.js";
+import {
+  LEGACY_PASSWORD,
+  newPassword,
+  PASSWORD_FILE,
+  passwordFile,
+  pendingPasswordFile,
+  readPassword,
+  scramVerifier,
+  writePassword,
+} from "./password.js";
 
 export { findBinaries, type BinarySet } from "./binaries.js";
 export { pathTag, relocatedDataDir } from "./access.js";
@@ -201,10 +210,11 @@ export class EmbeddedPostgres {
         fs.chownSync(pwfile, runAs.uid, runAs.gid!);
       }
       const initdb = this.binaries!.initdb;
-      const r = spawnSync(initdb, [
-        `--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`,
-        "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C",
-      ], { ...asServerUser(runAs), env: { ...process.env, LC_MESSAGES: "C" }, encoding: "utf8" });
+      const r = spawnSync(
+        initdb,
+        [`--pgdata=${this.dataDir}`, `--username=${SUPERUSER}`, `--pwfile=${pwfile}`, "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C"],
+        { ...asServerUser(runAs), env: { ...process.env, LC_MESSAGES: "C" }, encoding: "utf8" },
+      );
       if (r.status !== 0) {
         throw new EmbeddedPostgresError(`embedded PostgreSQL: initdb failed (${initdb}): ${oneLine(r.error?.message ?? r.stderr)}`);
       }
@@ -215,11 +225,16 @@ export class EmbeddedPostgres {
 
   private spawnServer(runAs: RunAs): void {
     const args = [
-      "-D", this.dataDir,
-      "-p", String(this.port),
-      "-c", "listen_addresses=127.0.0.1",
-      "-c", "unix_socket_directories=",
-      "-c", "max_connections=300",
+      "-D",
+      this.dataDir,
+      "-p",
+      String(this.port),
+      "-c",
+      "listen_addresses=127.0.0.1",
+      "-c",
+      "unix_socket_directories=",
+      "-c",
+      "max_connections=300",
       ...Object.entries(this.settings).flatMap(([k, v]) => ["-c", `${k}=${v}`]),
     ];
     const child = spawn(this.binaries!.postgres, args, {
@@ -276,7 +291,9 @@ export class EmbeddedPostgres {
   private loginRefused(upgrading: boolean): EmbeddedPostgresError {
     const file = passwordFile(this.dataDir);
     if (!upgrading) {
-      return new EmbeddedPostgresError(`embedded PostgreSQL: the server in ${this.dataDir} refuses the superuser password in ${file}; restore the file if it was replaced, or move the data directory away to start afresh`);
+      return new EmbeddedPostgresError(
+        `embedded PostgreSQL: the server in ${this.dataDir} refuses the superuser password in ${file}; restore the file if it was replaced, or move the data directory away to start afresh`,
+      );
     }
     fs.rmSync(pendingPasswordFile(this.dataDir), { force: true });
     return new EmbeddedPostgresError(

@@ -75,13 +75,22 @@ export function diagnose(health: FleetHealth, orphans: OrphanCounts): Diagnosis 
     });
   }
   const lost = health.processes.filter((p) => p.kind === "worker" && !p.live && p.secondsSinceSeen < 3600);
-  if (lost.length > 0) findings.push({ level: "warn", message: `${lost.length} worker(s) died or stopped in the last hour: ${lost.map((p) => p.id).join(", ")}` });
+  if (lost.length > 0)
+    findings.push({ level: "warn", message: `${lost.length} worker(s) died or stopped in the last hour: ${lost.map((p) => p.id).join(", ")}` });
   findings.push({ level: workers.length > 0 ? "ok" : "warn", message: `${workers.length} worker(s) running` });
   for (const o of orphans.noWorkerForTask) {
-    findings.push({ level: "warn", message: `${o.jobs} ready job(s) of task ${o.task} in queue ${o.queue}, and no live worker runs that task there` });
+    findings.push({
+      level: "warn",
+      message: `${o.jobs} ready job(s) of task ${o.task} in queue ${o.queue}, and no live worker runs that task there`,
+    });
   }
-  if (orphans.missingAudit > 0) findings.push({ level: "error", message: `${orphans.missingAudit} finished job(s) have fewer audit rows than attempts` });
-  if (orphans.overBudget > 0) findings.push({ level: "warn", message: `${orphans.overBudget} waiting job(s) have spent their retry budget (the watchdog moves them to the dead letter)` });
+  if (orphans.missingAudit > 0)
+    findings.push({ level: "error", message: `${orphans.missingAudit} finished job(s) have fewer audit rows than attempts` });
+  if (orphans.overBudget > 0)
+    findings.push({
+      level: "warn",
+      message: `${orphans.overBudget} waiting job(s) have spent their retry budget (the watchdog moves them to the dead letter)`,
+    });
 
   const histogram = new Array<number>(BEAT_DELAY_BUCKETS_MS.length + 1).fill(0);
   for (const p of health.processes) p.beatDelays?.forEach((n, i) => (histogram[i] = (histogram[i] ?? 0) + n));

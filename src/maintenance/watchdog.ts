@@ -115,13 +115,22 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       for (const s of ended.sinceBeatSeconds ?? []) this.metrics.recoveryDelay.observe({ cause }, s);
     };
     const { lost, back } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
-    if (lost.length > 0) this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
+    if (lost.length > 0)
+      this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
     if (back.length > 0) this.logger.info({ workers: back }, "worker liveness back");
     count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
     if (all) {
       this.lastReap = performance.now();
       if (!this.announced) {
-        await store.announceWorker(this.db, { workerId: this.id, kind: "watchdog", host: os.hostname(), pid: process.pid, queues: [], livenessKey: null, policies: [] });
+        await store.announceWorker(this.db, {
+          workerId: this.id,
+          kind: "watchdog",
+          host: os.hostname(),
+          pid: process.pid,
+          queues: [],
+          livenessKey: null,
+          policies: [],
+        });
         this.announced = true;
       } else {
         await store.touchWorker(this.db, this.id);
@@ -140,7 +149,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
           part.sinceBeatSeconds = [];
           count(kind, part);
         }
-        this.logger.warn({ jobs: [...overdue.keys()].slice(0, 20), n: overdue.size }, "ended attempts past their progress timeout or maximum run time");
+        this.logger.warn(
+          { jobs: [...overdue.keys()].slice(0, 20), n: overdue.size },
+          "ended attempts past their progress timeout or maximum run time",
+        );
       }
       await this.gauge();
     }
@@ -149,7 +161,8 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     const vacuumed = await store.vacuumIfBloated(this.db, { tables: ["jobs"], minDead: HOT_TABLE_VACUUM_MIN_DEAD });
     if (vacuumed.length > 0) this.logger.debug({ tables: vacuumed }, "vacuumed");
     const total = summary.retried + summary.dead + summary.cancelled;
-    if (total > 0) this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
+    if (total > 0)
+      this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
     return summary;
   }
 
@@ -174,7 +187,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     });
     found.no_worker_for_task = noWorker.reduce((n, r) => n + r.jobs, 0);
     if (noWorker.length > 0) {
-      this.logger.warn({ tasks: noWorker.map((r) => ({ queue: r.queue, task: r.task, jobs: r.jobs, waitingSince: r.oldest })) }, "ready jobs of tasks no live worker runs");
+      this.logger.warn(
+        { tasks: noWorker.map((r) => ({ queue: r.queue, task: r.task, jobs: r.jobs, waitingSince: r.oldest })) },
+        "ready jobs of tasks no live worker runs",
+      );
     }
     const missing = await store.findMissingAudit(this.db, { withinMs: 2 * this.orphanMs });
     found.missing_audit = missing.length;

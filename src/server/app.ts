@@ -50,7 +50,9 @@ export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
   const scopeOf = scopeMatcher(tokensOf(options));
   const receipts = new Receipts(
-    options.receiptKey === undefined ? options.token : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
+    options.receiptKey === undefined
+      ? options.token
+      : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
   );
   const limits = resolveLimits(options.limits);
   const metrics = serverMetrics(lh.metrics.registry);

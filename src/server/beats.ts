@@ -42,7 +42,8 @@ export async function renewBeats(
       invalid.push({ id: b.id, attempt: b.attempt, code: "invalid_input", message: describeInvalid(b.id, err) });
     }
   }
-  const extend = (beats: store.Beat[]) => store.extendLeases(db, { workerId: p.workerId, leaseMs: p.leaseMs, beats, inFlight: p.inFlight, beatDelays: p.beatDelays });
+  const extend = (beats: store.Beat[]) =>
+    store.extendLeases(db, { workerId: p.workerId, leaseMs: p.leaseMs, beats, inFlight: p.inFlight, beatDelays: p.beatDelays });
   try {
     return { result: await extend(ready), invalid };
   } catch (err) {

@@ -124,7 +124,14 @@ export class ClaimWaiter {
     const keys = [...this.pairs.keys()];
     let ready: Set<string>;
     try {
-      ready = new Set((await store.readyPairs(this.options.pool, keys.map((k) => this.pairs.get(k)!))).map((i) => keys[i]!));
+      ready = new Set(
+        (
+          await store.readyPairs(
+            this.options.pool,
+            keys.map((k) => this.pairs.get(k)!),
+          )
+        ).map((i) => keys[i]!),
+      );
     } catch (err) {
       // The waiting claims answer at their deadline; their clients poll again.
       this.options.logger.warn({ err: String(err) }, "long-poll re-check failed");

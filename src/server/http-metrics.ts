@@ -25,7 +25,12 @@ export function serverMetrics(registry: Registry): ServerMetrics {
   if (existing) return existing;
   const registers = [registry];
   const m: ServerMetrics = {
-    requests: new Counter({ name: "leasehold_http_requests_total", help: "HTTP requests to the server, by route, method and status.", labelNames: ["route", "method", "status"], registers }),
+    requests: new Counter({
+      name: "leasehold_http_requests_total",
+      help: "HTTP requests to the server, by route, method and status.",
+      labelNames: ["route", "method", "status"],
+      registers,
+    }),
     duration: new Histogram({
       name: "leasehold_http_request_duration_seconds",
       help: "HTTP request duration, by route (claims include their long-poll wait).",
@@ -33,7 +38,11 @@ export function serverMetrics(registry: Registry): ServerMetrics {
       buckets: [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30],
       registers,
     }),
-    connectionsDropped: new Counter({ name: "leasehold_server_connections_dropped_total", help: "Connections closed on arrival because the server had --max-connections open.", registers }),
+    connectionsDropped: new Counter({
+      name: "leasehold_server_connections_dropped_total",
+      help: "Connections closed on arrival because the server had --max-connections open.",
+      registers,
+    }),
     longPollsWaiting: new Gauge({ name: "leasehold_server_long_polls_waiting", help: "Claims waiting for a job now (long polls).", registers }),
     longPollsRefused: new Counter({
       name: "leasehold_server_long_polls_refused_total",
@@ -46,7 +55,11 @@ export function serverMetrics(registry: Registry): ServerMetrics {
       labelNames: ["kind"],
       registers,
     }),
-    invalidBeats: new Counter({ name: "leasehold_server_invalid_beats_total", help: "Heartbeats refused one by one because their progress or checkpoint could not be stored.", registers }),
+    invalidBeats: new Counter({
+      name: "leasehold_server_invalid_beats_total",
+      help: "Heartbeats refused one by one because their progress or checkpoint could not be stored.",
+      registers,
+    }),
   };
   cache.set(registry, m);
   return m;

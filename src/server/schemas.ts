@@ -11,14 +11,15 @@ const LEASE_MS = { type: "integer", minimum: 1000, maximum: 86400000 } as const;
 const LIMIT_MS = { type: "integer", minimum: 1000, maximum: 604800000 } as const;
 const NULLABLE_LIMIT = { type: ["integer", "null"], minimum: 1000, maximum: 604800000 } as const;
 const WORKER_NAME = { type: "string", pattern: "^[A-Za-z0-9_.:-]{1,100}$" } as const;
-const BACKOFF = (): Record<string, unknown> => object(
-  {
-    baseMs: { type: "integer", minimum: 0, maximum: 86400000 },
-    factor: { type: "number", minimum: 1, maximum: 100 },
-    maxMs: { type: "integer", minimum: 0, maximum: 2592000000 },
-    jitter: { type: "number", minimum: 0, maximum: 1 },
-  },
-  ["baseMs", "factor", "maxMs", "jitter"],
+const BACKOFF = (): Record<string, unknown> =>
+  object(
+    {
+      baseMs: { type: "integer", minimum: 0, maximum: 86400000 },
+      factor: { type: "number", minimum: 1, maximum: 100 },
+      maxMs: { type: "integer", minimum: 0, maximum: 2592000000 },
+      jitter: { type: "number", minimum: 0, maximum: 1 },
+    },
+    ["baseMs", "factor", "maxMs", "jitter"],
   );
 const OUTCOMES = ["succeeded", "failed", "lease_expired", "worker_lost", "stalled", "timed_out", "released", "cancelled"];
 /** Most attempts one worker request may carry (a worker holds at most its concurrency). */
@@ -35,12 +36,21 @@ const object = (properties: Record<string, unknown>, required: string[] = []) =>
 });
 
 /** Optional in the schema so that a missing one is refused for its attempt alone, not the whole request. */
-const RECEIPT = { type: "string", maxLength: 128, description: "the receipt the claim returned for this attempt; without it the attempt is refused" } as const;
+const RECEIPT = {
+  type: "string",
+  maxLength: 128,
+  description: "the receipt the claim returned for this attempt; without it the attempt is refused",
+} as const;
 const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
 /** An attempt refused before the database was asked, and why. */
 const INVALID_ITEM = {
   type: "object",
-  properties: { id: JOB_ID, attempt: ATTEMPT, code: { type: "string", description: "invalid_receipt, or invalid_input (a progress or checkpoint value that cannot be stored)" }, message: { type: "string" } },
+  properties: {
+    id: JOB_ID,
+    attempt: ATTEMPT,
+    code: { type: "string", description: "invalid_receipt, or invalid_input (a progress or checkpoint value that cannot be stored)" },
+    message: { type: "string" },
+  },
 };
 
 export const errorSchema = {
@@ -51,7 +61,8 @@ export const errorSchema = {
       properties: {
         code: {
           type: "string",
-          description: "stable code: invalid_input, unauthorized, forbidden, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+          description:
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -79,8 +90,14 @@ const TIME = { type: ["string", "null"], format: "date-time" } as const;
 export const claimedJobSchema = {
   type: "object",
   properties: {
-    id: JOB_ID, queue: NAME, task: NAME, payload: {}, attempt: ATTEMPT,
-    spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" }, leaseMs: { type: "integer" },
+    id: JOB_ID,
+    queue: NAME,
+    task: NAME,
+    payload: {},
+    attempt: ATTEMPT,
+    spentAttempts: { type: "integer" },
+    maxAttempts: { type: "integer" },
+    leaseMs: { type: "integer" },
     checkpoint: {},
     fence: { type: "string", description: "the claim's token across all jobs (a bigint): greater than every earlier claim's" },
     previousOutcome: { type: ["string", "null"], enum: [...OUTCOMES, null], description: "how the previous attempt ended" },
@@ -95,20 +112,39 @@ export const claimedJobSchema = {
 export const jobRecordSchema = {
   type: "object",
   properties: {
-    id: JOB_ID, queue: NAME, task: NAME, payload: { description: "lists leave it out unless asked for" }, priority: { type: "integer" },
+    id: JOB_ID,
+    queue: NAME,
+    task: NAME,
+    payload: { description: "lists leave it out unless asked for" },
+    priority: { type: "integer" },
     state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
-    attempt: { type: "integer" }, spentAttempts: { type: "integer" }, maxAttempts: { type: "integer" },
-    runAt: TIME, leaseUntil: TIME, lockedBy: { type: ["string", "null"] }, heartbeatAt: TIME, cancelRequestedAt: TIME,
-    progress: {}, checkpoint: {}, lastError: { type: ["string", "null"] }, uniqueKey: { type: ["string", "null"] },
-    createdAt: { type: "string", format: "date-time" }, startedAt: TIME, finishedAt: TIME,
+    attempt: { type: "integer" },
+    spentAttempts: { type: "integer" },
+    maxAttempts: { type: "integer" },
+    runAt: TIME,
+    leaseUntil: TIME,
+    lockedBy: { type: ["string", "null"] },
+    heartbeatAt: TIME,
+    cancelRequestedAt: TIME,
+    progress: {},
+    checkpoint: {},
+    lastError: { type: ["string", "null"] },
+    uniqueKey: { type: ["string", "null"] },
+    createdAt: { type: "string", format: "date-time" },
+    startedAt: TIME,
+    finishedAt: TIME,
   },
 };
 
 export const attemptRecordSchema = {
   type: "object",
   properties: {
-    jobId: JOB_ID, attempt: { type: "integer" }, workerId: { type: "string" }, startedAt: { type: "string", format: "date-time" },
-    endedAt: { type: "string", format: "date-time" }, outcome: { type: "string", enum: OUTCOMES },
+    jobId: JOB_ID,
+    attempt: { type: "integer" },
+    workerId: { type: "string" },
+    startedAt: { type: "string", format: "date-time" },
+    endedAt: { type: "string", format: "date-time" },
+    outcome: { type: "string", enum: OUTCOMES },
     error: { type: ["string", "null"] },
   },
 };
@@ -120,7 +156,8 @@ const reportResult = {
     applied: { type: "array", items: { type: "object", properties: { id: JOB_ID, state: { type: "string" } } } },
     refused: {
       type: "array",
-      description: "attempts that did not apply: refused by the fence (lease_expired, reclaimed, cancelled, finished, missing) or for a missing or wrong receipt (invalid_receipt)",
+      description:
+        "attempts that did not apply: refused by the fence (lease_expired, reclaimed, cancelled, finished, missing) or for a missing or wrong receipt (invalid_receipt)",
       items: { type: "object", properties: { id: JOB_ID, attempt: ATTEMPT, reason: { type: "string" } } },
     },
   },
@@ -196,7 +233,12 @@ export const routes = {
           items: object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT, progress: {}, checkpoint: {} }, ["id", "attempt"]),
         },
         inFlight: { type: "integer", minimum: 0, description: "leases the worker holds now" },
-        beatDelays: { type: "array", maxItems: 32, items: { type: "integer", minimum: 0 }, description: "the worker's beat-delay histogram (counts per bucket)" },
+        beatDelays: {
+          type: "array",
+          maxItems: 32,
+          items: { type: "integer", minimum: 0 },
+          description: "the worker's beat-delay histogram (counts per bucket)",
+        },
       },
       ["workerId", "leaseMs", "beats"],
     ),
@@ -254,7 +296,11 @@ export const routes = {
     tags: ["worker"],
     summary: "Give attempts back without spending the retry budget (graceful shutdown)",
     body: object(
-      { workerId: WORKER_ID, jobs: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH }, reason: { type: "string", maxLength: 1000 } },
+      {
+        workerId: WORKER_ID,
+        jobs: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH },
+        reason: { type: "string", maxLength: 1000 },
+      },
       ["workerId", "jobs", "reason"],
     ),
     response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
@@ -263,14 +309,25 @@ export const routes = {
     ...secured,
     tags: ["worker"],
     summary: "Why these attempts no longer hold their jobs (and how each ended)",
-    body: object({ workerId: WORKER_ID, attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["workerId", "attempts"]),
+    body: object({ workerId: WORKER_ID, attempts: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, [
+      "workerId",
+      "attempts",
+    ]),
     response: {
       200: {
         type: "object",
         properties: {
           lost: {
             type: "array",
-            items: { type: "object", properties: { id: JOB_ID, reason: { type: "string" }, endedAs: { type: ["string", "null"] }, finishedState: { type: ["string", "null"] } } },
+            items: {
+              type: "object",
+              properties: {
+                id: JOB_ID,
+                reason: { type: "string" },
+                endedAs: { type: ["string", "null"] },
+                finishedState: { type: ["string", "null"] },
+              },
+            },
           },
           invalid: { type: "array", description: "attempts not looked up: missing or wrong receipt", items: INVALID_ITEM },
         },
@@ -319,7 +376,10 @@ export const routes = {
     tags: ["jobs"],
     summary: "Enqueue one job",
     body: newJob,
-    response: { 201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued }, ...errors(...OPERATOR_ERRORS) },
+    response: {
+      201: { description: "enqueued (created=false: a unique key matched an unfinished job)", ...enqueued },
+      ...errors(...OPERATOR_ERRORS),
+    },
   },
   enqueueBatch: {
     ...secured,
@@ -400,8 +460,18 @@ export const routes = {
       ...errors(401, 403, 503),
     },
   },
-  metrics: { ...secured, tags: ["operations"], summary: "Prometheus metrics (text exposition format)", response: { 200: { description: "metrics", type: "string" }, ...errors(401, 403) } },
-  openapi: { ...secured, tags: ["operations"], summary: "This OpenAPI document", response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401, 403) } },
+  metrics: {
+    ...secured,
+    tags: ["operations"],
+    summary: "Prometheus metrics (text exposition format)",
+    response: { 200: { description: "metrics", type: "string" }, ...errors(401, 403) },
+  },
+  openapi: {
+    ...secured,
+    tags: ["operations"],
+    summary: "This OpenAPI document",
+    response: { 200: { description: "OpenAPI 3 document", type: "object", additionalProperties: true }, ...errors(401, 403) },
+  },
   workerCheck: {
     ...secured,
     tags: ["worker"],

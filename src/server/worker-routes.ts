@@ -101,9 +101,16 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
       checkLease(leaseMs, leases);
       const { valid, invalid } = checked("heartbeat", beats, workerId);
       // Each beat's values are judged on their own: a bad one is refused, the others renewed.
-      const { result, invalid: badValues } = await renewBeats(pool, { workerId, leaseMs, beats: valid, inFlight: inFlight ?? beats.length, beatDelays });
+      const { result, invalid: badValues } = await renewBeats(pool, {
+        workerId,
+        leaseMs,
+        beats: valid,
+        inFlight: inFlight ?? beats.length,
+        beatDelays,
+      });
       if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
-      if (beats.length > 0 && result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0) return refuse(reply, "heartbeat", valid, lh);
+      if (beats.length > 0 && result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0)
+        return refuse(reply, "heartbeat", valid, lh);
       return {
         renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
         lost: result.lost,
@@ -112,44 +119,64 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     },
   );
 
-  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>("/v1/worker/succeed", { schema: routes.succeed, config: worker }, async (request, reply) => {
-    const { workerId, jobs } = request.body;
-    const { valid, invalid } = checked("complete", jobs, workerId);
-    const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
-    return answerReport(reply, "complete", valid, invalid, applied, lh);
-  });
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>(
+    "/v1/worker/succeed",
+    { schema: routes.succeed, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs } = request.body;
+      const { valid, invalid } = checked("complete", jobs, workerId);
+      const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
+      return answerReport(reply, "complete", valid, invalid, applied, lh);
+    },
+  );
 
-  app.post<{ Body: { workerId: string; failures: WireFailure[] } }>("/v1/worker/fail", { schema: routes.fail, config: worker }, async (request, reply) => {
-    const { workerId, failures } = request.body;
-    const { valid, invalid } = checked("fail", failures, workerId);
-    const applied = await store.failJobs(pool, {
-      workerId,
-      failures: valid.map((f) => ({
-        id: f.id,
-        attempt: f.attempt,
-        // A client's error text may hold what PostgreSQL refuses (NUL, lone surrogates).
-        error: sanitizeText(f.error, 10_000),
-        backoff: f.backoff ?? DEFAULT_BACKOFF,
-        outcome: f.outcome,
-        giveUp: f.giveUp,
-      })),
-    });
-    return answerReport(reply, "fail", valid, invalid, applied, lh);
-  });
+  app.post<{ Body: { workerId: string; failures: WireFailure[] } }>(
+    "/v1/worker/fail",
+    { schema: routes.fail, config: worker },
+    async (request, reply) => {
+      const { workerId, failures } = request.body;
+      const { valid, invalid } = checked("fail", failures, workerId);
+      const applied = await store.failJobs(pool, {
+        workerId,
+        failures: valid.map((f) => ({
+          id: f.id,
+          attempt: f.attempt,
+          // A client's error text may hold what PostgreSQL refuses (NUL, lone surrogates).
+          error: sanitizeText(f.error, 10_000),
+          backoff: f.backoff ?? DEFAULT_BACKOFF,
+          outcome: f.outcome,
+          giveUp: f.giveUp,
+        })),
+      });
+      return answerReport(reply, "fail", valid, invalid, applied, lh);
+    },
+  );
 
-  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>("/v1/worker/release", { schema: routes.release, config: worker }, async (request, reply) => {
-    const { workerId, jobs, reason } = request.body;
-    const { valid, invalid } = checked("release", jobs, workerId);
-    // A live worker gives these back on purpose: free (no retry budget spent).
-    const applied = await store.releaseJobs(pool, { workerId, jobs: valid.map(ref), reason: sanitizeText(reason, 1_000), backoff: DEFAULT_BACKOFF });
-    return answerReport(reply, "release", valid, invalid, applied, lh);
-  });
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>(
+    "/v1/worker/release",
+    { schema: routes.release, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs, reason } = request.body;
+      const { valid, invalid } = checked("release", jobs, workerId);
+      // A live worker gives these back on purpose: free (no retry budget spent).
+      const applied = await store.releaseJobs(pool, {
+        workerId,
+        jobs: valid.map(ref),
+        reason: sanitizeText(reason, 1_000),
+        backoff: DEFAULT_BACKOFF,
+      });
+      return answerReport(reply, "release", valid, invalid, applied, lh);
+    },
+  );
 
   app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost, config: worker }, async (request) => {
     const { workerId, attempts } = request.body;
     const { valid, invalid } = checked("lost", attempts, workerId);
     const lost = valid.length > 0 ? await store.describeLostLeases(pool, valid.map(ref)) : new Map<string, store.LostLease>();
-    return { lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs, finishedState: l.finishedState ?? null })), invalid: invalid.map(invalidEntry) };
+    return {
+      lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs, finishedState: l.finishedState ?? null })),
+      invalid: invalid.map(invalidEntry),
+    };
   });
 
   app.post<{ Body: { workerName: string; currentWorkerId: string; backoff?: store.BackoffPolicy } }>(
@@ -196,6 +223,11 @@ async function refuse(reply: FastifyReply, kind: Kind, refs: Ref[], lh: Leasehol
   const reasons = await store.describeLostLeases(lh.pool, refs);
   const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" }));
   for (const j of jobs) lh.metrics.fencingRejections.inc({ kind, reason: j.reason });
-  const what = refs.length === 1 ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})` : `none of these ${refs.length} attempts holds its lease`;
-  return reply.status(409).send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
+  const what =
+    refs.length === 1
+      ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})`
+      : `none of these ${refs.length} attempts holds its lease`;
+  return reply
+    .status(409)
+    .send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
 }

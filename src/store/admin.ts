@@ -243,7 +243,14 @@ SELECT count(*) FILTER (WHERE state = 'running')::int AS active_leases,
        (SELECT count(*)::int FROM workers
          WHERE kind = 'worker' AND stopped_at IS NULL AND lost_at IS NULL AND last_seen_at > now() - interval '1 minute') AS workers
   FROM jobs`,
-  { active_leases: "int4", expired_leases: "int4", oldest_ready_at: "timestamptz?", oldest_ready_age_s: "float8?", watchdogs: "int4", workers: "int4" },
+  {
+    active_leases: "int4",
+    expired_leases: "int4",
+    oldest_ready_at: "timestamptz?",
+    oldest_ready_age_s: "float8?",
+    watchdogs: "int4",
+    workers: "int4",
+  },
 );
 
 export interface QueueStats {

@@ -89,4 +89,3 @@ export function isConnectionError(err: unknown): boolean {
     e.message ?? "",
   );
 }
-

@@ -43,15 +43,8 @@ export interface AttemptRef {
 }
 
 /** Per job: "succeeded", "cancelled" (a cancel won), or absent from the map: stale. */
-export async function completeJobs(
-  db: Queryable,
-  p: { workerId: string; jobs: AttemptRef[] },
-): Promise<Map<string, "succeeded" | "cancelled">> {
+export async function completeJobs(db: Queryable, p: { workerId: string; jobs: AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
   if (p.jobs.length === 0) return new Map();
-  const rows = await run(db, COMPLETE_JOBS, [
-    p.jobs.map((j) => j.id),
-    p.jobs.map((j) => `${j.id}:${j.attempt}`),
-    p.workerId,
-  ]);
+  const rows = await run(db, COMPLETE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => `${j.id}:${j.attempt}`), p.workerId]);
   return new Map(rows.map((r) => [r.id, r.state as "succeeded" | "cancelled"]));
 }

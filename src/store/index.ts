@@ -11,14 +11,7 @@ export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
 export { completeJobs } from "./finish.js";
 export type { AttemptRef } from "./finish.js";
-export {
-  failJobs,
-  reapExpiredLeases,
-  recoverLostWorkers,
-  endOverdueAttempts,
-  releaseJobs,
-  recoverJobsOfEarlierProcess,
-} from "./end-attempts.js";
+export { failJobs, reapExpiredLeases, recoverLostWorkers, endOverdueAttempts, releaseJobs, recoverJobsOfEarlierProcess } from "./end-attempts.js";
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended } from "./end-attempts.js";
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, listWorkers, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement, WorkerRecord } from "./workers.js";

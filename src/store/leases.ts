@@ -112,10 +112,7 @@ export interface LostLease {
   endedAs: AttemptOutcome | null;
 }
 
-export async function describeLostLeases(
-  db: Queryable,
-  attempts: { id: string; attempt: number }[],
-): Promise<Map<string, LostLease>> {
+export async function describeLostLeases(db: Queryable, attempts: { id: string; attempt: number }[]): Promise<Map<string, LostLease>> {
   const rows = await run(db, DESCRIBE_LOST, [attempts.map((a) => a.id), attempts.map((a) => a.attempt)]);
   const lost = new Map<string, LostLease>();
   for (const r of rows) {

@@ -31,11 +31,7 @@ export async function pruneDeadJobs(db: Queryable, p: { retainDeadMs: number; li
   return row!.deleted;
 }
 
-const SET_GENERATION_WIDTH = statement(
-  "setGenerationWidth",
-  `UPDATE history_settings SET generation_ms = $1 WHERE generation_ms <> $1`,
-  {},
-);
+const SET_GENERATION_WIDTH = statement("setGenerationWidth", `UPDATE history_settings SET generation_ms = $1 WHERE generation_ms <> $1`, {});
 
 /**
  * Each generation lasts a sixth of the retention time (at least a second): then the seven

@@ -13,11 +13,10 @@ import type { BackoffPolicy } from "./end-attempts.js";
 
 const KEY = (kind: string) => `hashtextextended('leasehold:' || current_schema() || ':${kind}:' || $1, 0)`;
 
-const LOCK_WORKER = statement(
-  "lockWorkerLiveness",
-  `SELECT pg_try_advisory_lock(k) AS acquired, k AS key FROM (SELECT ${KEY("worker")} AS k) AS s`,
-  { acquired: "bool", key: "int8" },
-);
+const LOCK_WORKER = statement("lockWorkerLiveness", `SELECT pg_try_advisory_lock(k) AS acquired, k AS key FROM (SELECT ${KEY("worker")} AS k) AS s`, {
+  acquired: "bool",
+  key: "int8",
+});
 
 const LOCK_NAME = statement("lockWorkerName", `SELECT pg_try_advisory_lock(${KEY("name")}) AS acquired`, { acquired: "bool" });
 

@@ -49,7 +49,10 @@ export interface JobContext {
    * stale: this attempt has lost to a newer one, so its signal is aborted (reason
    * `fence_refused`) and the refusal is counted.
    */
-  fencedWrite(db: FencedWriteDb, write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string }): Promise<boolean>;
+  fencedWrite(
+    db: FencedWriteDb,
+    write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
+  ): Promise<boolean>;
   logger: Logger;
 }
 

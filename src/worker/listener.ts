@@ -54,7 +54,11 @@ export class Listener {
   private async connect(): Promise<void> {
     if (this.stopped) return;
     const o = this.options;
-    const client = new pg.Client({ connectionString: o.connectionString, application_name: o.applicationName ?? "leasehold-listen", options: o.sessionOptions });
+    const client = new pg.Client({
+      connectionString: o.connectionString,
+      application_name: o.applicationName ?? "leasehold-listen",
+      options: o.sessionOptions,
+    });
     this.client = client;
     client.on("notification", (msg) => {
       if (msg.channel === o.channel) o.onNotify(msg.payload);

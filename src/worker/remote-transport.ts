@@ -104,7 +104,14 @@ export class RemoteTransport implements WorkerTransport {
       if (this.waitMs > 0 && (res.body.waited !== false || res.body.jobs.length > 0)) this.wake?.();
       return res.body.jobs.map(({ receipt, ...j }) => {
         if (receipt) this.keepReceipt(j, receipt, p.workerId);
-        return { ...j, checkpoint: j.checkpoint ?? null, previousOutcome: j.previousOutcome ?? null, lastError: j.lastError ?? null, progressTimeoutMs: j.progressTimeoutMs ?? null, maxRunMs: j.maxRunMs ?? null };
+        return {
+          ...j,
+          checkpoint: j.checkpoint ?? null,
+          previousOutcome: j.previousOutcome ?? null,
+          lastError: j.lastError ?? null,
+          progressTimeoutMs: j.progressTimeoutMs ?? null,
+          maxRunMs: j.maxRunMs ?? null,
+        };
       });
     } catch (err) {
       if (controller.signal.aborted) return []; // interrupted by stop()
@@ -118,7 +125,15 @@ export class RemoteTransport implements WorkerTransport {
     this.wake = p.wake;
     await this.post(
       "/v1/worker/attach",
-      { workerId: p.workerId, name: p.name, queues: p.queues, concurrency: p.concurrency, leaseMs: p.leaseMs, heartbeatMs: p.heartbeatMs, policies: p.policies },
+      {
+        workerId: p.workerId,
+        name: p.name,
+        queues: p.queues,
+        concurrency: p.concurrency,
+        leaseMs: p.leaseMs,
+        heartbeatMs: p.heartbeatMs,
+        policies: p.policies,
+      },
       this.timeoutMs,
     );
     return {
@@ -135,9 +150,19 @@ export class RemoteTransport implements WorkerTransport {
       ...(b.progressJson != null && { progress: JSON.parse(b.progressJson) }),
       ...(b.checkpointJson != null && { checkpoint: JSON.parse(b.checkpointJson) }),
     }));
-    const res = await this.post<{ renewed: { id: string; cancelRequested: boolean }[]; lost: string[]; invalid?: (Ref & { code: string; message?: string })[] }>(
+    const res = await this.post<{
+      renewed: { id: string; cancelRequested: boolean }[];
+      lost: string[];
+      invalid?: (Ref & { code: string; message?: string })[];
+    }>(
       "/v1/worker/heartbeat",
-      { workerId: p.workerId, leaseMs: p.leaseMs, beats, ...(p.inFlight !== undefined && { inFlight: p.inFlight }), ...(p.beatDelays && { beatDelays: p.beatDelays }) },
+      {
+        workerId: p.workerId,
+        leaseMs: p.leaseMs,
+        beats,
+        ...(p.inFlight !== undefined && { inFlight: p.inFlight }),
+        ...(p.beatDelays && { beatDelays: p.beatDelays }),
+      },
       this.timeoutMs,
       undefined,
       [409],
@@ -154,14 +179,23 @@ export class RemoteTransport implements WorkerTransport {
     // be refused again: renew its lease without the values, which are dropped.
     // The worker fails such an attempt: the value it reported could not be recorded.
     const badValues = p.beats.filter(
-      (b) => (b.progressJson != null || b.checkpointJson != null) && invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt),
+      (b) =>
+        (b.progressJson != null || b.checkpointJson != null) &&
+        invalid.some((i) => i.code !== "invalid_receipt" && i.id === b.id && i.attempt === b.attempt),
     );
     if (badValues.length > 0) {
-      const retried = await this.heartbeat({ workerId: p.workerId, leaseMs: p.leaseMs, beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })) });
+      const retried = await this.heartbeat({
+        workerId: p.workerId,
+        leaseMs: p.leaseMs,
+        beats: badValues.map((b) => ({ id: b.id, attempt: b.attempt })),
+      });
       for (const [id, r] of retried.renewed) result.renewed.set(id, r);
       result.lost.push(...retried.lost);
       result.refused = new Map(
-        badValues.map((b) => [b.id, invalid.find((i) => i.id === b.id && i.code !== "invalid_receipt")?.message ?? "the server refused its progress or checkpoint"]),
+        badValues.map((b) => [
+          b.id,
+          invalid.find((i) => i.id === b.id && i.code !== "invalid_receipt")?.message ?? "the server refused its progress or checkpoint",
+        ]),
       );
     }
     return result;
@@ -184,7 +218,11 @@ export class RemoteTransport implements WorkerTransport {
 
   async release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
     try {
-      return await this.report("/v1/worker/release", { workerId: p.workerId, jobs: p.jobs.map((j) => this.withReceipt(j)), reason: p.reason.slice(0, 1000) }, p.jobs);
+      return await this.report(
+        "/v1/worker/release",
+        { workerId: p.workerId, jobs: p.jobs.map((j) => this.withReceipt(j)), reason: p.reason.slice(0, 1000) },
+        p.jobs,
+      );
     } finally {
       // The worker gives these attempts up whatever the answer: nothing more will be said about them.
       for (const j of p.jobs) this.receipts.delete(key(j));

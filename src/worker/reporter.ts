@@ -14,9 +14,7 @@ import type { Outage } from "./outage.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
 
 export type ReportOutcome =
-  | { applied: true; state: "succeeded" | "cancelled" | EndState }
-  | { applied: false; reason: LostLeaseReason }
-  | { applied: false; error: unknown };
+  { applied: true; state: "succeeded" | "cancelled" | EndState } | { applied: false; reason: LostLeaseReason } | { applied: false; error: unknown };
 
 interface Pending<T> {
   item: T;
@@ -80,7 +78,12 @@ export class Reporter {
         successes.length &&
           this.send(successes, (items) => this.transport.complete({ workerId: this.workerId, jobs: items }), ["succeeded", "cancelled"]),
         failures.length &&
-          this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), ["failed", "stalled", "timed_out", "cancelled"]),
+          this.send(failures, (items) => this.transport.fail({ workerId: this.workerId, failures: items }), [
+            "failed",
+            "stalled",
+            "timed_out",
+            "cancelled",
+          ]),
       ]).finally(() => {
         this.inFlight--;
         this.kick();
@@ -128,7 +131,8 @@ export class Reporter {
       const l = lost.get(p.item.id);
       if (ambiguous && l?.endedAs && landedAs.includes(l.endedAs)) {
         // Our first try committed before the connection dropped.
-        const state = l.endedAs === "succeeded" || l.endedAs === "cancelled" ? l.endedAs : ((l.finishedState as EndState | null | undefined) ?? "waiting");
+        const state =
+          l.endedAs === "succeeded" || l.endedAs === "cancelled" ? l.endedAs : ((l.finishedState as EndState | null | undefined) ?? "waiting");
         p.resolve({ applied: true, state });
       } else {
         p.resolve({ applied: false, reason: l?.reason ?? "missing" });

@@ -132,7 +132,8 @@ export class DatabaseTransport implements WorkerTransport {
         if (queue === undefined || wanted.has(queue)) p.wake();
       },
       onConnect: async (client) => {
-        if (p.name !== undefined && p.waitForName) await client.query(`SELECT pg_advisory_lock(hashtextextended('leasehold:' || current_schema() || ':name:' || $1, 0))`, [p.name]);
+        if (p.name !== undefined && p.waitForName)
+          await client.query(`SELECT pg_advisory_lock(hashtextextended('leasehold:' || current_schema() || ':name:' || $1, 0))`, [p.name]);
         const held = await store.lockLiveness(client, { workerId: p.workerId, name: p.name });
         if ("nameTaken" in held) throw new WorkerNameInUseError(p.name!);
         await store.announceWorker(client, announce(held.key));

@@ -92,7 +92,13 @@ export class Worker extends EventEmitter {
     this.reporter = new Reporter(transport, this.id, this.outage);
     const tasks = [...this.settings.tasks.keys()];
     this.claimer = new Claimer(
-      { buffered: () => this.buffer.length - this.head, running: () => this.running, reporting: () => this.reporting, deliver: (j, at) => this.deliver(j, at), idle: () => this.emit("idle") },
+      {
+        buffered: () => this.buffer.length - this.head,
+        running: () => this.running,
+        reporting: () => this.reporting,
+        deliver: (j, at) => this.deliver(j, at),
+        idle: () => this.emit("idle"),
+      },
       transport,
       this.id,
       this.settings,
@@ -364,10 +370,18 @@ export class Worker extends EventEmitter {
    */
   private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
     const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
-    this.logger.warn({ jobId: entry.job.id, attempt: entry.job.attempt, outcome }, `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`);
+    this.logger.warn(
+      { jobId: entry.job.id, attempt: entry.job.attempt, outcome },
+      `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
+    );
     this.abortJob(entry, outcome);
     this.slotFreed(entry);
-    void this.report(entry, new JobAbortedError(entry.job.id, entry.job.attempt, outcome), outcome, `${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`);
+    void this.report(
+      entry,
+      new JobAbortedError(entry.job.id, entry.job.attempt, outcome),
+      outcome,
+      `${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
+    );
   }
 
   private handlerEnded(entry: InFlight, err: unknown): void {
@@ -441,5 +455,4 @@ export class Worker extends EventEmitter {
     entry.abortedWith = error;
     entry.controller?.abort(error);
   }
-
 }

@@ -20,8 +20,15 @@ export function cliEnv(schema: string, extra: Record<string, string | undefined>
 }
 
 /** Runs one command to its end. */
-export function runCli(args: string[], options: { schema: string; env?: Record<string, string | undefined>; input?: string; cwd?: string }): Promise<CliResult> {
-  const child = spawn(process.execPath, [CLI, ...args], { env: cliEnv(options.schema, options.env), cwd: options.cwd, stdio: ["pipe", "pipe", "pipe"] });
+export function runCli(
+  args: string[],
+  options: { schema: string; env?: Record<string, string | undefined>; input?: string; cwd?: string },
+): Promise<CliResult> {
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: cliEnv(options.schema, options.env),
+    cwd: options.cwd,
+    stdio: ["pipe", "pipe", "pipe"],
+  });
   child.stdin.end(options.input ?? "");
   return collect(child, 60_000);
 }
@@ -48,7 +55,11 @@ export async function startCli(
   args: string[],
   options: { schema: string; env?: Record<string, string | undefined>; ready: RegExp; cwd?: string; timeoutMs?: number },
 ): Promise<{ child: ChildProcess; match: RegExpExecArray; output: () => string; stop: (signal?: NodeJS.Signals) => Promise<CliResult> }> {
-  const child = spawn(process.execPath, [CLI, ...args], { env: cliEnv(options.schema, options.env), cwd: options.cwd, stdio: ["ignore", "pipe", "pipe"] });
+  const child = spawn(process.execPath, [CLI, ...args], {
+    env: cliEnv(options.schema, options.env),
+    cwd: options.cwd,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
   let out = "";
   let err = "";
   child.stderr!.on("data", (b: Buffer) => (err += b.toString()));

@@ -21,7 +21,13 @@ export interface ApiResult {
   headers: Headers;
 }
 
-export async function api(base: string, method: string, path: string, body?: unknown, headers: Record<string, string> = { authorization: `Bearer ${TOKEN}` }): Promise<ApiResult> {
+export async function api(
+  base: string,
+  method: string,
+  path: string,
+  body?: unknown,
+  headers: Record<string, string> = { authorization: `Bearer ${TOKEN}` },
+): Promise<ApiResult> {
   const res = await fetch(base + path, {
     method,
     headers: { ...headers, ...(body !== undefined && { "content-type": "application/json" }) },

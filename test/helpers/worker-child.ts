@@ -18,4 +18,11 @@ const worker = lh.worker({
 worker.on("job:start", (job: { id: string }) => process.stdout.write(`started ${job.id}\n`));
 await worker.start();
 process.stdout.write(`ready ${worker.id}\n`);
-process.on("SIGTERM", () => void worker.stop(0).then(() => lh.close()).then(() => process.exit(0)));
+process.on(
+  "SIGTERM",
+  () =>
+    void worker
+      .stop(0)
+      .then(() => lh.close())
+      .then(() => process.exit(0)),
+);

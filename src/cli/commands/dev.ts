@@ -39,7 +39,10 @@ export function registerDev(program: Command, run: Run): void {
     .action(
       run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean }) => {
         const running = readDevState(cli.dataDir);
-        if (running) throw new CliError(`leasehold dev is already running here (pid ${running.pid}, API ${running.apiUrl}); stop it first or use another --data-dir`);
+        if (running)
+          throw new CliError(
+            `leasehold dev is already running here (pid ${running.pid}, API ${running.apiUrl}); stop it first or use another --data-dir`,
+          );
         const say = (line: string) => process.stdout.write(line + "\n");
         // Readable log lines among the job lines; with --json, pino's own lines on stderr.
         const logger = cli.json
@@ -57,7 +60,14 @@ export function registerDev(program: Command, run: Run): void {
           if (opts.port !== undefined || !(err instanceof CliError)) throw err;
           apiUrl = await startServer(cli, lh, { ...serverOpts, port: 0 });
         }
-        writeDevState(cli.dataDir, { pid: process.pid, databaseUrl: lh.databaseUrl, schema: lh.schema, apiUrl, token, startedAt: new Date().toISOString() });
+        writeDevState(cli.dataDir, {
+          pid: process.pid,
+          databaseUrl: lh.databaseUrl,
+          schema: lh.schema,
+          apiUrl,
+          token,
+          startedAt: new Date().toISOString(),
+        });
         cli.onClose(async () => removeDevState(cli.dataDir));
 
         const worker = lh.worker({ handlers, concurrency: opts.concurrency, logger, watchdog: { intervalMs: 1_000 } });
@@ -67,14 +77,38 @@ export function registerDev(program: Command, run: Run): void {
         const taskNames = Object.keys(handlers);
         const rel = (p: string) => (p.startsWith(process.cwd() + path.sep) ? path.relative(process.cwd(), p) : p);
         if (cli.json) {
-          say(JSON.stringify({ event: "ready", api: apiUrl, token, database: redactUrl(lh.databaseUrl), schema: lh.schema, tasks: taskNames, tasksFile: file }));
+          say(
+            JSON.stringify({
+              event: "ready",
+              api: apiUrl,
+              token,
+              database: redactUrl(lh.databaseUrl),
+              schema: lh.schema,
+              tasks: taskNames,
+              tasksFile: file,
+            }),
+          );
         } else {
-          printBanner(say, { apiUrl, token, lh, cli, taskNames, file: rel(file), stateFile: rel(path.join(cli.dataDir, "dev.json")), pgdata: rel(cli.embeddedDataDir) });
+          printBanner(say, {
+            apiUrl,
+            token,
+            lh,
+            cli,
+            taskNames,
+            file: rel(file),
+            stateFile: rel(path.join(cli.dataDir, "dev.json")),
+            pgdata: rel(cli.embeddedDataDir),
+          });
         }
         if (!opts.tasks && opts.examples) {
           const jobs = await lh.enqueueMany(EXAMPLE_JOBS);
           const ids = jobs.map((j) => j.id);
-          say(cli.json ? JSON.stringify({ event: "examples_enqueued", ids }) : `${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` + EXAMPLE_JOBS.map((j, i) => `#${ids[i]} ${j.task}`).join(", "));
+          say(
+            cli.json
+              ? JSON.stringify({ event: "examples_enqueued", ids })
+              : `${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` +
+                  EXAMPLE_JOBS.map((j, i) => `#${ids[i]} ${j.task}`).join(", "),
+          );
         }
 
         await untilSignal(cli, "stopping");
@@ -92,7 +126,10 @@ function printBanner(
   say("");
   say("Leasehold dev is running.");
   say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
-  say(`  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` + (process.env.DATABASE_URL || cli.options.databaseUrl ? "" : `  (embedded, data in ${b.pgdata})`));
+  say(
+    `  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` +
+      (process.env.DATABASE_URL || cli.options.databaseUrl ? "" : `  (embedded, data in ${b.pgdata})`),
+  );
   say(`  Tasks      ${taskNames.join(", ")}  from ${b.file}`);
   say("");
   say(`From another terminal in this folder (commands find this dev session through ${b.stateFile}):`);

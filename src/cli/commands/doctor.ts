@@ -22,8 +22,9 @@ export function registerDoctor(program: Command, run: Run): void {
           store.findJobsWithoutWorker(lh.pool, { waitingMs: DEFAULT_ORPHAN_AFTER_MS, aliveMs: ALIVE_MS }),
           store.findMissingAudit(lh.pool, { withinMs: EVIDENCE_MS }),
         ]);
-        const overBudget = (await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs WHERE state = 'waiting' AND spent_attempts >= max_attempts"))
-          .rows[0]!.n;
+        const overBudget = (
+          await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs WHERE state = 'waiting' AND spent_attempts >= max_attempts")
+        ).rows[0]!.n;
         const diagnosis = diagnose(health, { noWorkerForTask: noWorker, missingAudit: missing.length, overBudget });
         cli.result(diagnosis, () => report(diagnosis));
         // Like a linter: a non-zero exit when something needs fixing, for scripts and CI.

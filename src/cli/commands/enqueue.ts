@@ -52,7 +52,8 @@ export function registerEnqueue(program: Command, run: Run): void {
         const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
         if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
         if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
-        if (flags.payloads !== undefined && flags.uniqueKey !== undefined) throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
+        if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
+          throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
         const options: EnqueueOptions = {
           ...(flags.queue !== undefined && { queue: flags.queue }),
           ...(flags.priority !== undefined && { priority: flags.priority }),
@@ -72,7 +73,9 @@ export function registerEnqueue(program: Command, run: Run): void {
         const lh = await cli.operations();
         const job = await lh.enqueue(task, payload, options);
         cli.result(job, () =>
-          job.created ? `enqueued job ${job.id} (${task})` : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
+          job.created
+            ? `enqueued job ${job.id} (${task})`
+            : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
         );
       }),
     );
@@ -91,7 +94,14 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
   // nothing of the file behind.
   const lh = ops as Leasehold;
   const counts = await withTransaction(lh.pool, (client) =>
-    readBatches(input, task, options, ENQUEUE_CHUNK, (batch) => lh.enqueueMany(batch, { db: client }), (line, why) => `line ${line}: ${why}; nothing was enqueued`),
+    readBatches(
+      input,
+      task,
+      options,
+      ENQUEUE_CHUNK,
+      (batch) => lh.enqueueMany(batch, { db: client }),
+      (line, why) => `line ${line}: ${why}; nothing was enqueued`,
+    ),
   );
   printCounts(cli, task, counts);
 }
@@ -100,7 +110,13 @@ async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, fil
  * Through a server each batch is its own request, committed on its own: a failure says
  * exactly how many jobs were committed before it.
  */
-async function enqueueLinesRemotely(cli: Cli, ops: RemoteOperations, task: string, options: EnqueueOptions, input: NodeJS.ReadableStream): Promise<void> {
+async function enqueueLinesRemotely(
+  cli: Cli,
+  ops: RemoteOperations,
+  task: string,
+  options: EnqueueOptions,
+  input: NodeJS.ReadableStream,
+): Promise<void> {
   let committed = 0;
   let committedThrough = 0;
   const counts = await readBatches(
@@ -181,5 +197,8 @@ async function readBatches(
 }
 
 function printCounts(cli: Cli, task: string, { enqueued, created }: Counts): void {
-  cli.result({ enqueued, created }, () => `enqueued ${enqueued} jobs (${task})` + (created < enqueued ? `, ${enqueued - created} already existed` : ""));
+  cli.result(
+    { enqueued, created },
+    () => `enqueued ${enqueued} jobs (${task})` + (created < enqueued ? `, ${enqueued - created} already existed` : ""),
+  );
 }

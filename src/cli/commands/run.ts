@@ -20,8 +20,18 @@ export function registerRunCommands(program: Command, run: Run): void {
   const watchdog = program
     .command("watchdog")
     .description("recover the jobs of crashed, hung or cut-off workers (expired leases, lost workers, stalls) until stopped")
-    .option("--interval <ms>", "how often to reap expired leases and overdue attempts", int("--interval", 100, 3_600_000), DEFAULT_WATCHDOG_INTERVAL_MS)
-    .option("--liveness-interval <ms>", "how often to look for workers whose process is gone", int("--liveness-interval", 50, 3_600_000), DEFAULT_LIVENESS_INTERVAL_MS)
+    .option(
+      "--interval <ms>",
+      "how often to reap expired leases and overdue attempts",
+      int("--interval", 100, 3_600_000),
+      DEFAULT_WATCHDOG_INTERVAL_MS,
+    )
+    .option(
+      "--liveness-interval <ms>",
+      "how often to look for workers whose process is gone",
+      int("--liveness-interval", 50, 3_600_000),
+      DEFAULT_LIVENESS_INTERVAL_MS,
+    )
     .option("--once", "recover once, print what was done and exit");
   metricsOptions(watchdog).action(
     run(async (cli, opts: { interval: number; livenessInterval: number; once?: boolean } & MetricsFlags) => {
@@ -35,7 +45,9 @@ export function registerRunCommands(program: Command, run: Run): void {
       }
       const metricsUrl = await startMetricsServer(cli, lh, opts);
       service.start();
-      cli.note(`watchdog running (leases every ${opts.interval} ms, liveness every ${opts.livenessInterval} ms)${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it`);
+      cli.note(
+        `watchdog running (leases every ${opts.interval} ms, liveness every ${opts.livenessInterval} ms)${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it`,
+      );
       await untilSignal(cli, "stopping the watchdog");
       await service.stop();
     }),

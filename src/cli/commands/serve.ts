@@ -20,34 +20,48 @@ export function registerServe(program: Command, run: Run): void {
     .option("--port <port>", `TCP port (0 picks a free one)`, int("--port", 0, 65535), DEFAULT_PORT)
     .option("--token <token>", "operator API token: every route (default: LEASEHOLD_TOKEN)")
     .option("--worker-token <token>", "a second token that may only use the workers' routes /v1/worker/* (default: LEASEHOLD_WORKER_TOKEN)")
-    .option("--receipt-key <secret>", "secret for the claim receipts' key; the same on every replica (default: LEASEHOLD_RECEIPT_KEY, else derived from the operator token)")
+    .option(
+      "--receipt-key <secret>",
+      "secret for the claim receipts' key; the same on every replica (default: LEASEHOLD_RECEIPT_KEY, else derived from the operator token)",
+    )
     .option("--body-limit <bytes>", "largest request body (default 4 MiB)", int("--body-limit", 1024, 256 * 1024 * 1024))
     .option("--request-timeout <ms>", "a request's headers and body must arrive within this (default 30000)", int("--request-timeout", 100, 600_000))
     .option("--keep-alive-timeout <ms>", "close a kept-alive connection idle this long (default 10000)", int("--keep-alive-timeout", 100, 600_000))
     .option("--max-connections <n>", "close connections beyond this many as they arrive (default 1000)", int("--max-connections", 1, 1_000_000))
-    .option("--max-long-polls <n>", "claims that may wait for jobs at once; beyond, a claim answers at once (default 500)", int("--max-long-polls", 0, 1_000_000))
+    .option(
+      "--max-long-polls <n>",
+      "claims that may wait for jobs at once; beyond, a claim answers at once (default 500)",
+      int("--max-long-polls", 0, 1_000_000),
+    )
     .option("--min-lease <ms>", `shortest lease a remote worker may ask for (default ${DEFAULT_MIN_LEASE_MS})`, int("--min-lease", 1_000, 86_400_000))
     .option("--max-lease <ms>", `longest lease a remote worker may ask for (default ${DEFAULT_MAX_LEASE_MS})`, int("--max-lease", 1_000, 86_400_000))
     .option("--no-watchdog", "do not run a watchdog (recovery) in this process")
-    .option("--watchdog-interval <ms>", "how often the watchdog reaps expired leases (crash detection runs more often)", int("--watchdog-interval", 100, 3_600_000));
+    .option(
+      "--watchdog-interval <ms>",
+      "how often the watchdog reaps expired leases (crash detection runs more often)",
+      int("--watchdog-interval", 100, 3_600_000),
+    );
   retentionOptions(serve).action(
-      run(async (cli, opts: ServeFlags) => {
-        const token = opts.token ?? cli.token;
-        if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
-        const workerToken = opts.workerToken ?? (process.env.LEASEHOLD_WORKER_TOKEN || undefined);
-        const receiptKey = opts.receiptKey ?? (process.env.LEASEHOLD_RECEIPT_KEY || undefined);
-        // Before connecting: a bad token should not cost a database start.
-        checkToken(token);
-        if (workerToken !== undefined) checkToken(workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
-        if (workerToken === token) throw new CliError("the worker token must differ from the operator token");
-        if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
-        const logger = cli.logger("info");
-        const lh = await cli.connect({ logger, poolSize: 20 });
-        const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
-        startRetention(cli, lh, opts);
-        cli.result({ listening: url, schema: lh.schema, watchdog: opts.watchdog }, () => `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})`);
-        await untilSignal(cli, "stopping the server");
-      }),
+    run(async (cli, opts: ServeFlags) => {
+      const token = opts.token ?? cli.token;
+      if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
+      const workerToken = opts.workerToken ?? (process.env.LEASEHOLD_WORKER_TOKEN || undefined);
+      const receiptKey = opts.receiptKey ?? (process.env.LEASEHOLD_RECEIPT_KEY || undefined);
+      // Before connecting: a bad token should not cost a database start.
+      checkToken(token);
+      if (workerToken !== undefined) checkToken(workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
+      if (workerToken === token) throw new CliError("the worker token must differ from the operator token");
+      if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
+      const logger = cli.logger("info");
+      const lh = await cli.connect({ logger, poolSize: 20 });
+      const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
+      startRetention(cli, lh, opts);
+      cli.result(
+        { listening: url, schema: lh.schema, watchdog: opts.watchdog },
+        () => `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})`,
+      );
+      await untilSignal(cli, "stopping the server");
+    }),
   );
 }
 

@@ -38,9 +38,21 @@ export function registerWorker(program: Command, run: Run): void {
     )
     .option("--wait-for-name", "if another live process holds --name, wait for it to end instead of exiting")
     .option("--lease <ms>", "lease length in ms (default 30000)", int("--lease", 1000, 86_400_000))
-    .option("--heartbeat-interval <ms>", "how often leases are renewed (default: a third of the lease, at most 10000)", int("--heartbeat-interval", 100, 86_400_000))
-    .option("--poll-interval <ms>", "how often an idle worker looks for jobs when no wake-up arrives (default 1000)", int("--poll-interval", 10, 3_600_000))
-    .option("--watchdog-interval <ms>", "how often this process's watchdog reaps expired leases (default 2000)", int("--watchdog-interval", 100, 3_600_000))
+    .option(
+      "--heartbeat-interval <ms>",
+      "how often leases are renewed (default: a third of the lease, at most 10000)",
+      int("--heartbeat-interval", 100, 86_400_000),
+    )
+    .option(
+      "--poll-interval <ms>",
+      "how often an idle worker looks for jobs when no wake-up arrives (default 1000)",
+      int("--poll-interval", 10, 3_600_000),
+    )
+    .option(
+      "--watchdog-interval <ms>",
+      "how often this process's watchdog reaps expired leases (default 2000)",
+      int("--watchdog-interval", 100, 3_600_000),
+    )
     .option("--server <url>", "take jobs from a `leasehold serve` at this URL instead of the database (default: LEASEHOLD_SERVER_URL)")
     .option("--token <token>", "the server's API token (default: LEASEHOLD_WORKER_TOKEN, else LEASEHOLD_TOKEN)")
     .option("--no-watchdog", "do not run a watchdog in this process (database mode)");
@@ -79,9 +91,11 @@ export function registerWorker(program: Command, run: Run): void {
       printJobEvents(worker, (line) => process.stdout.write(line + "\n"), cli.json);
       await worker.start();
       cli.onClose(() => worker.stop());
-      cli.result({ worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database", metrics: metricsUrl ?? null }, () =>
-        `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"})` +
-        `${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it gracefully`,
+      cli.result(
+        { worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database", metrics: metricsUrl ?? null },
+        () =>
+          `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"})` +
+          `${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it gracefully`,
       );
       await untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released");
       await worker.stop();
