@@ -21,6 +21,7 @@ import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
+import { MAX_CLAIM_BATCH } from "../src/worker/options.js";
 
 interface Workload {
   id: string;
@@ -78,7 +79,7 @@ const WORKLOADS: Workload[] = [
       systems.some((s) => s.name === "leasehold")
         ? [
             {
-              label: "bare SQL (claimJobs + completeJobs, 500/batch)",
+              label: `bare SQL (claimJobs + completeJobs, ${MAX_CLAIM_BATCH}/batch)`,
               system: "ceiling",
               settings: "1, 2 and 4 connections; best reported",
               measure: () => ceilingWorkload(ctx),
@@ -157,7 +158,7 @@ const program = new Command("bench")
   .option("--heartbeat-seconds <n>", "measuring window of the heartbeat workload", int, 20)
   .option("--recovery-timeout <n>", "seconds to wait for a killed worker's job to run again", int, 20)
   .option("--sweep <list>", "handler concurrencies of the sweep", "10,50,1000")
-  .option("--steady-jobs <n>", "jobs through the queue in the steady-state workload (the issue's full size: 1000000)", int, 200_000)
+  .option("--steady-jobs <n>", "jobs through the queue in the steady-state workload", int, 1_000_000)
   .option("--pressure-rate <n>", "jobs/s during the pinned-snapshot workload", int, 500)
   .option("--pressure-seconds <n>", "seconds before and after the pinned snapshot", int, 10)
   .option("--pin-seconds <n>", "seconds the snapshot stays pinned (the issue asks for minutes: try 300)", int, 30)

@@ -81,7 +81,9 @@ const COLUMNS: Record<string, Column[]> = {
     ["startJobsPerSecond", "start jobs/s", 0],
     ["endJobsPerSecond", "end jobs/s", 0],
     ["endToStart", "end/start", 2],
+    ["slowestTenthJobsPerSecond", "slowest tenth jobs/s", 0],
     ["tableMBAt10pct", "tables MB @10%", 1],
+    ["tableMBAtHalf", "tables MB @50%", 1],
     ["tableMBAtEnd", "tables MB @end", 1],
     ["tableMBMax", "tables MB max", 1],
     ["deadTuplesMax", "dead tuples max", 0],
@@ -99,6 +101,7 @@ const COLUMNS: Record<string, Column[]> = {
   ],
 };
 COLUMNS["drain-multi"] = COLUMNS.drain!;
+COLUMNS.sweep = COLUMNS.drain!;
 
 /** Workloads where Leasehold is compared to each peer, and which way is better. */
 const RATIOS: Record<string, { key: string; higherIsBetter: boolean }> = {
@@ -125,7 +128,24 @@ function table(w: WorkloadResult): string[] {
   return lines;
 }
 
+/** The sweep compares systems at each concurrency: Leasehold's row against every peer row at the same one. */
+function sweepRatioLines(w: WorkloadResult): string[] {
+  const concurrencyOf = (label: string) => / c=(\d+)/.exec(label)?.[1];
+  const out: string[] = [];
+  for (const lh of w.rows.filter((r) => r.system === "leasehold")) {
+    const c = concurrencyOf(lh.label);
+    const v = lh.median.jobsPerSecond;
+    if (v === undefined) continue;
+    for (const peer of w.rows.filter((r) => r.system !== "leasehold" && concurrencyOf(r.label) === c)) {
+      const p = peer.median.jobsPerSecond;
+      if (p !== undefined) out.push(`- ${lh.label} vs ${peer.label}: **${fmt(v / p, 2)}x** the throughput`);
+    }
+  }
+  return out;
+}
+
 function ratioLines(w: WorkloadResult): string[] {
+  if (w.id === "sweep") return sweepRatioLines(w);
   const spec = RATIOS[w.id];
   const lh = w.rows.find((r) => r.system === "leasehold")?.median[spec?.key ?? ""];
   if (!spec || lh === undefined) return [];
@@ -170,6 +190,14 @@ export function targets(results: BenchResults): Target[] {
       met: lhMulti >= 2 * best,
     });
   }
+  const sweep = w("sweep");
+  for (const c of results.options.sweep) {
+    const lh = sweep?.rows.find((r) => r.label === `leasehold c=${c}`)?.median.jobsPerSecond;
+    const peers = sweep?.rows.filter((r) => r.system === "graphile-worker" && r.label.startsWith(`graphile-worker c=${c} `)) ?? [];
+    if (lh === undefined || peers.length === 0) continue;
+    const best = Math.max(...peers.map((r) => r.median.jobsPerSecond ?? 0));
+    out.push({ name: `drain ≥ 2x graphile-worker at concurrency ${c} (its best local queue)`, value: `${fmt(lh / best, 2)}x`, met: lh >= 2 * best });
+  }
   const ceiling = m("ceiling", "ceiling", "jobsPerSecond");
   if (ceiling !== undefined && lhDrain !== undefined) {
     out.push({ name: "drain as a fraction of the bare-SQL ceiling (no target)", value: `${fmt((lhDrain / ceiling) * 100, 0)}%`, met: undefined });
@@ -186,6 +214,14 @@ export function targets(results: BenchResults): Target[] {
   const steady = m("steady", "leasehold", "endToStart");
   if (steady !== undefined)
     out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
+  const half = m("steady", "leasehold", "tableMBAtHalf");
+  const end = m("steady", "leasehold", "tableMBAtEnd");
+  if (half !== undefined && end !== undefined)
+    out.push({
+      name: "tables level off over the long run (size at the end ≤ 1.25x halfway)",
+      value: `${fmt(half, 0)} → ${fmt(end, 0)} MB`,
+      met: end <= 1.25 * half,
+    });
   return out;
 }
 

@@ -72,6 +72,7 @@ export async function steadyWorkload(ctx: BenchContext, system: BenchSystem): Pr
       // A dip in the middle (a vacuum, a retention run) that the two windows would miss.
       slowestTenthJobsPerSecond: Math.min(...[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7].map((f) => rateBetween(f, f + 0.1))),
       tableMBAt10pct: at(0.1).bytes / 2 ** 20,
+      tableMBAtHalf: at(0.5).bytes / 2 ** 20,
       tableMBAtEnd: at(1).bytes / 2 ** 20,
       tableMBMax: Math.max(...samples.map((s) => s.bytes)) / 2 ** 20,
       deadTuplesMax: Math.max(...samples.map((s) => s.dead)),
