@@ -88,7 +88,22 @@ const WORKLOADS: Workload[] = [
         : [],
   },
   { id: "latency", title: "3. Enqueue-to-start latency at a steady low rate", repeated: true, rows: perSystem("throughput", latencyWorkload) },
-  { id: "recovery", title: "4. Recovery after kill -9 of a worker mid-job", repeated: true, rows: perSystem("recovery", recoveryWorkload) },
+  {
+    id: "recovery",
+    title: "4. Recovery after kill -9 of a worker mid-job",
+    repeated: true,
+    rows: (ctx, systems) => [
+      ...perSystem("recovery", (c, s) => recoveryWorkload(c, s))(ctx, systems),
+      ...systems
+        .filter((s) => s.name === "leasehold")
+        .map((s) => ({
+          label: "leasehold (defaults)",
+          system: "leasehold-defaults",
+          settings: "every setting at its default: lease 30 s, watchdog inside each worker, default backoff",
+          measure: () => recoveryWorkload(ctx, s, true),
+        })),
+    ],
+  },
   {
     id: "heartbeat",
     title: "5. Keeping long jobs alive: 4 worker processes, jobs in flight",

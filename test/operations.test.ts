@@ -17,7 +17,7 @@ import { Registry } from "prom-client";
 import { Leasehold } from "../src/client.js";
 import type { JobAbortedError, JobContext } from "../src/worker/context.js";
 import * as store from "../src/store/index.js";
-import { NO_BACKOFF, databaseUrl, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
 import { runCli, startCli } from "./helpers/cli.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
@@ -44,7 +44,8 @@ test("kill -9 of a worker process: its job runs again within seconds, not after 
   // The watchdog a deployment runs, at its default settings.
   const watchdog = lh.watchdog().start();
   t.after(() => watchdog.stop());
-  const rescuer = lh.worker({ watchdog: false, handlers: { hold: { handler: () => undefined, backoff: NO_BACKOFF } } });
+  // The task's default backoff: a job's first crash retries at once all the same.
+  const rescuer = lh.worker({ watchdog: false, handlers: { hold: () => undefined } });
   await rescuer.start();
   t.after(() => rescuer.stop(0));
   const killedAt = Date.now();

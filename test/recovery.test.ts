@@ -228,6 +228,42 @@ test("the watchdog retries a reaped job with its task's announced policy, not th
   assert.ok(rows[0]!.wait_s > 55 && rows[0]!.wait_s <= 60, `retries in ${rows[0]!.wait_s} s (the task's 60 s backoff)`);
 });
 
+test("a job's first crash retries at once; a job that crashed or failed before backs off by its task's policy", async (t) => {
+  const lh = await freshLeasehold(t);
+  const slow = { baseMs: 60_000, factor: 1, maxMs: 60_000, jitter: 0 };
+  await store.announceWorker(lh.pool, {
+    workerId: "w-crashes",
+    kind: "worker",
+    host: "h",
+    pid: 1,
+    queues: ["default"],
+    livenessKey: null,
+    policies: [{ task: "crashy", backoff: slow, progressTimeoutMs: null, maxRunMs: null }],
+  });
+  const { id } = await lh.enqueue("crashy", {}, { maxAttempts: 5 });
+  const waitSeconds = async () =>
+    (await lh.pool.query<{ s: number }>("SELECT extract(epoch FROM run_at - now())::float8 AS s FROM jobs WHERE id = $1", [id])).rows[0]!.s;
+  const crash = async () => {
+    await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w-crashes", leaseMs: 30_000, tasks: ["crashy"] });
+    // The watchdog saw its liveness lock gone two seconds ago: past the grace.
+    await lh.pool.query("UPDATE workers SET lost_at = now() - interval '2 seconds' WHERE id = 'w-crashes'");
+    const ended = await store.recoverLostWorkers(lh.pool, { limit: 10, graceMs: 1_000, backoff: NO_BACKOFF });
+    assert.equal(ended.get(id), "waiting");
+  };
+  await crash();
+  assert.ok((await waitSeconds()) <= 0, "the first crash: claimable at once");
+  await lh.pool.query("UPDATE jobs SET run_at = now() WHERE id = $1", [id]);
+  await crash();
+  const wait = await waitSeconds();
+  assert.ok(wait > 55 && wait <= 60, `the second crash waits the task's 60 s backoff (${wait} s)`);
+  const { job, attempts } = await lh.getJob(id);
+  assert.equal(job.spentAttempts, 2, "both crashes spent the budget");
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["worker_lost", "worker_lost"],
+  );
+});
+
 test("the orphan scan counts jobs no live worker runs and finished jobs missing audit rows, and moves over-budget jobs to the dead letter", async (t) => {
   const lh = await freshLeasehold(t);
   const nobody = await lh.enqueue("no-such-worker", {}, { queue: "orphans" });

@@ -33,8 +33,8 @@ export const leasehold: BenchSystem = {
   database: "bench_leasehold",
   schema: SCHEMA,
   settings: {
-    throughput: `concurrency ${THROUGHPUT_CONCURRENCY} (claims up to 500 per statement, so one claim can be in flight while a batch ends), lease 30 s, heartbeat 10 s, batched completions, NOTIFY wake-up`,
-    recovery: `lease ${RECOVERY_LEASE_MS} ms (the minimum), heartbeat ${Math.floor(RECOVERY_LEASE_MS / 3)} ms, watchdog every ${RECOVERY_WATCHDOG_MS} ms, no retry backoff`,
+    throughput: `concurrency ${THROUGHPUT_CONCURRENCY}, otherwise its defaults (claims of up to 2,000 jobs ahead of free slots, one claim in flight, lease 30 s, heartbeat 10 s, batched completions, NOTIFY wake-up)`,
+    recovery: `lease ${RECOVERY_LEASE_MS} ms (the minimum), heartbeat ${Math.floor(RECOVERY_LEASE_MS / 3)} ms, watchdog every ${RECOVERY_WATCHDOG_MS} ms, no retry backoff; and every setting at its default (lease 30 s, watchdog liveness check every 250 ms, 1 s grace, the default backoff)`,
     heartbeat: "250 jobs per process, lease 30 s / heartbeat 10 s (default) and lease 3 s / heartbeat 1 s",
     steady: `as throughput; retention keeps finished jobs 5 s (generations of 834 ms, emptied with TRUNCATE)`,
   },
@@ -67,6 +67,16 @@ export const leasehold: BenchSystem = {
 
   async startWorker(url, spec, run) {
     const lh = await connect(url, 10);
+    if (spec.defaults) {
+      const worker = lh.worker({ handlers: { [QUEUE]: (payload, ctx) => run(payload as Payload, ctx.signal) } });
+      await worker.start();
+      return {
+        async stop() {
+          await worker.stop();
+          await lh.close();
+        },
+      };
+    }
     const leaseMs = spec.leaseMs ?? (spec.profile === "recovery" ? RECOVERY_LEASE_MS : undefined);
     const worker = lh.worker({
       handlers: { [QUEUE]: (payload, ctx) => run(payload as Payload, ctx.signal) },

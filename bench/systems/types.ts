@@ -27,6 +27,8 @@ export interface WorkerSpec {
   leaseMs?: number;
   /** graphile-worker only: its local queue size (jobs fetched ahead; at least the concurrency). */
   localQueue?: number;
+  /** Leasehold only: its worker and watchdog exactly as `lh.worker({ handlers })` gives them (recovery at defaults). */
+  defaults?: boolean;
 }
 
 export interface Producer {

@@ -66,11 +66,11 @@ export async function latencyWorkload(ctx: BenchContext, system: BenchSystem): P
  * run for half an hour; kill -9 the process running it ~1 s into the job; measure until a
  * handler for that job starts in the other process.
  */
-export async function recoveryWorkload(ctx: BenchContext, system: BenchSystem): Promise<Metrics> {
+export async function recoveryWorkload(ctx: BenchContext, system: BenchSystem, atDefaults = false): Promise<Metrics> {
   const url = urlOf(ctx, system);
   await system.reset(url, "recovery");
   const producer = await system.producer(url, "recovery");
-  const group = await WorkerGroup.start(system.name, url, { profile: "recovery" }, 2);
+  const group = await WorkerGroup.start(system.name, url, { profile: "recovery", defaults: atDefaults }, 2);
   try {
     const starts: { pid: number; at: number }[] = [];
     group.on("tracked", (m: { pid: number; at: number }) => starts.push(m));

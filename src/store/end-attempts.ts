@@ -196,7 +196,7 @@ const RECOVER_LOST_WORKERS = ending(
   `WITH ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
          'worker lost: its process is gone (its database session ended)' AS error,
-         ${POLICY_DELAY} AS retry_delay_ms,
+         CASE WHEN j.spent_attempts = 0 THEN 0 ELSE ${POLICY_DELAY} END AS retry_delay_ms,
          true AS spend, false AS give_up, 'worker_lost' AS outcome,
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
     FROM jobs AS j
@@ -210,7 +210,11 @@ const RECOVER_LOST_WORKERS = ending(
 
 /**
  * Crash detection: the jobs of workers whose liveness lock has been gone longer than
- * `graceMs` (see workers.ts), recovered at once instead of after their leases.
+ * `graceMs` (see workers.ts), recovered at once instead of after their leases. A job's first
+ * spent attempt, if it is a crash, retries at once: the common crash (a deploy's kill, an
+ * OOM, a lost machine) is not the job's doing, and another worker can run it now. A job that
+ * has failed or crashed before backs off by its task's policy, so a job that kills every
+ * worker it runs on (a poison pill) is slowed down and ends dead after its budget.
  */
 export function recoverLostWorkers(db: Queryable, p: { limit: number; graceMs: number; backoff: BackoffPolicy }): Promise<Ended> {
   return endAttempts(db, RECOVER_LOST_WORKERS, [...policyValues(p.backoff), p.limit, p.graceMs]);
