@@ -12,6 +12,7 @@ import { payloads, urlOf, withClient, type BenchContext, type Metrics } from "./
 /** Jobs per enqueue call when filling a queue for a drain (not measured). */
 const FILL_BATCH = 5_000;
 const DRAIN_TIMEOUT_MS = 15 * 60_000;
+const DRAIN_STALL_MS = 60_000;
 
 export async function enqueueWorkload(ctx: BenchContext, system: BenchSystem): Promise<Metrics> {
   const url = urlOf(ctx, system);
@@ -71,8 +72,21 @@ export async function drainWorkload(ctx: BenchContext, system: BenchSystem, proc
       const dbBefore = await readDb(db, ctx.server.pid);
       await group.go();
       const waits = sampleWaits(url);
-      const handled = await waitUntil(() => group.ended >= jobs, DRAIN_TIMEOUT_MS, 10);
-      if (!handled) throw new Error(`${system.name}: only ${group.ended} of ${jobs} jobs handled in time`);
+      // A system that stops making progress fails its run instead of holding the benchmark.
+      let last = { ended: -1, at: Date.now() };
+      const handled = await waitUntil(
+        () => {
+          if (group.ended !== last.ended) last = { ended: group.ended, at: Date.now() };
+          return group.ended >= jobs || Date.now() - last.at > DRAIN_STALL_MS;
+        },
+        DRAIN_TIMEOUT_MS,
+        10,
+      );
+      if (!handled || group.ended < jobs) {
+        throw new Error(
+          `${system.name}: only ${group.ended} of ${jobs} jobs handled (${handled ? `none in the last ${DRAIN_STALL_MS / 1000} s` : "out of time"})`,
+        );
+      }
       await waitUntil(async () => (await producer.pending()) === 0, 60_000, 10);
       const doneAt = nowMs();
       const dbAfter = await readDb(db, ctx.server.pid);
