@@ -87,3 +87,5 @@ export function seededRandom(seed: number): () => number {
 /** The schema the chaos run uses in its own database, and the downstream table. */
 export const CHAOS_SCHEMA = "chaos";
 export const RESULTS_TABLE = "downstream_results";
+/** Rows handlers write through ctx.transaction: exactly one per succeeded job, none for the others. */
+export const TX_EFFECTS_TABLE = "tx_effects";

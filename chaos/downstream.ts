@@ -1,5 +1,5 @@
-/** The downstream side of the chaos run: what handlers write to, fenced by the attempt token. */
-import { RESULTS_TABLE } from "./config.js";
+/** The downstream side of the chaos run: what handlers write to, fenced by the attempt token or inside ctx.transaction. */
+import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "./config.js";
 
 /** The downstream table handlers write with fencedWrite, and a trigger-kept log of every write it accepted. */
 export const DOWNSTREAM_SQL = `
@@ -22,4 +22,12 @@ BEGIN
 END;
 $$;
 CREATE TRIGGER downstream_write_log AFTER INSERT OR UPDATE ON ${RESULTS_TABLE}
-  FOR EACH ROW EXECUTE FUNCTION log_downstream_write();`;
+  FOR EACH ROW EXECUTE FUNCTION log_downstream_write();
+-- What handlers write inside ctx.transaction, with no constraint to help: the invariant
+-- (one row per succeeded job) must come from the fenced completion alone.
+CREATE TABLE ${TX_EFFECTS_TABLE} (
+  job_id    bigint      NOT NULL,
+  attempt   integer     NOT NULL,
+  worker_id text        NOT NULL,
+  at        timestamptz NOT NULL DEFAULT clock_timestamp()
+);`;

@@ -5,7 +5,7 @@
  * and what was seen; the run fails if there is any.
  */
 import type pg from "pg";
-import { RESULTS_TABLE } from "./config.js";
+import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "./config.js";
 import type { ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { LogLine } from "./process-log.js";
@@ -34,6 +34,7 @@ export interface HistoryRow {
   max: number;
   seq: number;
   write: boolean;
+  tx: boolean;
 }
 
 export interface CheckInput {
@@ -66,6 +67,8 @@ export interface Recovery {
 export interface CheckResult {
   violations: Violation[];
   finished: Record<string, number>;
+  /** Finished jobs that ended inside ctx.transaction (their rows checked by invariant 4b). */
+  transactional: number;
   attempts: number;
   /** Jobs whose handler ran again after an execution whose lease was reaped or released. */
   duplicates: { total: number; afterLeaseExpired: number; afterWorkerLost: number; afterLimit: number; afterRelease: number; overlapping: number };
@@ -95,11 +98,12 @@ const RECOVERED = ["lease_expired", "worker_lost", "released", "stalled", "timed
 const MAX_LISTED = 20;
 
 export async function loadRows(admin: pg.Pool) {
-  const [unfinished, history, attempts, results, writes] = await Promise.all([
+  const [unfinished, history, attempts, results, writes, effects] = await Promise.all([
     admin.query<{ id: string; state: string; attempt: number }>("SELECT id::text, state, attempt FROM jobs ORDER BY id"),
     admin.query<HistoryRow>(
       `SELECT id::text, state, attempt, spent_attempts AS spent, max_attempts AS max,
-              (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write
+              (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write,
+              coalesce((payload->>'tx')::boolean, false) AS tx
          FROM finished_jobs`,
     ),
     admin.query<AttemptRow>(
@@ -111,8 +115,18 @@ export async function loadRows(admin: pg.Pool) {
     admin.query<{ job: string; token: number; worker: string; at: number }>(
       "SELECT job_id::text AS job, token, worker_id AS worker, extract(epoch FROM at) * 1000 AS at FROM downstream_log ORDER BY n",
     ),
+    admin.query<{ job: string; attempt: number; worker: string }>(
+      `SELECT job_id::text AS job, attempt, worker_id AS worker FROM ${TX_EFFECTS_TABLE} ORDER BY job_id, attempt`,
+    ),
   ]);
-  return { unfinished: unfinished.rows, history: history.rows, attempts: attempts.rows, results: results.rows, writes: writes.rows };
+  return {
+    unfinished: unfinished.rows,
+    history: history.rows,
+    attempts: attempts.rows,
+    results: results.rows,
+    writes: writes.rows,
+    effects: effects.rows,
+  };
 }
 
 export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
@@ -238,6 +252,30 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       add("no stale downstream write accepted", `attempt ${line.attempt} was told its write landed; the table has no such write`, line.job);
   }
 
+  // 4b. ctx.transaction: the handler's row committed with the completion, so a succeeded job
+  //     has exactly one, from its succeeding attempt, and a dead one none, however many
+  //     attempts wrote one before their lease was lost or their transaction failed.
+  const effectsOf = new Map<string, { attempt: number; worker: string }[]>();
+  for (const e of rows.effects) effectsOf.set(e.job, [...(effectsOf.get(e.job) ?? []), e]);
+  let transactional = 0;
+  for (const h of rows.history) {
+    const effects = effectsOf.get(h.id) ?? [];
+    effectsOf.delete(h.id);
+    if (!h.tx) continue;
+    transactional++;
+    const what = effects.map((e) => `attempt ${e.attempt} by ${e.worker}`).join(", ") || "none";
+    if (h.state !== "succeeded") {
+      if (effects.length > 0) add("transactional writes exactly once", `ended ${h.state} but its transaction's rows stayed: ${what}`, h.id);
+      continue;
+    }
+    const winner = attemptOf(h.id, h.attempt);
+    if (effects.length !== 1 || effects[0]!.attempt !== h.attempt || effects[0]!.worker !== winner?.worker) {
+      add("transactional writes exactly once", `succeeded with attempt ${h.attempt} by ${winner?.worker}; rows: ${what}`, h.id);
+    }
+  }
+  for (const [job, effects] of effectsOf)
+    add("transactional writes exactly once", `${effects.length} rows for a job that is not a finished transactional one`, job);
+
   // 5. Duplicate executions: each explained by a reaped (or released) lease of the run before.
   const starts = new Map<string, { t: number; w: string }>();
   const lastSeen = new Map<string, number>();
@@ -298,6 +336,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   return {
     violations,
     finished,
+    transactional,
     attempts: rows.attempts.length,
     duplicates,
     staleRefused,

@@ -4,7 +4,7 @@
  * with the audit rows afterwards.
  */
 import type { ClaimedJob, WorkerTransport } from "../src/index.js";
-import type { AttachParams, Attachment } from "../src/worker/transport.js";
+import type { AttachParams, Attachment, CompleteWithinParams, CompleteWithinResult } from "../src/worker/transport.js";
 import type * as store from "../src/store/index.js";
 import type { ProcessLog } from "./process-log.js";
 
@@ -58,6 +58,17 @@ export class RecordingTransport implements WorkerTransport {
       p.jobs,
       () => this.inner.complete(p),
       (r) => [...r.keys()],
+    );
+  }
+  /** ctx.transaction's completion: logged as a completion, accepted if it committed. */
+  completeWithin<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>> {
+    const inner = this.inner;
+    if (!inner.completeWithin) throw new Error("the wrapped transport cannot complete inside a transaction");
+    return this.record(
+      "complete",
+      [p.job],
+      () => inner.completeWithin!(p),
+      (r) => (r.completed ? [p.job.id] : []),
     );
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {

@@ -14,6 +14,7 @@ export interface ChaosReport {
   options: Omit<ChaosOptions, "outDir" | "verbose">;
   jobs: number;
   finished: Record<string, number>;
+  transactional: number;
   attempts: number;
   faults: Record<string, number>;
   faultsSkipped: number;
@@ -53,6 +54,7 @@ export function buildReport(p: {
     options,
     jobs: p.options.jobs,
     finished: p.check.finished,
+    transactional: p.check.transactional,
     attempts: p.check.attempts,
     faults,
     faultsSkipped: p.faults.filter((f) => f.skipped).length,
@@ -86,6 +88,7 @@ export function toMarkdown(r: ChaosReport): string {
     "| measure | value |",
     "|---|---|",
     `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
+    `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
     ...FAULT_KINDS.map((k) => `| faults: ${k} | ${r.faults[k]} |`),
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,

@@ -15,6 +15,7 @@ import { ProcessLog } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
 import { QUEUE, TASK, chaosHandler, type HandlerFaults } from "./workload.js";
+import { TX_EFFECTS_TABLE } from "./config.js";
 
 const logger = pino({ level: process.env.CHAOS_LOG_LEVEL ?? "error" }, pino.destination(2));
 const log = new ProcessLog(env("CHAOS_LOG"));
@@ -44,7 +45,10 @@ const worker = new Worker({
   pollIntervalMs: 500,
   backoff: CHAOS_BACKOFF,
   handlers: {
-    [TASK]: { handler: chaosHandler(lh.pool, log, () => workerId, faults), progressTimeoutMs: Number(env("CHAOS_PROGRESS_TIMEOUT_MS")) },
+    [TASK]: {
+      handler: chaosHandler(lh.pool, log, () => workerId, faults, `"${lh.schema}".${TX_EFFECTS_TABLE}`),
+      progressTimeoutMs: Number(env("CHAOS_PROGRESS_TIMEOUT_MS")),
+    },
   },
 });
 workerId = worker.id;

@@ -1,8 +1,9 @@
 /**
  * The chaos workload: what the producer enqueues and what the handlers do with it.
  * Handlers take random time (a few far longer than the lease, kept alive by heartbeats),
- * some attempts fail and retry, a few jobs always fail (poison, they end dead), and most
- * write a result downstream with a fenced write, half-way through their work.
+ * some attempts fail and retry, a few jobs always fail (poison, they end dead), most write
+ * a result downstream with a fenced write, half-way through their work, and most of the
+ * others finish inside ctx.transaction, writing a row that commits with their completion.
  */
 import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../src/index.js";
 import { RESULTS_TABLE } from "./config.js";
@@ -17,6 +18,8 @@ export interface ChaosPayload {
   beforeMs: number;
   afterMs: number;
   write: boolean;
+  /** End inside ctx.transaction: a row in the effects table commits with the completion (or neither). */
+  tx: boolean;
   /** Chance that an attempt throws. */
   failRate: number;
   poison: boolean;
@@ -33,11 +36,13 @@ export function makeJob(seq: number, random: () => number, leaseMs: number, maxA
     r < 0.75 ? 20 + random() * 180 : r < 0.95 ? 200 + random() * 400 : r < 0.99 ? 1_000 + random() * leaseMs : leaseMs * (1.5 + random() * 1.5);
   const split = random();
   const poison = random() < 0.005;
+  const write = random() < 0.7;
   const payload: ChaosPayload = {
     seq,
     beforeMs: Math.round(total * split),
     afterMs: Math.round(total * (1 - split)),
-    write: random() < 0.7,
+    write,
+    tx: !write && random() < 0.8,
     failRate: 0.08,
     poison,
     honorsSignal: random() < 0.5,
@@ -69,7 +74,17 @@ export interface HandlerFaults {
 /** Reports progress at least this often while it works, well inside the task's progress timeout. */
 const PROGRESS_EVERY_MS = 250;
 
-export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () => string, faults: HandlerFaults = { hangNext: 0 }) {
+/**
+ * `effectsTable`: the schema-qualified table transactional jobs write to (ctx.transaction
+ * runs with the server's default search_path, not the chaos schema).
+ */
+export function chaosHandler(
+  db: FencedWriteDb,
+  log: ProcessLog,
+  workerId: () => string,
+  faults: HandlerFaults = { hangNext: 0 },
+  effectsTable?: string,
+) {
   return async (p: ChaosPayload, ctx: JobContext): Promise<void> => {
     const w = workerId();
     log.write({ ev: "start", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
@@ -105,8 +120,21 @@ export function chaosHandler(db: FencedWriteDb, log: ProcessLog, workerId: () =>
       if (!accepted) throw new Error("downstream refused a stale write");
     }
     await work(p.afterMs);
-    if (p.poison) throw new Error("chaos: poison job always fails");
-    if (attemptFails(p.seq, ctx.attempt, p.failRate)) throw new Error("chaos: injected failure");
+    const failure = p.poison
+      ? "chaos: poison job always fails"
+      : attemptFails(p.seq, ctx.attempt, p.failRate)
+        ? "chaos: injected failure"
+        : undefined;
+    if (p.tx && effectsTable) {
+      // The write comes first and the failure after it, inside the transaction: a failed
+      // attempt's row must roll back with it.
+      await ctx.transaction(async (tx) => {
+        await tx.query(`INSERT INTO ${effectsTable} (job_id, attempt, worker_id) VALUES ($1, $2, $3)`, [ctx.jobId, ctx.attempt, w]);
+        if (failure) throw new Error(failure);
+      });
+      return;
+    }
+    if (failure) throw new Error(failure);
   };
 }
 

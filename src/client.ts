@@ -20,6 +20,9 @@ import * as store from "./store/index.js";
 import type { Queryable } from "./store/db.js";
 import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
+import { Scheduler, type SchedulerOptions } from "./maintenance/scheduler.js";
+import type { MaintenanceService } from "./maintenance/service.js";
+import { nextTick, normalizeSchedule, type ScheduleDefinition } from "./jobs/schedule.js";
 import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
 
@@ -128,7 +131,10 @@ export class Leasehold {
       if (typeof (target.db as { query?: unknown })?.query !== "function") {
         throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
       }
-      enqueued = await insertAll(target.db, this.schema);
+      enqueued =
+        normalized.length <= ENQUEUE_CHUNK
+          ? await insertAll(target.db, this.schema)
+          : await allOrNothing(target.db, () => insertAll(target.db!, this.schema));
     } else if (normalized.length <= ENQUEUE_CHUNK) {
       enqueued = await store.enqueueJobs(this.pool, normalized);
     } else {
@@ -209,22 +215,53 @@ export class Leasehold {
   }
 
   /**
-   * A worker on this connection, with a watchdog inside it (set `watchdog: false` to run
-   * watchdogs elsewhere). Call `start()` on it.
+   * Saves a schedule (a periodic job): one job of `task` per tick of `cron`, enqueued by the
+   * scheduler inside any running worker. Saving a schedule that exists updates it; with the
+   * same pattern and time zone it keeps its place (a redeploy neither skips nor repeats a
+   * tick), with a new one it starts from its next tick.
    */
-  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions }): Worker {
-    const { watchdog = true, ...rest } = options;
+  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean }> {
+    const { parsed, ...input } = normalizeSchedule(def);
+    const firstRunAt = nextTick(parsed, await store.databaseNow(this.pool));
+    if (!firstRunAt) throw new ValidationError(`schedule ${def.name}: cron ${JSON.stringify(def.cron)} has no tick in the future`);
+    return store.upsertSchedule(this.pool, { ...input, firstRunAt });
+  }
+
+  /** Removes a schedule (its jobs already enqueued stay); false if there was none. */
+  async unschedule(name: string): Promise<boolean> {
+    checkName(name, "schedule name");
+    return store.deleteSchedule(this.pool, name);
+  }
+
+  listSchedules(): Promise<store.ScheduleRecord[]> {
+    return store.listSchedules(this.pool);
+  }
+
+  /**
+   * A worker on this connection, with a watchdog and a scheduler inside it (set
+   * `watchdog: false` or `scheduler: false` to run them elsewhere). Call `start()` on it.
+   */
+  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions; scheduler?: boolean | SchedulerOptions }): Worker {
+    const { watchdog = true, scheduler = true, ...rest } = options;
+    const services: MaintenanceService<unknown>[] = [];
+    if (watchdog) services.push(this.watchdog(typeof watchdog === "object" ? watchdog : {}));
+    if (scheduler) services.push(this.scheduler(typeof scheduler === "object" ? scheduler : {}));
     return new Worker({
       logger: this.logger,
       metricsRegistry: this.metrics.registry,
       ...rest,
       transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
-      services: watchdog ? [this.watchdog(typeof watchdog === "object" ? watchdog : {})] : [],
+      services,
     });
   }
 
   watchdog(options: WatchdogOptions = {}): Watchdog {
     return new Watchdog(this.pool, this.metrics, this.logger, options);
+  }
+
+  /** Enqueues the jobs of due schedules; runs inside every worker unless `scheduler: false`. */
+  scheduler(options: SchedulerOptions = {}): Scheduler {
+    return new Scheduler(this.pool, this.metrics, this.logger, options);
   }
 
   retention(options: RetentionOptions = {}): Retention {
@@ -234,6 +271,37 @@ export class Leasehold {
   async close(): Promise<void> {
     await this.pool.end();
     await this.embedded?.stop();
+  }
+}
+
+/**
+ * Several statements on a caller's client, all or nothing: inside the caller's transaction
+ * (a savepoint proves there is one) they are part of it, and a failure undoes them alone;
+ * outside one, they get a transaction of their own.
+ */
+async function allOrNothing<T>(db: Queryable, run: () => Promise<T>): Promise<T> {
+  try {
+    await db.query("SAVEPOINT leasehold_enqueue");
+  } catch (err) {
+    if ((err as { code?: string }).code !== "25P01") throw err; // no_active_sql_transaction
+    await db.query("BEGIN");
+    try {
+      const result = await run();
+      await db.query("COMMIT");
+      return result;
+    } catch (e) {
+      await db.query("ROLLBACK").catch(() => {});
+      throw e;
+    }
+  }
+  try {
+    const result = await run();
+    await db.query("RELEASE SAVEPOINT leasehold_enqueue");
+    return result;
+  } catch (err) {
+    // Undo the chunks written so far; the caller's transaction goes on, and decides.
+    await db.query("ROLLBACK TO SAVEPOINT leasehold_enqueue").catch(() => {});
+    throw err;
   }
 }
 

@@ -35,3 +35,6 @@ export * from "./errors.js";
 export * from "./jobs/types.js";
 export { fencedWrite, fencedWriteSql } from "./fencing.js";
 export type { FencedWrite, FencedWriteDb } from "./fencing.js";
+export type { Scheduler, SchedulerOptions } from "./maintenance/scheduler.js";
+export type { ScheduleDefinition } from "./jobs/schedule.js";
+export type { ScheduleRecord, ScheduleJobOptions } from "./store/schedules.js";

@@ -42,6 +42,7 @@ export interface Metrics {
   released: Counter<"cause">;
   orphansRepaired: Counter<"kind">;
   retentionDeleted: Counter;
+  scheduledJobs: Counter;
 }
 
 const cache = new WeakMap<Registry, Metrics>();
@@ -172,7 +173,8 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       labelNames: ["kind"],
       registers,
     }),
-    retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs deleted by retention.", registers }),
+    retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs forgotten by retention.", registers }),
+    scheduledJobs: new Counter({ name: "leasehold_scheduled_jobs_total", help: "Jobs enqueued by schedules (one per tick).", registers }),
   };
   cache.set(registry, m);
   return m;

@@ -8,7 +8,7 @@ import assert from "node:assert/strict";
 import * as store from "../src/store/index.js";
 import { fencedWrite } from "../src/index.js";
 import { DOWNSTREAM_SQL } from "../chaos/downstream.js";
-import { RESULTS_TABLE } from "../chaos/config.js";
+import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "../chaos/config.js";
 import { checkInvariants } from "../chaos/invariants.js";
 import type { LogLine } from "../chaos/process-log.js";
 import { freshLeasehold } from "./helpers/db.js";
@@ -115,5 +115,26 @@ test("the checker explains a duplicate execution by the reaped lease before it, 
     broken.violations.some((v) => v.invariant === "duplicates explained"),
     JSON.stringify(broken.violations),
   );
+  await lh.dispose();
+});
+
+test("the checker reports transactional writes that are missing, doubled or left behind by a dead job", async () => {
+  const lh = await freshLeasehold();
+  await lh.pool.query(DOWNSTREAM_SQL);
+  await lh.enqueueMany([0, 1, 2, 3].map((seq) => ({ task: "chaos", payload: { seq, tx: true }, maxAttempts: seq === 3 ? 1 : 5 })));
+  const jobs = await store.claimJobs(lh.pool, { queues: ["default"], limit: 10, workerId: "w1", leaseMs: LEASE, tasks: ["chaos"] });
+  const [ok, missing, doubled, dead] = jobs.map((j) => j.id) as [string, string, string, string];
+  const refs = jobs.map((j) => ({ id: j.id, attempt: j.attempt }));
+  await store.completeJobs(lh.pool, { workerId: "w1", jobs: refs.slice(0, 3) });
+  await store.failJobs(lh.pool, { workerId: "w1", failures: [{ ...refs[3]!, error: "x", backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } }] });
+  const effect = (job: string) => lh.pool.query(`INSERT INTO ${TX_EFFECTS_TABLE} (job_id, attempt, worker_id) VALUES ($1, 1, 'w1')`, [job]);
+  await effect(ok);
+  await effect(doubled);
+  await effect(doubled);
+  await effect(dead);
+  const r = await checkInvariants({ admin: lh.pool, jobs: 4, logs: [], faults: [], unexpectedExits: [] });
+  const tx = r.violations.filter((v) => v.invariant === "transactional writes exactly once");
+  assert.deepEqual(tx.map((v) => v.job).sort(), [missing, doubled, dead].sort(), JSON.stringify(tx));
+  assert.equal(r.transactional, 4);
   await lh.dispose();
 });

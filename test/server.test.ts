@@ -927,3 +927,21 @@ test("RemoteTransport keeps a claim's receipt while its attempt may still be rep
   assert.equal(await invalidReceipts(), before + 1);
   assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
 });
+
+test("a remote worker's ctx.transaction fails with a ConfigError that says why (it cannot join the server's transactions)", async () => {
+  const worker = remoteWorker(base, {
+    "tx.remote": async (_p: unknown, ctx) => {
+      await ctx.transaction(async () => undefined);
+    },
+  });
+  const { id } = await lh.enqueue("tx.remote", {}, { maxAttempts: 1 });
+  const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
+  await worker.start();
+  try {
+    assert.equal((await ended)[1].state, "dead");
+  } finally {
+    await worker.stop();
+  }
+  const { job } = await lh.getJob(id);
+  assert.match(job.lastError!, /ctx\.transaction needs a worker on the database/);
+});

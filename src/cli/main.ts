@@ -12,6 +12,7 @@ import { registerEnqueue } from "./commands/enqueue.js";
 import { registerJobCommands } from "./commands/jobs.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerRunCommands } from "./commands/run.js";
+import { registerScheduleCommands } from "./commands/schedules.js";
 import { registerServe } from "./commands/serve.js";
 import { registerWorker } from "./commands/worker.js";
 
@@ -50,6 +51,7 @@ registerRunCommands(program, run);
 registerDoctor(program, run);
 registerEnqueue(program, run);
 registerJobCommands(program, run);
+registerScheduleCommands(program, run);
 for (const command of program.commands) applyExitOverride(command);
 
 function applyExitOverride(command: Command): void {

@@ -1,7 +1,9 @@
 /**
  * What every long-running command can add to its process: a Prometheus scrape endpoint
- * (`--metrics-port`, off by default) and retention (on by default for `worker` and `serve`,
- * so history stays bounded in a deployment that is only the CLI).
+ * (`--metrics-port`, off by default), retention (on by default for `worker` and `serve`,
+ * so history stays bounded in a deployment that is only the CLI) and the scheduler (on by
+ * default in `worker`, `serve` and `watchdog`, so schedules run whichever of them a
+ * deployment has).
  */
 import http from "node:http";
 import type { Command } from "commander";
@@ -20,6 +22,21 @@ export interface RetentionFlags {
   retention: boolean;
   retain?: number;
   retainDead?: number;
+}
+
+export interface SchedulerFlags {
+  scheduler: boolean;
+}
+
+export function schedulerOptions(command: Command): Command {
+  return command.option("--no-scheduler", "do not enqueue the jobs of due schedules from this process");
+}
+
+/** Runs the scheduler in this process unless --no-scheduler; it stops with the command. */
+export function startScheduler(cli: Cli, lh: Leasehold, flags: SchedulerFlags): void {
+  if (!flags.scheduler) return;
+  const scheduler = lh.scheduler().start();
+  cli.onClose(() => scheduler.stop());
 }
 
 export function metricsOptions(command: Command): Command {

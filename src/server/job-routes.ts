@@ -1,4 +1,4 @@
-/** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, stats. */
+/** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, stats; and the schedules, read-only. */
 import type { FastifyInstance } from "fastify";
 import type { Leasehold } from "../client.js";
 import { ValidationError } from "../errors.js";
@@ -53,4 +53,6 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
   });
 
   app.get("/v1/stats", { schema: routes.stats }, async () => lh.stats());
+
+  app.get("/v1/schedules", { schema: routes.listSchedules }, async () => ({ schedules: await lh.listSchedules() }));
 }

@@ -460,6 +460,40 @@ export const routes = {
       ...errors(401, 403, 503),
     },
   },
+  listSchedules: {
+    ...secured,
+    tags: ["schedules"],
+    summary: "Every schedule (periodic job) with its next and last tick; edit them with `leasehold schedules` or `lh.schedule`",
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          schedules: {
+            type: "array",
+            items: {
+              type: "object",
+              properties: {
+                name: NAME,
+                cron: { type: "string" },
+                timezone: { type: "string" },
+                task: NAME,
+                queue: NAME,
+                payload: {},
+                jobOptions: { type: "object", additionalProperties: true },
+                backfill: { type: "boolean" },
+                nextRunAt: TIME,
+                lastRunAt: TIME,
+                lastJobId: { type: ["string", "null"] },
+                createdAt: TIME,
+                updatedAt: TIME,
+              },
+            },
+          },
+        },
+      },
+      ...errors(401, 403, 503),
+    },
+  },
   metrics: {
     ...secured,
     tags: ["operations"],

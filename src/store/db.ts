@@ -53,24 +53,55 @@ export function createPool(options: PoolOptions): pg.Pool {
   return pool;
 }
 
+/**
+ * Connections as the application's own would be (the server's default search_path), for
+ * handlers' transactions (ctx.transaction): their SQL names the application's tables.
+ */
+export function createAppPool(connectionString: string, max = 10): pg.Pool {
+  const pool = new pg.Pool({ connectionString, max, application_name: "leasehold-handler-tx", connectionTimeoutMillis: 10_000 });
+  pool.on("error", () => {});
+  return pool;
+}
+
 /** The NOTIFY channel that wakes workers of this schema; the payload is the queue name. */
 export function notifyChannel(schema: string): string {
   return `leasehold:${schema}`;
 }
 
+/**
+ * A client checked out of a pool emits 'error' when its connection dies between statements
+ * (a terminated backend while the transaction waits on the caller); unheard, that event would
+ * crash the process. Held here, and the client is discarded rather than returned.
+ */
+export async function checkOut(pool: pg.Pool): Promise<{ client: pg.PoolClient; release: (err?: unknown) => void }> {
+  const client = await pool.connect();
+  let broken: unknown;
+  const onError = (err: unknown) => (broken = err);
+  client.on("error", onError);
+  return {
+    client,
+    release: (err?: unknown) => {
+      client.off("error", onError);
+      const fault = broken ?? err;
+      client.release(fault instanceof Error ? fault : fault === undefined ? undefined : new Error(String(fault)));
+    },
+  };
+}
+
 /** Runs fn inside a transaction on one client of the pool. */
 export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
-  const client = await pool.connect();
+  const { client, release } = await checkOut(pool);
+  let failed: unknown;
   try {
     await client.query("BEGIN");
     const result = await fn(client);
     await client.query("COMMIT");
     return result;
   } catch (err) {
-    await client.query("ROLLBACK").catch(() => {});
+    await client.query("ROLLBACK").catch((e: unknown) => (failed = e));
     throw err;
   } finally {
-    client.release();
+    release(failed);
   }
 }
 

@@ -1,4 +1,4 @@
-import type { Queryable } from "./db.js";
+import { quoteIdent, type Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
 
 /**
@@ -47,4 +47,38 @@ export async function completeJobs(db: Queryable, p: { workerId: string; jobs: A
   if (p.jobs.length === 0) return new Map();
   const rows = await run(db, COMPLETE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => `${j.id}:${j.attempt}`), p.workerId]);
   return new Map(rows.map((r) => [r.id, r.state as "succeeded" | "cancelled"]));
+}
+
+/**
+ * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's
+ * own writes and this statement commit together or not at all. Fenced like any completion,
+ * and also refused when a cancel was requested: the caller then rolls everything back, so a
+ * cancelled job leaves none of its writes. The text names the schema, because the caller's
+ * connection runs with its own search_path (where its tables are).
+ */
+const completeWithinText = (s: string) => `
+WITH done AS (
+  DELETE FROM ${s}jobs AS j
+   WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running' AND j.cancel_requested_at IS NULL
+  RETURNING j.*
+), history AS (
+  INSERT INTO ${s}job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+                               lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                               worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
+  SELECT id, queue, task, payload, priority, 'succeeded', attempt, spent_attempts, max_attempts,
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+         locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, (SELECT ${s}history_generation(now()))
+    FROM done
+)
+SELECT count(*)::int AS completed FROM done`;
+
+const COMPLETE_WITHIN = statement("completeWithin", completeWithinText(""), { completed: "int4" });
+const qualifiedCompleteWithin = new Map<string, typeof COMPLETE_WITHIN>();
+
+/** True if the attempt completed (pending the caller's commit); false: stale or cancelled. */
+export async function completeWithin(db: Queryable, schema: string, p: { workerId: string; job: AttemptRef }): Promise<boolean> {
+  let st = qualifiedCompleteWithin.get(schema);
+  if (!st) qualifiedCompleteWithin.set(schema, (st = { ...COMPLETE_WITHIN, text: completeWithinText(`${quoteIdent(schema)}.`) }));
+  const [row] = await run(db, st, [p.job.id, p.job.attempt, p.workerId]);
+  return row!.completed === 1;
 }

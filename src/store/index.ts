@@ -1,7 +1,17 @@
 /**
  * The store: the only place SQL runs. One function per statement, named for what it does.
  */
-export { createPool, withTransaction, notifyChannel, assertSchemaName, quoteIdent, isConnectionError, DEFAULT_SCHEMA } from "./db.js";
+export {
+  createPool,
+  createAppPool,
+  checkOut,
+  withTransaction,
+  notifyChannel,
+  assertSchemaName,
+  quoteIdent,
+  isConnectionError,
+  DEFAULT_SCHEMA,
+} from "./db.js";
 export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations } from "./migrate.js";
 export { enqueueJobs } from "./enqueue.js";
@@ -9,7 +19,7 @@ export { claimJobs, claimJobsById } from "./claim.js";
 export type { ClaimParams } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
-export { completeJobs } from "./finish.js";
+export { completeJobs, completeWithin } from "./finish.js";
 export type { AttemptRef } from "./finish.js";
 export { failJobs, reapExpiredLeases, recoverLostWorkers, endOverdueAttempts, releaseJobs, recoverJobsOfEarlierProcess } from "./end-attempts.js";
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended } from "./end-attempts.js";
@@ -23,3 +33,5 @@ export type { QueueTasks } from "./ready.js";
 export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
 export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
+export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, anySchedulesDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
+export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";

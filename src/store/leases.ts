@@ -93,12 +93,12 @@ const DESCRIBE_LOST = statement(
   "describeLostLeases",
   `
 SELECT a.id::text AS id, a.attempt, j.state, j.attempt AS current_attempt,
-       h.state AS finished_state, ja.outcome AS ended_as
+       j.cancel_requested_at IS NOT NULL AS cancel_requested, h.state AS finished_state, ja.outcome AS ended_as
   FROM unnest($1::bigint[], $2::int[]) AS a(id, attempt)
   LEFT JOIN jobs AS j ON j.id = a.id
   LEFT JOIN finished_jobs AS h ON h.id = a.id
   LEFT JOIN all_attempts AS ja ON ja.job_id = a.id AND ja.attempt = a.attempt`,
-  { id: "text", attempt: "int4", state: "text?", current_attempt: "int4?", finished_state: "text?", ended_as: "text?" },
+  { id: "text", attempt: "int4", state: "text?", current_attempt: "int4?", cancel_requested: "bool?", finished_state: "text?", ended_as: "text?" },
 );
 
 export interface LostLease {
@@ -121,6 +121,8 @@ export async function describeLostLeases(db: Queryable, attempts: { id: string; 
     else if (r.finished_state) reason = "finished";
     else if (r.state === null) reason = "missing";
     else if (r.current_attempt! > r.attempt) reason = "reclaimed";
+    // Still ours, and running: only a completion that refuses cancelled jobs (ctx.transaction) gets here.
+    else if (r.cancel_requested && r.state === "running") reason = "cancelled";
     else reason = "lease_expired";
     lost.set(r.id, { reason, endedAs: r.ended_as as AttemptOutcome | null, finishedState: r.finished_state });
   }

@@ -7,6 +7,7 @@
  *   (ctx.jobId, ctx.attempt) as the dedup key, and ctx.fence as the fencing token for writes
  *   elsewhere (see `ctx.fencedWrite`). Stop work when `ctx.signal` aborts: the lease is gone.
  */
+import type pg from "pg";
 import type { Logger } from "pino";
 import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
@@ -53,6 +54,19 @@ export interface JobContext {
     db: FencedWriteDb,
     write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
   ): Promise<boolean>;
+  /**
+   * Runs `work` in a transaction and completes this attempt in the same transaction: your
+   * writes and the job's success commit together, or not at all. The completion is fenced:
+   * if this attempt no longer holds its job (its lease was reaped, another attempt claimed
+   * it, it was cancelled), everything rolls back and a StaleLeaseError is thrown, so your
+   * writes in this database happen exactly once per job even with a zombie worker. Once it
+   * returns, the job is finished, whatever the handler does next. Once per attempt.
+   *
+   * `tx` is a connection with the server's default search_path (your tables, not
+   * Leasehold's schema), from a small pool of the worker's own; pass `{ pool }` to use yours
+   * (same database). Workers connected through `leasehold serve` cannot use it.
+   */
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }): Promise<T>;
   logger: Logger;
 }
 

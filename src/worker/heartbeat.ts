@@ -49,6 +49,11 @@ export interface InFlight {
   checkpointJson?: string;
   /** Set when the database refused this attempt's progress or checkpoint: it ends as a failure. */
   refusedValue?: string;
+  /**
+   * ctx.transaction: "committing" while its completion runs (a beat that then misses the job
+   * is not a lost lease: the job is being finished), "committed" once it is finished.
+   */
+  within?: "committing" | "committed";
 }
 
 /**
@@ -217,7 +222,7 @@ export class Heartbeater {
     for (const e of entries) {
       // The handler may have finished and its completion committed while the beat was in
       // flight: then the reporter owns the outcome.
-      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase === "reporting" || e.lostReason) continue;
+      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase === "reporting" || e.lostReason || e.within) continue;
       const reason: LostLeaseReason = reasons.get(e.job.id)?.reason ?? "missing";
       this.metrics.heartbeatLeases.inc({ outcome: "lost" });
       this.metrics.fencingRejections.inc({ kind: "heartbeat", reason });

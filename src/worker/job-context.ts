@@ -2,6 +2,7 @@
  * The JobContext a handler receives for one attempt. A class rather than an object of
  * closures: one is made per job, and its methods live once on the prototype.
  */
+import type pg from "pg";
 import type { Logger } from "pino";
 import { serializePayload } from "../jobs/validate.js";
 import { fencedWrite, type FencedWriteDb } from "../fencing.js";
@@ -13,6 +14,7 @@ import type { InFlight } from "./heartbeat.js";
 export interface ContextHost {
   logger: Logger;
   metrics: Metrics;
+  transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T>;
   /** The handler made progress (a progress or checkpoint call). */
   progressed(entry: InFlight): void;
   abort(entry: InFlight, reason: AbortReason): void;
@@ -88,6 +90,10 @@ class AttemptContext implements JobContext {
       this.host.abort(this.entry, "fence_refused");
     }
     return accepted;
+  }
+
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options: { pool?: pg.Pool } = {}): Promise<T> {
+    return this.host.transaction(this.entry, work, options.pool);
   }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.

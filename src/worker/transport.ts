@@ -58,11 +58,29 @@ export interface WorkerTransport {
    * of the name still holds end as worker_lost (spending budget); returns how many.
    */
   reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number>;
+  /**
+   * `ctx.transaction`: runs `work` in a transaction and completes the attempt in it, fenced;
+   * commits both, or rolls both back when the attempt no longer holds its job. Only a
+   * transport on the database itself can (a remote worker cannot join the server's
+   * transactions). `committing` is called just before the completion runs.
+   */
+  completeWithin?<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
   /** The most jobs one claim may ask for through this transport (default: the runtime's own cap). */
   readonly maxClaimBatch?: number;
 }
+
+export interface CompleteWithinParams<T> {
+  workerId: string;
+  job: store.AttemptRef;
+  work: (tx: pg.PoolClient) => Promise<T>;
+  /** Connections for the transaction: the user's own pool, or (default) one with the server's default search_path. */
+  pool?: pg.Pool;
+  committing: () => void;
+}
+
+export type CompleteWithinResult<T> = { completed: true; value: T } | { completed: false; lost: store.LostLease | undefined };
 
 /**
  * PostgreSQL refused a value, not the connection: a data exception (class 22, e.g. invalid
@@ -100,11 +118,53 @@ function withQueryTimeout(pool: pg.Pool, ms: number): store.Queryable {
 }
 
 export class DatabaseTransport implements WorkerTransport {
+  /** Connections for ctx.transaction, made on first use (see completeWithin). */
+  private appPool?: pg.Pool;
+
   constructor(
     private readonly pool: pg.Pool,
     private readonly connectionString: string,
     private readonly schema: string,
   ) {}
+
+  /**
+   * The handler's transaction runs on a connection like the application's own: the server's
+   * default search_path (where its tables are), not Leasehold's schema, whose statement here
+   * names it. Its own small pool, so a handler holding a transaction open never takes a
+   * connection the worker's claims, beats and reports need.
+   */
+  async completeWithin<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>> {
+    const pool = p.pool ?? (this.appPool ??= store.createAppPool(this.connectionString));
+    const { client, release } = await store.checkOut(pool);
+    let broken: unknown;
+    try {
+      await client.query("BEGIN");
+      let value: T;
+      try {
+        value = await p.work(client);
+        p.committing();
+        if (!(await store.completeWithin(client, this.schema, { workerId: p.workerId, job: p.job }))) {
+          await client.query("ROLLBACK");
+          return { completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) };
+        }
+      } catch (err) {
+        await client.query("ROLLBACK").catch((e: unknown) => (broken = e));
+        throw err;
+      }
+      try {
+        await client.query("COMMIT");
+      } catch (err) {
+        if (!isConnectionError(err)) throw err;
+        broken = err;
+        // The connection dropped during COMMIT: it may have landed. The audit trail knows.
+        const lost = (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id);
+        if (lost?.endedAs !== "succeeded") throw err;
+      }
+      return { completed: true, value };
+    } finally {
+      release(broken);
+    }
+  }
 
   async attach(p: AttachParams): Promise<Attachment> {
     const wanted = new Set(p.queues);
@@ -146,6 +206,9 @@ export class DatabaseTransport implements WorkerTransport {
       detach: async (graceful) => {
         if (graceful) await store.markWorkerStopped(this.pool, p.workerId).catch(() => {});
         await listener.stop();
+        const appPool = this.appPool;
+        this.appPool = undefined;
+        await appPool?.end();
       },
     };
   }

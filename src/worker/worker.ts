@@ -14,7 +14,8 @@ import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
 import type { Counter, Histogram, Registry } from "prom-client";
 import type { ClaimedJob } from "../jobs/types.js";
-import { UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import type pg from "pg";
+import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, type AbortReason } from "./context.js";
@@ -24,7 +25,7 @@ import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } 
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
-import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
+import { isConnectionError, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 
 export type { JobOutcome };
@@ -347,6 +348,51 @@ export class Worker extends EventEmitter {
   }
 
   /**
+   * @internal ctx.transaction: the handler's writes and the attempt's completion in one
+   * transaction. Committed, the job is finished (nothing is reported when the handler
+   * returns); refused, everything is rolled back and the handler gets a StaleLeaseError.
+   */
+  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T> {
+    const { job } = entry;
+    if (!this.transport.completeWithin) {
+      throw new ConfigError("ctx.transaction needs a worker on the database: a remote worker cannot join the server's transactions");
+    }
+    if (entry.within)
+      throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
+    if (entry.abortedWith) throw entry.abortedWith;
+    let result: CompleteWithinResult<T>;
+    try {
+      result = await this.transport.completeWithin({
+        workerId: this.id,
+        job: { id: job.id, attempt: job.attempt },
+        work,
+        pool,
+        committing: () => (entry.within = "committing"),
+      });
+    } catch (err) {
+      entry.within = undefined;
+      throw err;
+    }
+    if (!result.completed) {
+      entry.within = undefined;
+      const reason = result.lost?.reason ?? "missing";
+      const stale = new StaleLeaseError(job.id, job.attempt, reason);
+      this.metrics.fencingRejections.inc({ kind: "complete", reason });
+      this.logger.warn({ jobId: job.id, attempt: job.attempt, reason }, "transaction rolled back: the attempt no longer holds its job");
+      this.emit("job:stale", job, stale);
+      // A cancelled job is still this attempt's to end: the handler's end is reported as usual
+      // and ends it as cancelled. Any other reason: the lease is gone, nothing is reported.
+      if (reason === "cancelled") this.abortJob(entry, "cancelled");
+      else this.leaseLost(entry, reason);
+      throw stale;
+    }
+    entry.within = "committed";
+    clearTimeout(entry.limitTimer);
+    this.forget(entry); // finished: no more beats, and a late beat's miss is not a loss
+    return result.value;
+  }
+
+  /**
    * Progress timeout and maximum run time: one timer per attempt with limits, armed for the
    * earlier deadline and re-armed when it fires early (progress moved the deadline).
    */
@@ -369,6 +415,8 @@ export class Worker extends EventEmitter {
    * whatever the handler does later (if it ever settles) is ignored, and its slot is free.
    */
   private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
+    if (entry.within) return; // its transaction is finishing the job: that decides
+
     const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
     this.logger.warn(
       { jobId: entry.job.id, attempt: entry.job.attempt, outcome },
@@ -388,6 +436,18 @@ export class Worker extends EventEmitter {
     // Ended already (at a limit) or dropped: nothing is reported twice.
     if (entry.phase !== "running") return;
     this.slotFreed(entry);
+    if (entry.within === "committed") {
+      // Its transaction finished the job; what the handler did after cannot change that.
+      if (err !== undefined) {
+        this.logger.warn(
+          { jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) },
+          "handler threw after its transaction completed the job",
+        );
+      }
+      this.countEnded(entry.job.queue, "succeeded");
+      this.emit("job:end", entry.job, { state: "succeeded" } satisfies JobOutcome);
+      return;
+    }
     if (entry.lostReason) {
       // The lease is known to be gone (or released at shutdown): a report would be refused.
       this.forget(entry);
@@ -426,6 +486,7 @@ export class Worker extends EventEmitter {
   }
 
   private leaseLost(entry: InFlight, reason: LostLeaseReason | "reclaimed"): void {
+    if (entry.within) return; // being finished by its own transaction
     if (entry.phase === "buffered") return this.drop(entry, reason);
     if (entry.phase !== "running") return;
     entry.lostReason = reason;

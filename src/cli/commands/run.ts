@@ -3,7 +3,7 @@ import type { Command } from "commander";
 import { DEFAULT_LIVENESS_INTERVAL_MS, DEFAULT_WATCHDOG_INTERVAL_MS } from "../../maintenance/watchdog.js";
 import type { Run } from "../context.js";
 import { int } from "../parse.js";
-import { metricsOptions, startMetricsServer, type MetricsFlags } from "../process-services.js";
+import { metricsOptions, schedulerOptions, startMetricsServer, startScheduler, type MetricsFlags, type SchedulerFlags } from "../process-services.js";
 import { untilSignal } from "../signals.js";
 
 export function registerRunCommands(program: Command, run: Run): void {
@@ -33,8 +33,8 @@ export function registerRunCommands(program: Command, run: Run): void {
       DEFAULT_LIVENESS_INTERVAL_MS,
     )
     .option("--once", "recover once, print what was done and exit");
-  metricsOptions(watchdog).action(
-    run(async (cli, opts: { interval: number; livenessInterval: number; once?: boolean } & MetricsFlags) => {
+  schedulerOptions(metricsOptions(watchdog)).action(
+    run(async (cli, opts: { interval: number; livenessInterval: number; once?: boolean } & MetricsFlags & SchedulerFlags) => {
       const logger = cli.logger("info");
       const lh = await cli.connect({ logger });
       const service = lh.watchdog({ intervalMs: opts.interval, livenessIntervalMs: opts.livenessInterval });
@@ -45,6 +45,7 @@ export function registerRunCommands(program: Command, run: Run): void {
       }
       const metricsUrl = await startMetricsServer(cli, lh, opts);
       service.start();
+      startScheduler(cli, lh, opts);
       cli.note(
         `watchdog running (leases every ${opts.interval} ms, liveness every ${opts.livenessInterval} ms)${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it`,
       );

@@ -7,7 +7,7 @@ import { DEFAULT_MAX_LEASE_MS, DEFAULT_MIN_LEASE_MS } from "../../server/limits.
 import type { Cli, Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { int } from "../parse.js";
-import { retentionOptions, startRetention, type RetentionFlags } from "../process-services.js";
+import { retentionOptions, schedulerOptions, startRetention, startScheduler, type RetentionFlags, type SchedulerFlags } from "../process-services.js";
 import { untilSignal } from "../signals.js";
 
 export const DEFAULT_PORT = 7070;
@@ -41,7 +41,7 @@ export function registerServe(program: Command, run: Run): void {
       "how often the watchdog reaps expired leases (crash detection runs more often)",
       int("--watchdog-interval", 100, 3_600_000),
     );
-  retentionOptions(serve).action(
+  schedulerOptions(retentionOptions(serve)).action(
     run(async (cli, opts: ServeFlags) => {
       const token = opts.token ?? cli.token;
       if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
@@ -56,6 +56,7 @@ export function registerServe(program: Command, run: Run): void {
       const lh = await cli.connect({ logger, poolSize: 20 });
       const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
+      startScheduler(cli, lh, opts);
       cli.result(
         { listening: url, schema: lh.schema, watchdog: opts.watchdog },
         () => `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})`,
@@ -82,7 +83,7 @@ interface ServeOptions {
   watchdogInterval?: number;
 }
 
-type ServeFlags = ServeOptions & RetentionFlags;
+type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags;
 
 export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptions, "token"> & { token: string; logger: Logger }): Promise<string> {
   // Loaded here, not at the top: the other commands should not pay for fastify's start-up.

@@ -6,11 +6,20 @@ import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { printJobEvents } from "../job-events.js";
 import { int, list } from "../parse.js";
-import { metricsOptions, retentionOptions, startMetricsServer, startRetention, type MetricsFlags, type RetentionFlags } from "../process-services.js";
+import {
+  metricsOptions,
+  retentionOptions,
+  schedulerOptions,
+  startMetricsServer,
+  startRetention,
+  type MetricsFlags,
+  type RetentionFlags,
+  type SchedulerFlags,
+} from "../process-services.js";
 import { loadTasks } from "../tasks.js";
 import { untilSignal } from "../signals.js";
 
-interface WorkerFlags extends MetricsFlags, RetentionFlags {
+interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
   tasks: string;
   concurrency?: number;
   queues?: string[];
@@ -56,7 +65,7 @@ export function registerWorker(program: Command, run: Run): void {
     .option("--server <url>", "take jobs from a `leasehold serve` at this URL instead of the database (default: LEASEHOLD_SERVER_URL)")
     .option("--token <token>", "the server's API token (default: LEASEHOLD_WORKER_TOKEN, else LEASEHOLD_TOKEN)")
     .option("--no-watchdog", "do not run a watchdog in this process (database mode)");
-  retentionOptions(metricsOptions(worker)).action(
+  schedulerOptions(retentionOptions(metricsOptions(worker))).action(
     run(async (cli, opts: WorkerFlags) => {
       const { file, handlers } = await loadTasks(opts.tasks);
       const settings = {
@@ -83,7 +92,7 @@ export function registerWorker(program: Command, run: Run): void {
         metrics = worker;
       } else {
         const lh = await cli.connect({ logger });
-        worker = lh.worker({ ...settings, watchdog: opts.watchdog && { intervalMs: opts.watchdogInterval } });
+        worker = lh.worker({ ...settings, watchdog: opts.watchdog && { intervalMs: opts.watchdogInterval }, scheduler: opts.scheduler });
         startRetention(cli, lh, opts);
         metrics = lh;
       }
