@@ -70,6 +70,8 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   private readonly graceMs: number;
   private readonly backoff: BackoffPolicy;
   private lastReap = -Infinity;
+  /** Workers this watchdog saw lose their liveness, and when (monotonic ms). */
+  private readonly lostSeen = new Map<string, number>();
   private lastOrphanScan = -Infinity;
   private announced = false;
 
@@ -114,11 +116,30 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       this.metrics.recoveries.inc({ cause }, ended.size);
       for (const s of ended.sinceBeatSeconds ?? []) this.metrics.recoveryDelay.observe({ cause }, s);
     };
-    const { lost, back } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
-    if (lost.length > 0)
+    const { lost, back, jobsLive, jobsDead } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
+    const now = performance.now();
+    if (lost.length > 0) {
       this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
-    if (back.length > 0) this.logger.info({ workers: back }, "worker liveness back");
-    count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
+      for (const id of lost) this.lostSeen.set(id, now);
+    }
+    if (back.length > 0) {
+      this.logger.info({ workers: back }, "worker liveness back");
+      for (const id of back) this.lostSeen.delete(id);
+    }
+    // Recovery runs once the grace of a worker this watchdog saw go has passed, and on every
+    // reap tick for workers another watchdog saw go: not one more statement on every tick.
+    const graceOver = [...this.lostSeen].filter(([, at]) => now - at >= this.graceMs);
+    if (all || graceOver.length > 0) {
+      count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
+      for (const [id] of graceOver) this.lostSeen.delete(id);
+    }
+    // The hot table's dead rows slow every claim until vacuumed (see vacuumIfBloated); a busy
+    // queue makes tens of thousands a second, so its counts are read every tick (for free:
+    // they come with the liveness check).
+    if (store.isBloated(jobsLive, jobsDead, HOT_TABLE_VACUUM_MIN_DEAD)) {
+      await store.vacuumTable(this.db, "jobs");
+      this.logger.debug({ dead: jobsDead, live: jobsLive }, "vacuumed the jobs table");
+    }
     if (all) {
       this.lastReap = performance.now();
       if (!this.announced) {
@@ -156,10 +177,6 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       }
       await this.gauge();
     }
-    // The hot table's dead rows slow every claim until vacuumed (see vacuumIfBloated); a busy
-    // queue makes tens of thousands a second, so this is checked every tick (two counters).
-    const vacuumed = await store.vacuumIfBloated(this.db, { tables: ["jobs"], minDead: HOT_TABLE_VACUUM_MIN_DEAD });
-    if (vacuumed.length > 0) this.logger.debug({ tables: vacuumed }, "vacuumed");
     const total = summary.retried + summary.dead + summary.cancelled;
     if (total > 0)
       this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
