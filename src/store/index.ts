@@ -33,5 +33,5 @@ export type { QueueTasks } from "./ready.js";
 export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
 export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
-export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, anySchedulesDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
+export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
 export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";
