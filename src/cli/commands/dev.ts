@@ -1,6 +1,6 @@
 /**
  * `leasehold dev`: everything on one machine for trying Leasehold and developing handlers:
- * the embedded PostgreSQL (data in <data dir>/pgdata), the server with its API, a worker
+ * the embedded PostgreSQL (data in <data dir>/pgdata), the server with its API and dashboard, a worker
  * with a watchdog running a tasks module (the bundled examples by default, with a few
  * example jobs enqueued at start), and a readable log of what happens. Other commands run
  * from the same folder find it through <data dir>/dev.json.
@@ -30,7 +30,7 @@ const EXAMPLE_JOBS = [
 export function registerDev(program: Command, run: Run): void {
   program
     .command("dev")
-    .description("embedded PostgreSQL + server + worker + watchdog, with example jobs: the quickest way to see Leasehold work")
+    .description("embedded PostgreSQL + server and dashboard + worker + watchdog, with example jobs: the quickest way to see Leasehold work")
     .option("--tasks <file>", "your tasks module (default: the bundled examples)")
     .option("--port <port>", "API port (0 picks a free one; a busy default port falls back to a free one)", int("--port", 0, 65535))
     .option("--token <token>", "API token (default: LEASEHOLD_TOKEN, else a random one)")
@@ -81,6 +81,7 @@ export function registerDev(program: Command, run: Run): void {
             JSON.stringify({
               event: "ready",
               api: apiUrl,
+              dashboard: `${apiUrl}/`,
               token,
               database: redactUrl(lh.databaseUrl),
               schema: lh.schema,
@@ -125,6 +126,7 @@ function printBanner(
   const { apiUrl, token, lh, cli, taskNames } = b;
   say("");
   say("Leasehold dev is running.");
+  say(`  Dashboard  ${dashboardLink(apiUrl, token)}   (opens signed in; the token stays in the browser)`);
   say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
   say(
     `  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` +
@@ -138,6 +140,11 @@ function printBanner(
   say(`  curl -H 'Authorization: Bearer ${token}' ${apiUrl}/v1/stats`);
   say("Press Ctrl-C to stop (running jobs get a few seconds to finish; the rest are released).");
   say("");
+}
+
+/** The dashboard, signed in: the token rides in the fragment, which the browser never sends; the page keeps it and drops it from the address. */
+function dashboardLink(apiUrl: string, token: string): string {
+  return `${apiUrl}/#token=${encodeURIComponent(token)}`;
 }
 
 function clock(): string {
