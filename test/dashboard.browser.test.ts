@@ -170,10 +170,6 @@ test("a running job's progress bar moves without a reload", { skip }, async () =
   await screenshot(page, "running");
   // The overview while things happen: the sampler has had time for a few throughput points.
   await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "fragile", queue: "mail" })));
-  await page.goto(`${base}/#/`);
-  await page.waitForSelector('[data-table="queues"] >> text=mail');
-  await sleep(2_500);
-  await screenshot(page, "overview");
 });
 
 test("a job's page shows its attempt history after a reaped lease, and the refusal shows in Recoveries", { skip }, async () => {
@@ -335,4 +331,7 @@ test("usable at a phone's width: nothing wider than the screen, every view reach
   await p.waitForSelector('[data-table="queues"]');
   await screenshot(p, "overview-phone");
   await phone.close();
+  await page.goto(`${base}/#/`);
+  await page.waitForSelector('[data-table="queues"] >> text=mail');
+  await screenshot(page, "overview");
 });
