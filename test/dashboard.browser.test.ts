@@ -18,6 +18,13 @@ import { eventually, freshLeasehold, NO_BACKOFF, silent } from "./helpers/db.js"
 import { CHROMIUM_HINT, findChromium, launchChromium, screenshot } from "./helpers/browser.js";
 import { TOKEN } from "./helpers/server.js";
 
+/** What the tests read in the page (the tests are compiled without the DOM's types). */
+interface InPage {
+  __pwned?: number;
+  sessionStorage: { getItem(key: string): string | null };
+  document: { cookie: string; documentElement: { scrollWidth: number } };
+}
+
 const skip = findChromium() ? false : `no Chromium found; ${CHROMIUM_HINT}`;
 
 let lh: Awaited<ReturnType<typeof freshLeasehold>>;
@@ -133,7 +140,7 @@ function watchForScripts(p: Page): () => Promise<void> {
   });
   return async () => {
     assert.deepEqual(dialogs, [], "no alert/confirm/prompt opened");
-    assert.equal(await p.evaluate(() => (window as unknown as { __pwned?: number }).__pwned), undefined, "no injected script ran");
+    assert.equal(await p.evaluate(() => (globalThis as unknown as InPage).__pwned), undefined, "no injected script ran");
   };
 }
 
@@ -152,8 +159,8 @@ test("the page loads with a strict policy, asks for the token and keeps it in th
   await page.fill('input[name="token"]', TOKEN);
   await page.click('form.sign-in button[type="submit"]');
   await page.waitForSelector('[data-table="queues"] >> text=reports');
-  assert.equal(await page.evaluate(() => sessionStorage.getItem("leasehold.token")), TOKEN);
-  assert.equal(await page.evaluate(() => document.cookie), "");
+  assert.equal(await page.evaluate(() => (globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")), TOKEN);
+  assert.equal(await page.evaluate(() => (globalThis as unknown as InPage).document.cookie), "");
   assert.deepEqual(await context.cookies(), []);
   await page.waitForSelector('[data-table="processes"] >> text=web-1');
 });
@@ -303,7 +310,10 @@ test("read-only mode: no buttons that change jobs, and the server refuses them",
   await p.waitForSelector('[data-table="jobs"]');
   assert.equal(await p.locator('[data-action="bulk-retry"]').count(), 0);
   const answers = await p.evaluate(async (jobId) => {
-    const auth = { authorization: `Bearer ${sessionStorage.getItem("leasehold.token")}`, "content-type": "application/json" };
+    const auth = {
+      authorization: `Bearer ${(globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")}`,
+      "content-type": "application/json",
+    };
     const one = await fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", headers: auth, body: "{}" });
     const bulk = await fetch("/v1/bulk/retry", { method: "POST", headers: auth, body: JSON.stringify({ state: "dead", confirmed: 100 }) });
     return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status];
@@ -322,7 +332,7 @@ test("usable at a phone's width: nothing wider than the screen, every view reach
   for (const route of ["#/", "#/running", "#/jobs?state=dead", "#/recoveries", "#/schedules"]) {
     await p.goto(`${base}/${route}`);
     await p.waitForSelector(".freshness[data-fresh=yes]");
-    const width = await p.evaluate(() => document.documentElement.scrollWidth);
+    const width = await p.evaluate(() => (globalThis as unknown as InPage).document.documentElement.scrollWidth);
     assert.ok(width <= 390, `${route} is ${width} px wide at 390 px`);
   }
   await p.waitForSelector('[data-table="schedules"] >> text=nightly-report');

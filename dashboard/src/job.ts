@@ -48,7 +48,9 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
     }
     if ((job.state === "waiting" || job.state === "running") && !job.cancelRequestedAt) {
       const detail = job.state === "waiting" ? "It ends now, without running." : "Its handler is aborted at its next heartbeat.";
-      actions.append(button("Cancel", () => void act(ctx, "cancel", job.id, `Cancel job ${job.id}?`, detail), { class: "danger", "data-action": "cancel" }));
+      actions.append(
+        button("Cancel", () => void act(ctx, "cancel", job.id, `Cancel job ${job.id}?`, detail), { class: "danger", "data-action": "cancel" }),
+      );
     }
   }
   const field = (label: string, value: Node | string) => [h("dt", {}, label), h("dd", {}, value)];
@@ -88,16 +90,30 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
         job.progress === null ? h("p", { class: "empty" }, "None reported.") : jsonBlock(job.progress),
       ),
     ),
-    block("Last error", job.lastError ? h("pre", { class: "error-text", "data-field": "last-error" }, job.lastError) : h("p", { class: "empty" }, "None.")),
+    block(
+      "Last error",
+      job.lastError ? h("pre", { class: "error-text", "data-field": "last-error" }, job.lastError) : h("p", { class: "empty" }, "None."),
+    ),
     block("Attempts", timeline(job.state === "running" ? [...attempts, current(job)] : attempts)),
     block("Payload", jsonBlock(job.payload, { "data-field": "payload" })),
-    block("Checkpoint", job.checkpoint === null ? h("p", { class: "empty" }, "None saved.") : jsonBlock(job.checkpoint, { "data-field": "checkpoint" })),
+    block(
+      "Checkpoint",
+      job.checkpoint === null ? h("p", { class: "empty" }, "None saved.") : jsonBlock(job.checkpoint, { "data-field": "checkpoint" }),
+    ),
   ];
 }
 
 /** The attempt running now is the job row itself (its audit row is written when it ends). */
 function current(job: JobDetail["job"]): AttemptRecord {
-  return { jobId: job.id, attempt: job.attempt, workerId: job.lockedBy ?? "", startedAt: job.startedAt!, endedAt: new Date().toISOString(), outcome: "running", error: null };
+  return {
+    jobId: job.id,
+    attempt: job.attempt,
+    workerId: job.lockedBy ?? "",
+    startedAt: job.startedAt!,
+    endedAt: new Date().toISOString(),
+    outcome: "running",
+    error: null,
+  };
 }
 
 function timeline(attempts: AttemptRecord[]): Node {
@@ -143,7 +159,13 @@ async function act(ctx: ViewContext, action: "retry" | "cancel", id: string, que
   if (!(await confirmChange(question, detail, action === "retry" ? "Retry" : "Cancel job"))) return;
   try {
     const r = await ctx.api.post<{ result: string }>(`/v1/jobs/${id}/${action}`);
-    ctx.flash(r.result === "retried" ? `Job ${id} is waiting again.` : r.result === "cancelled" ? `Job ${id} cancelled.` : `Job ${id} will stop at its next heartbeat.`);
+    ctx.flash(
+      r.result === "retried"
+        ? `Job ${id} is waiting again.`
+        : r.result === "cancelled"
+          ? `Job ${id} cancelled.`
+          : `Job ${id} will stop at its next heartbeat.`,
+    );
   } catch (err) {
     ctx.flash(err instanceof Error ? err.message : String(err), "error");
   }

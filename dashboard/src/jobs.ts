@@ -25,7 +25,12 @@ const toLocal = (iso: string | undefined) => {
 };
 
 function describe(f: Filter): string {
-  const parts = [f.queue && `queue ${f.queue}`, f.task && `task ${f.task}`, f.from && `${f.time ?? "created"} from ${time(f.from)}`, f.to && `until ${time(f.to)}`];
+  const parts = [
+    f.queue && `queue ${f.queue}`,
+    f.task && `task ${f.task}`,
+    f.from && `${f.time ?? "created"} from ${time(f.from)}`,
+    f.to && `until ${time(f.to)}`,
+  ];
   return parts.filter(Boolean).join(", ") || "no other filter";
 }
 
@@ -75,11 +80,21 @@ export function jobsView(ctx: ViewContext): View {
 }
 
 function searchForm(ctx: ViewContext, filter: Filter): HTMLElement {
-  const state = h("select", { name: "state", "aria-label": "state" }, h("option", { value: "" }, "any state"), ...STATES.map((s) => h("option", { value: s }, s)));
+  const state = h(
+    "select",
+    { name: "state", "aria-label": "state" },
+    h("option", { value: "" }, "any state"),
+    ...STATES.map((s) => h("option", { value: s }, s)),
+  );
   state.value = filter.state ?? "";
   const queue = h("input", { name: "queue", placeholder: "queue", value: filter.queue ?? "", "aria-label": "queue" });
   const task = h("input", { name: "task", placeholder: "task", value: filter.task ?? "", "aria-label": "task" });
-  const timeField = h("select", { name: "time", "aria-label": "time" }, h("option", { value: "created" }, "created"), h("option", { value: "finished" }, "finished"));
+  const timeField = h(
+    "select",
+    { name: "time", "aria-label": "time" },
+    h("option", { value: "created" }, "created"),
+    h("option", { value: "finished" }, "finished"),
+  );
   timeField.value = filter.time ?? "created";
   const from = h("input", { type: "datetime-local", name: "from", value: toLocal(filter.from), "aria-label": "from" });
   const to = h("input", { type: "datetime-local", name: "to", value: toLocal(filter.to), "aria-label": "to" });
@@ -148,7 +163,10 @@ async function bulk(ctx: ViewContext, action: "retry" | "cancel", filter: Filter
     ctx.refresh();
   } catch (err) {
     if (err instanceof ApiError && err.code === "count_changed") {
-      return ctx.flash(`${count(Number(err.body.matched))} jobs match now, more than you confirmed; nothing changed. Press again to see the new number.`, "error");
+      return ctx.flash(
+        `${count(Number(err.body.matched))} jobs match now, more than you confirmed; nothing changed. Press again to see the new number.`,
+        "error",
+      );
     }
     ctx.flash(err instanceof Error ? err.message : String(err), "error");
   }

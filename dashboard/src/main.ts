@@ -44,13 +44,13 @@ function takeTokenFromAddress(): void {
   history.replaceState(null, "", `${location.pathname}${location.search}#/`);
 }
 
+/** The token lives in this tab's sessionStorage only: gone when the tab closes, never a cookie. */
 function storedToken(): string | null {
-  return sessionStorage.getItem(TOKEN_KEY) ?? localStorage.getItem(TOKEN_KEY);
+  return sessionStorage.getItem(TOKEN_KEY);
 }
 
 function forgetToken(): void {
   sessionStorage.removeItem(TOKEN_KEY);
-  localStorage.removeItem(TOKEN_KEY);
 }
 
 function showSignIn(message?: string): void {
@@ -58,15 +58,17 @@ function showSignIn(message?: string): void {
   bannerEl.hidden = true;
   navEl.hidden = true;
   const input = h("input", { type: "password", name: "token", autocomplete: "current-password", required: true, "aria-label": "API token" });
-  const remember = h("input", { type: "checkbox", name: "remember" });
   const error = h("p", { class: "error", role: "alert" }, message ?? "");
   const form = h(
     "form",
     { class: "sign-in" },
     h("h1", {}, "Leasehold"),
-    h("p", {}, "The server's API token (LEASEHOLD_TOKEN; `leasehold dev` prints it). It is sent with each request in a header, and kept only in this browser."),
+    h(
+      "p",
+      {},
+      "The server's API token (LEASEHOLD_TOKEN; `leasehold dev` prints it). It is sent with each request in a header, and kept only in this tab until it closes.",
+    ),
     h("label", {}, "API token ", input),
-    h("label", { class: "inline" }, remember, " Remember on this device"),
     h("button", { type: "submit" }, "Sign in"),
     error,
   );
@@ -75,10 +77,11 @@ function showSignIn(message?: string): void {
     const token = input.value.trim();
     new Api(token).get("/v1/overview").then(
       () => {
-        (remember.checked ? localStorage : sessionStorage).setItem(TOKEN_KEY, token);
+        sessionStorage.setItem(TOKEN_KEY, token);
         start(token);
       },
-      (err: unknown) => replace(error, err instanceof ApiError && err.status === 401 ? "The server refused that token." : String((err as Error).message)),
+      (err: unknown) =>
+        replace(error, err instanceof ApiError && err.status === 401 ? "The server refused that token." : String((err as Error).message)),
     );
   });
   replace(viewEl, form);
@@ -111,7 +114,8 @@ class App {
     const [pathPart, query = ""] = (location.hash.replace(/^#/, "") || "/").split("?");
     const path = pathPart || "/";
     const match = ROUTES.find(([re]) => re.test(path));
-    for (const a of navEl.querySelectorAll("a")) a.classList.toggle("active", a.getAttribute("href") === `#${location.hash.replace(/^#/, "") || "/"}`);
+    for (const a of navEl.querySelectorAll("a"))
+      a.classList.toggle("active", a.getAttribute("href") === `#${location.hash.replace(/^#/, "") || "/"}`);
     if (!match) {
       this.view = undefined;
       replace(viewEl, h("p", {}, "No such page. ", link("#/", "Back to the overview")));
@@ -167,10 +171,14 @@ class App {
       h("span", { class: `dot ${stale && age !== undefined ? "stale" : "live"}` }),
       h("span", { class: "freshness", "data-fresh": stale ? "no" : "yes" }, text),
       readOnly && h("span", { class: "badge read-only", title: "this server changes nothing (--dashboard read-only)" }, "read-only"),
-      button("Sign out", () => {
-        forgetToken();
-        location.reload();
-      }, { class: "link" }),
+      button(
+        "Sign out",
+        () => {
+          forgetToken();
+          location.reload();
+        },
+        { class: "link" },
+      ),
     );
     if (this.lastError !== undefined) {
       bannerEl.hidden = false;

@@ -68,7 +68,12 @@ export function overviewView(ctx: ViewContext): View {
 
   const renderActivity = (a: Activity) => {
     const x = a.throughput.map((p) => Math.round(new Date(p.at).getTime() / 1000));
-    throughput.update(x, [a.throughput.map((p) => p.finished), a.throughput.map((p) => p.dead), a.throughput.map((p) => p.requeued), a.throughput.map((p) => p.enqueued)]);
+    throughput.update(x, [
+      a.throughput.map((p) => p.finished),
+      a.throughput.map((p) => p.dead),
+      a.throughput.map((p) => p.requeued),
+      a.throughput.map((p) => p.enqueued),
+    ]);
     const r = recoveryChartData(a);
     recoveries.update(r.x, r.ys);
     replace(
@@ -140,7 +145,11 @@ export function overviewView(ctx: ViewContext): View {
               p.queues.join(", ") || "–",
               p.tasks.join(", ") || "–",
               p.kind === "worker" ? `${p.inFlight}${p.concurrency === null ? "" : ` / ${p.concurrency}`}` : "–",
-              h("span", { class: p.lost ? "bad" : isLive(p) ? "" : "warn" }, p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : ago(p.lastSeenMsAgo)),
+              h(
+                "span",
+                { class: p.lost ? "bad" : isLive(p) ? "" : "warn" },
+                p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : ago(p.lastSeenMsAgo),
+              ),
               duration(p.upMs),
             ]),
             { "data-table": "processes" },

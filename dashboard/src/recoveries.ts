@@ -52,7 +52,12 @@ export function recoveriesView(ctx: ViewContext): View {
                 e.queue ?? "–",
                 String(e.attempt),
                 h("span", { class: "mono" }, e.workerId),
-                h("span", { class: "error-text" }, short(e.detail, 120), e.via && ` (${e.via === "server" ? "remote worker, refused by the server" : "refused on the database"})`),
+                h(
+                  "span",
+                  { class: "error-text" },
+                  short(e.detail, 120),
+                  e.via && ` (${e.via === "server" ? "remote worker, refused by the server" : "refused on the database"})`,
+                ),
               ]),
               { "data-table": "recoveries" },
             ),

@@ -66,7 +66,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
   );
   const limits = resolveLimits(options.limits);
   const dashboard = options.dashboard ?? "on";
-  if (!DASHBOARD_MODES.includes(dashboard)) throw new ConfigError(`dashboard must be one of ${DASHBOARD_MODES.join(", ")} (got ${JSON.stringify(dashboard)})`);
+  if (!DASHBOARD_MODES.includes(dashboard))
+    throw new ConfigError(`dashboard must be one of ${DASHBOARD_MODES.join(", ")} (got ${JSON.stringify(dashboard)})`);
   const readOnly = dashboard === "read-only";
   const metrics = serverMetrics(lh.metrics.registry);
   const logger = lh.logger.child({ component: "server" });
@@ -131,7 +132,9 @@ export function createServer(options: ServerOptions): FastifyInstance {
     }
     // Read-only: whoever holds the operator token here may look, never change (nor act as a worker).
     if (readOnly && scope === "operator" && request.method !== "GET" && request.method !== "HEAD") {
-      return reply.status(403).send(errorBody("read_only", "this server is read-only (--dashboard read-only): it changes nothing for the operator token"));
+      return reply
+        .status(403)
+        .send(errorBody("read_only", "this server is read-only (--dashboard read-only): it changes nothing for the operator token"));
     }
   });
   app.addHook("preClose", async () => {

@@ -53,7 +53,8 @@ interface Asset {
 /** Every file the page may load, by the name it is asked for under /assets/. */
 function loadAssets(): Map<string, Asset> {
   const scripts = path.join(PACKAGE_ROOT, "dist", "dashboard");
-  if (!fs.existsSync(scripts)) throw new ConfigError(`the dashboard's scripts are missing (${scripts}): run npm run build, or serve with --dashboard off`);
+  if (!fs.existsSync(scripts))
+    throw new ConfigError(`the dashboard's scripts are missing (${scripts}): run npm run build, or serve with --dashboard off`);
   const uplot = path.dirname(createRequire(import.meta.url).resolve("uplot"));
   const files: [string, string][] = [
     ["dashboard.css", path.join(PACKAGE_ROOT, "dashboard", "dashboard.css")],

@@ -103,7 +103,10 @@ const bulkRoutes = (action: "retry" | "cancel") => {
       summary: `How many jobs a bulk ${action} with this filter would take now`,
       querystring: bulkQuery(action),
       response: {
-        200: { type: "object", properties: { action: { type: "string" }, matched: COUNT, max: { ...COUNT, description: "most jobs one bulk action takes" } } },
+        200: {
+          type: "object",
+          properties: { action: { type: "string" }, matched: COUNT, max: { ...COUNT, description: "most jobs one bulk action takes" } },
+        },
         ...READ_ERRORS,
       },
     },

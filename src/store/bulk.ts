@@ -20,7 +20,9 @@ const FINISHED_AT: Record<BulkAction, string> = { retry: "finished_at", cancel: 
 export const MAX_BULK_JOBS = 10_000;
 
 const COUNT = (action: BulkAction) =>
-  statement(`countMatching (${action})`, `SELECT count(*)::int AS matched FROM ${SOURCE[action]} WHERE ${filterSql(1, FINISHED_AT[action])}`, { matched: "int4" });
+  statement(`countMatching (${action})`, `SELECT count(*)::int AS matched FROM ${SOURCE[action]} WHERE ${filterSql(1, FINISHED_AT[action])}`, {
+    matched: "int4",
+  });
 const COUNT_MATCHING = { retry: COUNT("retry"), cancel: COUNT("cancel") };
 
 /** How many jobs a bulk action on `filter` would take now. */

@@ -39,7 +39,15 @@ export { recordStaleRefusals, pruneStaleRefusals } from "./refusals.js";
 export type { StaleRefusal, RefusedKind } from "./refusals.js";
 export { sampleThroughput, pruneThroughputSamples, throughputSeries } from "./throughput.js";
 export type { ThroughputPoint, ThroughputSeries } from "./throughput.js";
-export { queueOverview, liveProcesses, runningJobs, recoverySeries, recentRecoveries, RECOVERY_EVENT_KINDS, LISTED_PROGRESS_BYTES } from "./monitor.js";
+export {
+  queueOverview,
+  liveProcesses,
+  runningJobs,
+  recoverySeries,
+  recentRecoveries,
+  RECOVERY_EVENT_KINDS,
+  LISTED_PROGRESS_BYTES,
+} from "./monitor.js";
 export type { QueueOverview, ProcessRecord, RunningJob, RecoveryCounts, RecoveryEvent, RecoveryEventKind } from "./monitor.js";
 export { countMatching, actOnMatching, MAX_BULK_JOBS } from "./bulk.js";
 export type { BulkAction, BulkResult } from "./bulk.js";

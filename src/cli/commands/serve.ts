@@ -127,7 +127,8 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
   });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
   // The dashboard's throughput chart reads the samples this stores (a few statements a minute).
-  const sampler = opts.dashboard === "off" ? undefined : new ThroughputSampler(lh.pool, opts.logger, { intervalMs: DEFAULT_SAMPLE_INTERVAL_MS }).start();
+  const sampler =
+    opts.dashboard === "off" ? undefined : new ThroughputSampler(lh.pool, opts.logger, { intervalMs: DEFAULT_SAMPLE_INTERVAL_MS }).start();
   try {
     await app.listen({ host: opts.host, port: opts.port });
   } catch (err) {
