@@ -96,7 +96,8 @@ interface ServeOptions {
   dashboard?: DashboardMode;
 }
 
-function dashboardMode(value: string): DashboardMode {
+/** Parses --dashboard (serve and dev). */
+export function dashboardMode(value: string): DashboardMode {
   if (!DASHBOARD_MODES.includes(value as DashboardMode)) {
     throw new CliError(`--dashboard must be one of ${DASHBOARD_MODES.join(", ")} (got ${JSON.stringify(value)})`);
   }
