@@ -9,7 +9,7 @@ export default tseslint.config(
   ...tseslint.configs.recommended,
   {
     languageOptions: {
-      parserOptions: { project: ["./tsconfig.check.json"], tsconfigRootDir: import.meta.dirname },
+      parserOptions: { project: ["./tsconfig.check.json", "./dashboard/tsconfig.json"], tsconfigRootDir: import.meta.dirname },
     },
     rules: {
       "@typescript-eslint/no-floating-promises": [

@@ -46,6 +46,13 @@ export interface LeaseholdOptions {
 export interface ListJobsOptions {
   state?: string;
   queue?: string;
+  task?: string;
+  /** Only jobs whose time (`timeField`) is at or after this moment. */
+  from?: Date;
+  /** Only jobs whose time (`timeField`) is before this moment. */
+  to?: Date;
+  /** Which time `from` and `to` bound: "created" (default) or "finished" (unfinished jobs never match). */
+  timeField?: "created" | "finished";
   /** 1 to 10,000; default 50. */
   limit?: number;
   /** Only jobs older than this id (the last id of the previous page). */
@@ -167,6 +174,14 @@ export class Leasehold {
       throw new ValidationError(`state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(filter.state)})`);
     }
     if (filter.queue !== undefined) checkName(filter.queue, "queue");
+    if (filter.task !== undefined) checkName(filter.task, "task");
+    for (const key of ["from", "to"] as const) {
+      const at = filter[key];
+      if (at !== undefined && !(at instanceof Date && Number.isFinite(at.getTime()))) throw new ValidationError(`${key} must be a valid Date`);
+    }
+    if (filter.timeField !== undefined && filter.timeField !== "created" && filter.timeField !== "finished") {
+      throw new ValidationError(`timeField must be "created" or "finished" (got ${JSON.stringify(filter.timeField)})`);
+    }
     if (filter.before !== undefined) checkJobId(filter.before, "before");
     const limit = integerIn(filter.limit ?? 50, 1, 10_000, "limit");
     const includePayload = filter.includePayload ?? true;
@@ -174,6 +189,10 @@ export class Leasehold {
     return store.listJobs(this.pool, {
       state: filter.state as JobRecord["state"],
       queue: filter.queue,
+      task: filter.task,
+      from: filter.from,
+      to: filter.to,
+      timeField: filter.timeField,
       limit,
       before: filter.before,
       includePayload,

@@ -85,6 +85,11 @@ export class RemoteOperations implements JobOperations {
     return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
   }
 
+  /** A read of the API for views the job operations do not cover (`jobs watch`). */
+  get<T>(path: string): Promise<T> {
+    return this.call<T>("GET", path);
+  }
+
   private async call<T>(method: "GET" | "POST", path: string, body?: unknown, jobId?: string): Promise<T> {
     let response: Response;
     let text: string;

@@ -1,12 +1,12 @@
 /**
  * Retention: forgets finished jobs (and their audit rows) older than a configurable age,
- * keeping dead jobs longer. Succeeded and cancelled jobs go a whole generation at a time
+ * keeping dead jobs longer, and the record of stale refusals as long as finished jobs. Succeeded and cancelled jobs go a whole generation at a time
  * (TRUNCATE, see store/retention.ts); dead jobs in bounded batches, so that no run holds a
  * long transaction.
  */
 import type pg from "pg";
 import type { Logger } from "pino";
-import { GENERATIONS, pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated } from "../store/index.js";
+import { GENERATIONS, pruneDeadJobs, pruneStaleRefusals, setGenerationWidth, truncateOldGenerations, vacuumIfBloated } from "../store/index.js";
 import { ConfigError } from "../errors.js";
 import type { Metrics } from "../metrics.js";
 import { MaintenanceService } from "./service.js";
@@ -59,6 +59,10 @@ export class Retention extends MaintenanceService<number> {
       if (deleted < batch) break;
     }
     total += dead;
+    // Stale refusals (what the dashboard's Recoveries view lists) are kept as long as finished jobs.
+    for (let i = 0; i < MAX_BATCHES_PER_RUN; i++) {
+      if ((await pruneStaleRefusals(this.pool, { retainMs: this.retainMs, limit: batch })) < batch) break;
+    }
     this.metrics.retentionDeleted.inc(total);
     if (total > 0) {
       this.logger.info({ deleted: total }, "retention forgot finished jobs");

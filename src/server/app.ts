@@ -3,8 +3,8 @@
  * OpenAPI document, Prometheus metrics and a health check. It holds no job state (every
  * answer comes from the database), so several replicas can serve one database.
  *
- * Every route but /healthz needs `Authorization: Bearer <token>`: the operator token, or for
- * the /v1/worker/* routes also the worker token.
+ * Every route but /healthz and the dashboard's page and assets needs `Authorization: Bearer
+ * <token>`: the operator token, or for the /v1/worker/* routes also the worker token.
  */
 import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
 import swagger from "@fastify/swagger";
@@ -16,7 +16,9 @@ import { registerClaimRoute } from "./claim-route.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
+import { DASHBOARD_MODES, registerDashboard, type DashboardMode } from "./dashboard.js";
 import { registerJobRoutes } from "./job-routes.js";
+import { registerMonitorRoutes } from "./monitor-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
 import { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
@@ -36,6 +38,14 @@ export interface ServerOptions {
   limits?: Partial<ServerLimits>;
   /** Log requests (default: only errors). */
   logRequests?: boolean;
+  /**
+   * The dashboard at `/` (default "on"). "read-only": the operator token may only read (every
+   * other method is refused with 403 read_only), for a server that shows the dashboard to a
+   * wide audience; the worker token keeps its routes. "off": no page (the API is the same).
+   */
+  dashboard?: DashboardMode;
+  /** The interval of the throughput sampler that feeds /v1/activity (see maintenance/throughput.ts). */
+  sampleIntervalMs?: number;
 }
 
 function tokensOf(options: ServerOptions): { operator: string; worker?: string } {
@@ -55,6 +65,10 @@ export function createServer(options: ServerOptions): FastifyInstance {
       : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
   );
   const limits = resolveLimits(options.limits);
+  const dashboard = options.dashboard ?? "on";
+  if (!DASHBOARD_MODES.includes(dashboard))
+    throw new ConfigError(`dashboard must be one of ${DASHBOARD_MODES.join(", ")} (got ${JSON.stringify(dashboard)})`);
+  const readOnly = dashboard === "read-only";
   const metrics = serverMetrics(lh.metrics.registry);
   const logger = lh.logger.child({ component: "server" });
   const app = Fastify({
@@ -116,6 +130,12 @@ export function createServer(options: ServerOptions): FastifyInstance {
     if (scope === "worker" && config?.scope !== "worker" && !request.is404) {
       return reply.status(403).send(errorBody("forbidden", "the worker token may only use the /v1/worker/* routes"));
     }
+    // Read-only: whoever holds the operator token here may look, never change (nor act as a worker).
+    if (readOnly && scope === "operator" && request.method !== "GET" && request.method !== "HEAD") {
+      return reply
+        .status(403)
+        .send(errorBody("read_only", "this server is read-only (--dashboard read-only): it changes nothing for the operator token"));
+    }
   });
   app.addHook("preClose", async () => {
     await waiter.close();
@@ -133,6 +153,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerClaimRoute(api, lh, waiter, receipts, limits);
     registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits });
     registerJobRoutes(api, lh);
+    registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });
+    if (dashboard !== "off") registerDashboard(api, dashboard);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {
       const registry = lh.metrics.registry;
       return reply.type(registry.contentType).send(await registry.metrics());

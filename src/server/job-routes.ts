@@ -2,12 +2,35 @@
 import type { FastifyInstance } from "fastify";
 import type { Leasehold } from "../client.js";
 import { ValidationError } from "../errors.js";
-import type { NewJob } from "../jobs/types.js";
+import { progressFraction } from "../jobs/progress.js";
+import type { JobState, NewJob } from "../jobs/types.js";
+import type { JobFilter, TimeField } from "../store/index.js";
 import { MAX_LIST_RESPONSE_BYTES } from "./limits.js";
 import { listPage } from "./list-page.js";
 import { routes } from "./schemas.js";
 
 const DEFAULT_LIST_LIMIT = 50;
+
+/** A job filter as a query string or body carries it (validated by the route's schema). */
+export interface WireFilter {
+  state?: JobState;
+  queue?: string;
+  task?: string;
+  from?: string;
+  to?: string;
+  time?: TimeField;
+}
+
+export function filterFromWire(f: WireFilter): JobFilter {
+  return {
+    state: f.state,
+    queue: f.queue,
+    task: f.task,
+    from: f.from === undefined ? undefined : new Date(f.from),
+    to: f.to === undefined ? undefined : new Date(f.to),
+    timeField: f.time,
+  };
+}
 
 /** JSON has no dates: `runAt` arrives as an ISO string. */
 type WireJob = Omit<NewJob, "runAt"> & { runAt?: string };
@@ -31,17 +54,25 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
     return reply.status(201).send({ jobs });
   });
 
-  app.get<{ Querystring: { state?: string; queue?: string; limit?: string; before?: string; payload?: "true" | "false" } }>(
+  app.get<{ Querystring: WireFilter & { limit?: string; before?: string; payload?: "true" | "false" } }>(
     "/v1/jobs",
     { schema: routes.listJobs },
     async (request) => {
-      const { state, queue, limit, before, payload } = request.query;
-      const query = { state, queue, before, limit: limit === undefined ? DEFAULT_LIST_LIMIT : Number(limit), includePayload: payload === "true" };
+      const { limit, before, payload, ...filter } = request.query;
+      const query = {
+        ...filterFromWire(filter),
+        before,
+        limit: limit === undefined ? DEFAULT_LIST_LIMIT : Number(limit),
+        includePayload: payload === "true",
+      };
       return listPage(lh, query, MAX_LIST_RESPONSE_BYTES);
     },
   );
 
-  app.get<{ Params: { id: string } }>("/v1/jobs/:id", { schema: routes.getJob }, async (request) => lh.getJob(request.params.id));
+  app.get<{ Params: { id: string } }>("/v1/jobs/:id", { schema: routes.getJob }, async (request) => {
+    const { job, attempts } = await lh.getJob(request.params.id);
+    return { job, attempts, progressFraction: progressFraction(job.progress) };
+  });
 
   app.post<{ Params: { id: string } }>("/v1/jobs/:id/cancel", { schema: routes.cancel }, async (request) => ({
     result: await lh.cancel(request.params.id),

@@ -3,7 +3,7 @@
  * (unknown fields are refused, not dropped), and @fastify/swagger builds the OpenAPI
  * document from the same objects, so the document cannot drift from what is enforced.
  */
-const NAME = { type: "string", pattern: "^[A-Za-z0-9_.:\\-/]{1,128}$" } as const;
+export const NAME = { type: "string", pattern: "^[A-Za-z0-9_.:\\-/]{1,128}$" } as const;
 export const JOB_ID = { type: "string", pattern: "^[1-9][0-9]{0,18}$", description: "job id (a PostgreSQL bigint, as a string)" } as const;
 const ATTEMPT = { type: "integer", minimum: 1, maximum: 2147483647, description: "the fencing token of the claim" } as const;
 const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
@@ -28,7 +28,7 @@ const MAX_BATCH = 10_000;
 export const MAX_ENQUEUE_BATCH = 5_000;
 export const MAX_WAIT_MS = 60_000;
 
-const object = (properties: Record<string, unknown>, required: string[] = []) => ({
+export const object = (properties: Record<string, unknown>, required: string[] = []) => ({
   type: "object",
   properties,
   required,
@@ -74,11 +74,11 @@ export const errorSchema = {
   required: ["error"],
 };
 
-const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) => [s, { description: ERROR_TEXT[s], ...errorSchema }]));
+export const errors = (...statuses: number[]) => Object.fromEntries(statuses.map((s) => [s, { description: ERROR_TEXT[s], ...errorSchema }]));
 const ERROR_TEXT: Record<number, string> = {
   400: "invalid request",
   401: "missing or wrong bearer token",
-  403: "the worker token may only use the /v1/worker/* routes",
+  403: "the worker token may only use the /v1/worker/* routes; a read-only server (--dashboard read-only) changes nothing for the operator token",
   404: "no such job",
   409: "the operation does not apply: stale lease (nothing changed) or wrong job state",
   413: "request body too large",
@@ -86,7 +86,7 @@ const ERROR_TEXT: Record<number, string> = {
 };
 export const COMMON_ERRORS = [400, 401, 413, 503];
 
-const TIME = { type: ["string", "null"], format: "date-time" } as const;
+export const TIME = { type: ["string", "null"], format: "date-time" } as const;
 export const claimedJobSchema = {
   type: "object",
   properties: {
@@ -181,8 +181,21 @@ const newJob = object(
 );
 
 const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" } } };
+
+/** How far along the job is, read from its progress (see src/jobs/progress.ts); null when its progress does not say. */
+export const PROGRESS_FRACTION = { type: ["number", "null"], minimum: 0, maximum: 1 } as const;
+
+/** What a job list or a bulk action selects (query strings carry everything as text). */
+export const JOB_FILTER = {
+  state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
+  queue: NAME,
+  task: NAME,
+  from: { type: "string", format: "date-time", description: "only jobs whose time (see `time`) is at or after this" },
+  to: { type: "string", format: "date-time", description: "only jobs whose time (see `time`) is before this" },
+  time: { type: "string", enum: ["created", "finished"], description: "which time from and to bound (default created)" },
+} as const;
 const idParams = object({ id: JOB_ID }, ["id"]);
-const secured = { security: [{ bearerAuth: [] }] };
+export const secured = { security: [{ bearerAuth: [] }] };
 /** Operators' routes: a worker token is refused with 403. */
 const OPERATOR_ERRORS = [...COMMON_ERRORS, 403];
 
@@ -396,8 +409,7 @@ export const routes = {
       "A page holds at most `limit` jobs and about 8 MiB of JSON (always at least one job). `next` is the cursor that continues " +
       "the list: pass it as `before`; it is null when the list has ended.",
     querystring: object({
-      state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
-      queue: NAME,
+      ...JOB_FILTER,
       limit: { type: "string", pattern: "^[0-9]{1,5}$", description: "1..10000, default 50" },
       before: { ...JOB_ID, description: "only jobs with a smaller id: the `next` of the previous page" },
       payload: { type: "string", enum: ["true", "false"], description: "include each job's payload (default false)" },
@@ -419,7 +431,14 @@ export const routes = {
     summary: "A job with its attempt history",
     params: idParams,
     response: {
-      200: { type: "object", properties: { job: jobRecordSchema, attempts: { type: "array", items: attemptRecordSchema } } },
+      200: {
+        type: "object",
+        properties: {
+          job: jobRecordSchema,
+          attempts: { type: "array", items: attemptRecordSchema },
+          progressFraction: PROGRESS_FRACTION,
+        },
+      },
       ...errors(400, 401, 403, 404, 503),
     },
   },

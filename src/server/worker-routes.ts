@@ -9,7 +9,7 @@
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "../client.js";
-import { WorkerNameInUseError } from "../errors.js";
+import { WorkerNameInUseError, type LostLeaseReason } from "../errors.js";
 import { sanitizeText } from "../jobs/validate.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
@@ -48,7 +48,8 @@ const REMOTE_NAME_HELD_LEASES = 2;
 
 type Ref = { id: string; attempt: number };
 type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
-type Kind = "heartbeat" | "complete" | "fail" | "release" | "lost";
+type Kind = store.RefusedKind | "lost";
+type RefusedKind = store.RefusedKind;
 
 /** Route config: the worker token may use these routes too. */
 const worker = { scope: "worker" } as const;
@@ -110,7 +111,11 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
       });
       if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
       if (beats.length > 0 && result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0)
-        return refuse(reply, "heartbeat", valid, lh);
+        return refuse(reply, "heartbeat", valid, workerId, lh);
+      if (result.lost.length > 0) {
+        const lost = new Set(result.lost);
+        await recordRefused("heartbeat", valid.filter((b) => lost.has(b.id)).map(ref), workerId, lh);
+      }
       return {
         renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
         lost: result.lost,
@@ -126,7 +131,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
       const { workerId, jobs } = request.body;
       const { valid, invalid } = checked("complete", jobs, workerId);
       const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
-      return answerReport(reply, "complete", valid, invalid, applied, lh);
+      return answerReport(reply, "complete", workerId, valid, invalid, applied, lh);
     },
   );
 
@@ -148,7 +153,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
           giveUp: f.giveUp,
         })),
       });
-      return answerReport(reply, "fail", valid, invalid, applied, lh);
+      return answerReport(reply, "fail", workerId, valid, invalid, applied, lh);
     },
   );
 
@@ -165,7 +170,7 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
         reason: sanitizeText(reason, 1_000),
         backoff: DEFAULT_BACKOFF,
       });
-      return answerReport(reply, "release", valid, invalid, applied, lh);
+      return answerReport(reply, "release", workerId, valid, invalid, applied, lh);
     },
   );
 
@@ -199,30 +204,49 @@ function ref(r: Ref): Ref {
 
 async function answerReport(
   reply: FastifyReply,
-  kind: Kind,
+  kind: RefusedKind,
+  workerId: string,
   sent: Ref[],
   invalid: Ref[],
   applied: Map<string, string>,
   lh: Leasehold,
 ): Promise<unknown> {
-  if (applied.size === 0 && invalid.length === 0) return refuse(reply, kind, sent, lh);
+  if (applied.size === 0 && invalid.length === 0) return refuse(reply, kind, sent, workerId, lh);
   const refusedRefs = sent.filter((r) => !applied.has(r.id));
-  const reasons = refusedRefs.length > 0 ? await store.describeLostLeases(lh.pool, refusedRefs) : new Map<string, store.LostLease>();
-  for (const r of refusedRefs) lh.metrics.fencingRejections.inc({ kind, reason: reasons.get(r.id)?.reason ?? "missing" });
+  const reasons = await recordRefused(kind, refusedRefs, workerId, lh);
   return {
     applied: [...applied].map(([id, state]) => ({ id, state })),
     refused: [
-      ...refusedRefs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" })),
+      ...refusedRefs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id) ?? "missing" })),
       ...invalid.map((r) => ({ id: r.id, attempt: r.attempt, reason: INVALID_RECEIPT })),
     ],
   };
 }
 
+/**
+ * Attempts the fence refused: why each was (by job id), counted and kept on record (the
+ * dashboard's Recoveries view). Only on the refusal path: a request that applied costs nothing.
+ */
+async function recordRefused(kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<Map<string, LostLeaseReason>> {
+  if (refs.length === 0) return new Map();
+  const described = await store.describeLostLeases(lh.pool, refs);
+  const reasons = new Map(refs.map((r) => [r.id, described.get(r.id)?.reason ?? ("missing" as const)]));
+  for (const reason of reasons.values()) lh.metrics.fencingRejections.inc({ kind, reason });
+  // The record is for operators: failing to write it must not change the worker's answer.
+  await store
+    .recordStaleRefusals(
+      lh.pool,
+      refs.map((r) => ({ jobId: r.id, attempt: r.attempt, workerId, kind, reason: reasons.get(r.id)! })),
+      "server",
+    )
+    .catch((err: unknown) => lh.logger.warn({ err: String(err) }, "could not record stale refusals"));
+  return reasons;
+}
+
 /** Nothing in the request held its lease: 409, naming each attempt and why. */
-async function refuse(reply: FastifyReply, kind: Kind, refs: Ref[], lh: Leasehold): Promise<FastifyReply> {
-  const reasons = await store.describeLostLeases(lh.pool, refs);
-  const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)?.reason ?? "missing" }));
-  for (const j of jobs) lh.metrics.fencingRejections.inc({ kind, reason: j.reason });
+async function refuse(reply: FastifyReply, kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<FastifyReply> {
+  const reasons = await recordRefused(kind, refs, workerId, lh);
+  const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)! }));
   const what =
     refs.length === 1
       ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})`

@@ -101,9 +101,38 @@ export async function getAttempts(db: Queryable, jobId: string): Promise<Attempt
   }));
 }
 
-export interface ListJobsFilter {
+/** Which of a job's times `from` and `to` bound: when it was created, or when it finished. */
+export type TimeField = "created" | "finished";
+
+/** What a job list, a count or a bulk action selects; absent fields match everything. */
+export interface JobFilter {
   state?: JobState;
   queue?: string;
+  task?: string;
+  /** At or after this moment (of `timeField`). */
+  from?: Date;
+  /** Before this moment. */
+  to?: Date;
+  /** Default "created"; "finished" matches finished jobs only. */
+  timeField?: TimeField;
+}
+
+/**
+ * The filter's conditions on a relation with the job columns; its values are $from.. in
+ * filterValues' order. Unfinished jobs (table jobs) have no finished_at: pass "NULL".
+ */
+export function filterSql(from: number, finishedAt = "finished_at"): string {
+  const $ = (i: number) => `$${from + i}`;
+  const time = `(CASE WHEN ${$(5)}::text = 'finished' THEN ${finishedAt}::timestamptz ELSE created_at END)`;
+  return `(${$(0)}::text IS NULL OR state = ${$(0)}) AND (${$(1)}::text IS NULL OR queue = ${$(1)}) AND (${$(2)}::text IS NULL OR task = ${$(2)})
+   AND (${$(3)}::timestamptz IS NULL OR ${time} >= ${$(3)}) AND (${$(4)}::timestamptz IS NULL OR ${time} < ${$(4)})`;
+}
+
+export function filterValues(f: JobFilter): unknown[] {
+  return [f.state ?? null, f.queue ?? null, f.task ?? null, f.from ?? null, f.to ?? null, f.timeField ?? "created"];
+}
+
+export interface ListJobsFilter extends JobFilter {
   limit: number;
   /** Only jobs with a smaller id: the last id of the previous page (a cursor). */
   before?: string;
@@ -119,16 +148,16 @@ export interface ListJobsFilter {
 const LIST_JOBS = statement(
   "listJobs",
   `
-SELECT id, CASE WHEN $5::boolean THEN payload END AS payload, ${JOB_FIELDS} FROM ${ALL_JOBS}
- WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR queue = $2)
-   AND ($4::bigint IS NULL OR id < $4)
+SELECT id, CASE WHEN $3::boolean THEN payload END AS payload, ${JOB_FIELDS} FROM ${ALL_JOBS}
+ WHERE ${filterSql(4)}
+   AND ($2::bigint IS NULL OR id < $2)
  ORDER BY id DESC
- LIMIT $3`,
+ LIMIT $1`,
   { ...JOB_ROW, payload: "jsonb?" },
 );
 
 export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<ListedJob[]> {
-  const rows = await run(db, LIST_JOBS, [f.state ?? null, f.queue ?? null, f.limit, f.before ?? null, f.includePayload]);
+  const rows = await run(db, LIST_JOBS, [f.limit, f.before ?? null, f.includePayload, ...filterValues(f)]);
   return rows.map((r) => {
     const record: ListedJob = toRecord(r);
     if (!f.includePayload) delete record.payload;
@@ -139,13 +168,11 @@ export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<Listed
 /**
  * Cancel: a waiting job ends at once (to history as cancelled); a running job is marked,
  * its handler is aborted at the next heartbeat, and its late report ends it as cancelled.
+ * This tail cancels the jobs of a CTE `target(id, state)` (locked by its caller); one job's
+ * cancel and a bulk cancel share it.
  */
-const CANCEL_JOB = statement(
-  "cancelJob",
-  `
-WITH target AS (
-  SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE
-), ended AS (
+export const CANCEL_TARGET = `
+ended AS (
   DELETE FROM jobs AS j USING target AS t
    WHERE j.id = t.id AND t.state = 'waiting'
   RETURNING j.*
@@ -162,7 +189,14 @@ WITH target AS (
     FROM target AS t
    WHERE j.id = t.id AND t.state = 'running'
   RETURNING j.id
-)
+)`;
+
+const CANCEL_JOB = statement(
+  "cancelJob",
+  `
+WITH target AS (
+  SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE
+), ${CANCEL_TARGET}
 SELECT 'cancelled' AS result FROM ended
 UNION ALL
 SELECT 'cancel_requested' FROM requested`,
@@ -182,31 +216,41 @@ export async function cancelJob(db: Queryable, id: string): Promise<CancelResult
  * Manual retry of a dead (or cancelled) job: back to waiting with a fresh retry budget.
  * `attempt`, the fencing token, is kept: the next claim is attempt + 1, so a report from
  * any earlier attempt can never match it. The final attempt's audit fields leave with the
- * history row, so they become that attempt's job_attempts row.
+ * history row, so they become that attempt's job_attempts row. This tail revives the rows
+ * of a CTE `revived` (taken out of dead_jobs or job_history; ids in the CTE `requeued`);
+ * one job's retry and a bulk retry share it.
  */
-const RETRY_JOB = statement(
-  "retryJob",
-  `
-WITH dead AS (
-  DELETE FROM dead_jobs WHERE id = $1 RETURNING id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms
-), cancelled AS (
-  DELETE FROM job_history WHERE id = $1 AND state = 'cancelled' RETURNING id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms
-), revived AS (
-  SELECT * FROM dead UNION ALL SELECT * FROM cancelled
-), final_attempt AS (
+export const REVIVE = `
+final_attempt AS (
   INSERT INTO job_attempts (job_id, attempt, worker_id, started_at, ended_at, outcome, error)
   SELECT id, attempt, worker_id, started_at, finished_at, outcome, last_error
     FROM revived
    WHERE outcome IS NOT NULL AND worker_id IS NOT NULL AND started_at IS NOT NULL
-)
-INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, spent_attempts, max_attempts,
-                  lease_ms, progress, checkpoint, last_error, unique_key, created_at,
-                  progress_timeout_ms, max_run_ms, last_outcome)
-SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
-       lease_ms, progress, checkpoint, last_error, unique_key, created_at,
-       progress_timeout_ms, max_run_ms, outcome
-  FROM revived
-RETURNING id`,
+), requeued AS (
+  INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, spent_attempts, max_attempts,
+                    lease_ms, progress, checkpoint, last_error, unique_key, created_at,
+                    progress_timeout_ms, max_run_ms, last_outcome)
+  SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
+         lease_ms, progress, checkpoint, last_error, unique_key, created_at,
+         progress_timeout_ms, max_run_ms, outcome
+    FROM revived
+  RETURNING id
+)`;
+
+/** Every column of a finished job, as a DELETE ... RETURNING of dead_jobs or job_history gives them to REVIVE. */
+export const FINISHED_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms`;
+
+const RETRY_JOB = statement(
+  "retryJob",
+  `
+WITH dead AS (
+  DELETE FROM dead_jobs WHERE id = $1 RETURNING ${FINISHED_COLUMNS}
+), cancelled AS (
+  DELETE FROM job_history WHERE id = $1 AND state = 'cancelled' RETURNING ${FINISHED_COLUMNS}
+), revived AS (
+  SELECT * FROM dead UNION ALL SELECT * FROM cancelled
+), ${REVIVE}
+SELECT id FROM requeued`,
   { id: "int8" },
 );
 

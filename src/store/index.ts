@@ -26,7 +26,7 @@ export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended } from "./
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, listWorkers, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement, WorkerRecord } from "./workers.js";
 export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "./admin.js";
-export type { ListJobsFilter, CancelResult, RetryResult, QueueStats } from "./admin.js";
+export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats } from "./admin.js";
 export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
 export { readyPairs } from "./ready.js";
 export type { QueueTasks } from "./ready.js";
@@ -35,3 +35,19 @@ export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
 export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";
+export { recordStaleRefusals, pruneStaleRefusals } from "./refusals.js";
+export type { StaleRefusal, RefusedKind } from "./refusals.js";
+export { sampleThroughput, pruneThroughputSamples, throughputSeries } from "./throughput.js";
+export type { ThroughputPoint, ThroughputSeries } from "./throughput.js";
+export {
+  queueOverview,
+  liveProcesses,
+  runningJobs,
+  recoverySeries,
+  recentRecoveries,
+  RECOVERY_EVENT_KINDS,
+  LISTED_PROGRESS_BYTES,
+} from "./monitor.js";
+export type { QueueOverview, ProcessRecord, RunningJob, RecoveryCounts, RecoveryEvent, RecoveryEventKind } from "./monitor.js";
+export { countMatching, actOnMatching, MAX_BULK_JOBS } from "./bulk.js";
+export type { BulkAction, BulkResult } from "./bulk.js";

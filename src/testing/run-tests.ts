@@ -5,15 +5,26 @@
  *
  *   npm test                      # everything in test/
  *   npm test -- test/claim.test.ts  # some files
+ *
+ * The dashboard's browser tests (*.browser.test.ts) drive a real Chromium: without one, they
+ * are left out and one line says so and how to install it.
  */
 import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { EmbeddedPostgres } from "../embedded/postgres.js";
+import { CHROMIUM_HINT, findChromium } from "./chromium.js";
 
 const args = process.argv.slice(2);
-const files = args.length > 0 ? args : listTests("test");
+let files = args.length > 0 ? args : listTests("test");
+const browserTests = files.filter((f) => f.endsWith(".browser.test.ts"));
+if (browserTests.length > 0 && !findChromium()) {
+  console.log(`# browser tests skipped (${browserTests.join(", ")}): no Chromium found; ${CHROMIUM_HINT}`);
+  files = files.filter((f) => !browserTests.includes(f));
+  // node --test with no file would look for tests everywhere.
+  if (files.length === 0) process.exit(0);
+}
 let server: EmbeddedPostgres | undefined;
 let dataRoot: string | undefined;
 let url = process.env.DATABASE_URL;

@@ -20,7 +20,8 @@ import type { LostLeaseReason } from "../errors.js";
 import type { Metrics } from "../metrics.js";
 import type { AbortReason } from "./context.js";
 import type { Outage } from "./outage.js";
-import type { WorkerTransport } from "./transport.js";
+import type { StaleRefusal } from "../store/index.js";
+import { recordRefusals, type WorkerTransport } from "./transport.js";
 
 export interface InFlight {
   job: ClaimedJob;
@@ -219,6 +220,7 @@ export class Heartbeater {
 
   private async handleLost(entries: InFlight[]): Promise<void> {
     const reasons = await this.transport.describeLost(entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt }))).catch(() => new Map());
+    const refused: StaleRefusal[] = [];
     for (const e of entries) {
       // The handler may have finished and its completion committed while the beat was in
       // flight: then the reporter owns the outcome.
@@ -226,8 +228,10 @@ export class Heartbeater {
       const reason: LostLeaseReason = reasons.get(e.job.id)?.reason ?? "missing";
       this.metrics.heartbeatLeases.inc({ outcome: "lost" });
       this.metrics.fencingRejections.inc({ kind: "heartbeat", reason });
+      refused.push({ jobId: e.job.id, attempt: e.job.attempt, workerId: this.workerId, kind: "heartbeat", reason });
       this.host.lost(e, reason);
     }
+    recordRefusals(this.transport, refused);
   }
 
   private checkRenewals(): void {

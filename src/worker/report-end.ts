@@ -5,6 +5,7 @@ import type { Failure } from "../store/index.js";
 import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
 import type { ReportOutcome } from "./reporter.js";
+import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
 
 export type JobOutcome =
@@ -47,7 +48,9 @@ export async function reportEnd(
   }
   if ("reason" in outcome) {
     const stale = new StaleLeaseError(job.id, job.attempt, outcome.reason);
-    worker.metrics.fencingRejections.inc({ kind: err === undefined ? "complete" : "fail", reason: outcome.reason });
+    const kind = err === undefined ? "complete" : "fail";
+    worker.metrics.fencingRejections.inc({ kind, reason: outcome.reason });
+    recordRefusals(worker.transport, [{ jobId: job.id, attempt: job.attempt, workerId: worker.id, kind, reason: outcome.reason }]);
     worker.logger.warn({ jobId: job.id, attempt: job.attempt, reason: outcome.reason }, "report refused: stale lease");
     worker.emit("job:stale", job, stale);
     return { state: "stale", error: stale };

@@ -67,6 +67,12 @@ export interface WorkerTransport {
   completeWithin?<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
+  /**
+   * Keeps a record of heartbeats and reports the fence refused, for operators (the
+   * dashboard's Recoveries view). Only a transport on the database has it: the server keeps
+   * the record of its remote workers' refusals itself.
+   */
+  recordRefusals?(refusals: store.StaleRefusal[]): Promise<void>;
   /** The most jobs one claim may ask for through this transport (default: the runtime's own cap). */
   readonly maxClaimBatch?: number;
 }
@@ -100,6 +106,15 @@ async function beatAlone(db: store.Queryable, p: store.HeartbeatParams, beat: st
     const bare = await store.extendLeases(db, { ...p, beats: [{ id: beat.id, attempt: beat.attempt }] });
     return { ...bare, refused: new Map([[beat.id, `the database refused its progress or checkpoint: ${(err as Error).message}`]]) };
   }
+}
+
+/**
+ * Records refusals through the transport, if it keeps them, without waiting: the refusal path
+ * goes on whether or not the record lands (the metric has already counted it).
+ */
+export function recordRefusals(transport: WorkerTransport, refusals: store.StaleRefusal[]): void {
+  if (refusals.length === 0 || !transport.recordRefusals) return;
+  transport.recordRefusals(refusals).catch(() => {});
 }
 
 /** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
@@ -249,5 +264,8 @@ export class DatabaseTransport implements WorkerTransport {
   }
   async reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
     return (await store.recoverJobsOfEarlierProcess(this.pool, p)).size;
+  }
+  recordRefusals(refusals: store.StaleRefusal[]): Promise<void> {
+    return store.recordStaleRefusals(this.pool, refusals, "database");
   }
 }

@@ -25,7 +25,7 @@ import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } 
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
-import { isConnectionError, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 
 export type { JobOutcome };
@@ -378,6 +378,7 @@ export class Worker extends EventEmitter {
       const reason = result.lost?.reason ?? "missing";
       const stale = new StaleLeaseError(job.id, job.attempt, reason);
       this.metrics.fencingRejections.inc({ kind: "complete", reason });
+      recordRefusals(this.transport, [{ jobId: job.id, attempt: job.attempt, workerId: this.id, kind: "complete", reason }]);
       this.logger.warn({ jobId: job.id, attempt: job.attempt, reason }, "transaction rolled back: the attempt no longer holds its job");
       this.emit("job:stale", job, stale);
       // A cancelled job is still this attempt's to end: the handler's end is reported as usual

@@ -1,6 +1,6 @@
 /**
  * `leasehold dev`: everything on one machine for trying Leasehold and developing handlers:
- * the embedded PostgreSQL (data in <data dir>/pgdata), the server with its API, a worker
+ * the embedded PostgreSQL (data in <data dir>/pgdata), the server with its API and dashboard, a worker
  * with a watchdog running a tasks module (the bundled examples by default, with a few
  * example jobs enqueued at start), and a readable log of what happens. Other commands run
  * from the same folder find it through <data dir>/dev.json.
@@ -18,7 +18,8 @@ import { printJobEvents } from "../job-events.js";
 import { int } from "../parse.js";
 import { untilSignal } from "../signals.js";
 import { EXAMPLE_TASKS, loadTasks } from "../tasks.js";
-import { DEFAULT_PORT, startServer } from "./serve.js";
+import type { DashboardMode } from "../../server/dashboard-mode.js";
+import { DEFAULT_PORT, dashboardMode, startServer } from "./serve.js";
 
 /** The bundled examples' jobs, enqueued at start so there is something to watch. */
 const EXAMPLE_JOBS = [
@@ -30,14 +31,15 @@ const EXAMPLE_JOBS = [
 export function registerDev(program: Command, run: Run): void {
   program
     .command("dev")
-    .description("embedded PostgreSQL + server + worker + watchdog, with example jobs: the quickest way to see Leasehold work")
+    .description("embedded PostgreSQL + server and dashboard + worker + watchdog, with example jobs: the quickest way to see Leasehold work")
     .option("--tasks <file>", "your tasks module (default: the bundled examples)")
     .option("--port <port>", "API port (0 picks a free one; a busy default port falls back to a free one)", int("--port", 0, 65535))
     .option("--token <token>", "API token (default: LEASEHOLD_TOKEN, else a random one)")
     .option("--concurrency <n>", "jobs at once", int("--concurrency", 1, 1000), 5)
     .option("--no-examples", "do not enqueue the example jobs at start")
+    .option("--dashboard <mode>", "the dashboard at / : on, read-only or off", dashboardMode, "on" as DashboardMode)
     .action(
-      run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean }) => {
+      run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean; dashboard: DashboardMode }) => {
         const running = readDevState(cli.dataDir);
         if (running)
           throw new CliError(
@@ -52,7 +54,7 @@ export function registerDev(program: Command, run: Run): void {
         const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
         const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
         const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
-        const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger };
+        const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger, dashboard: opts.dashboard };
         let apiUrl: string;
         try {
           apiUrl = await startServer(cli, lh, { ...serverOpts, port: opts.port ?? DEFAULT_PORT });
@@ -81,6 +83,7 @@ export function registerDev(program: Command, run: Run): void {
             JSON.stringify({
               event: "ready",
               api: apiUrl,
+              dashboard: opts.dashboard === "off" ? null : `${apiUrl}/`,
               token,
               database: redactUrl(lh.databaseUrl),
               schema: lh.schema,
@@ -91,6 +94,7 @@ export function registerDev(program: Command, run: Run): void {
         } else {
           printBanner(say, {
             apiUrl,
+            dashboard: opts.dashboard,
             token,
             lh,
             cli,
@@ -120,11 +124,25 @@ export function registerDev(program: Command, run: Run): void {
 
 function printBanner(
   say: (line: string) => void,
-  b: { apiUrl: string; token: string; lh: Leasehold; cli: Cli; taskNames: string[]; file: string; stateFile: string; pgdata: string },
+  b: {
+    apiUrl: string;
+    token: string;
+    lh: Leasehold;
+    cli: Cli;
+    taskNames: string[];
+    file: string;
+    stateFile: string;
+    pgdata: string;
+    dashboard: DashboardMode;
+  },
 ): void {
   const { apiUrl, token, lh, cli, taskNames } = b;
   say("");
   say("Leasehold dev is running.");
+  if (b.dashboard !== "off") {
+    const note = b.dashboard === "read-only" ? "read-only; " : "";
+    say(`  Dashboard  ${dashboardLink(apiUrl, token)}   (${note}opens signed in; the token stays in the browser)`);
+  }
   say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
   say(
     `  Database   ${redactUrl(lh.databaseUrl)}  schema ${lh.schema}` +
@@ -138,6 +156,11 @@ function printBanner(
   say(`  curl -H 'Authorization: Bearer ${token}' ${apiUrl}/v1/stats`);
   say("Press Ctrl-C to stop (running jobs get a few seconds to finish; the rest are released).");
   say("");
+}
+
+/** The dashboard, signed in: the token rides in the fragment, which the browser never sends; the page keeps it and drops it from the address. */
+function dashboardLink(apiUrl: string, token: string): string {
+  return `${apiUrl}/#token=${encodeURIComponent(token)}`;
 }
 
 function clock(): string {

@@ -1,10 +1,11 @@
-/** `leasehold jobs list|show|cancel|retry` and `leasehold stats`. */
+/** `leasehold jobs list|show|cancel|retry|watch` and `leasehold stats`. */
 import type { Command } from "commander";
 import { JOB_STATES } from "../../jobs/types.js";
 import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { jobDetails, jobsTable, statsText } from "../format.js";
 import { int } from "../parse.js";
+import { registerWatch } from "./watch.js";
 
 export function registerJobCommands(program: Command, run: Run): void {
   const jobs = program.command("jobs").description("list, inspect, cancel and retry jobs");
@@ -63,6 +64,8 @@ export function registerJobCommands(program: Command, run: Run): void {
         cli.result({ id, result: "retried" }, () => `job ${id} is waiting again with a fresh retry budget`);
       }),
     );
+
+  registerWatch(jobs, run);
 
   program
     .command("stats")

@@ -1,8 +1,10 @@
-/** `leasehold serve`: the HTTP API for remote workers and operators, with a watchdog and retention. */
+/** `leasehold serve`: the HTTP API for remote workers and operators and the dashboard, with a watchdog and retention. */
 import type { Command } from "commander";
 import type { Logger } from "pino";
 import type { Leasehold } from "../../client.js";
 import { checkToken } from "../../server/auth.js";
+import { DEFAULT_SAMPLE_INTERVAL_MS, ThroughputSampler } from "../../maintenance/throughput.js";
+import { DASHBOARD_MODES, type DashboardMode } from "../../server/dashboard-mode.js";
 import { DEFAULT_MAX_LEASE_MS, DEFAULT_MIN_LEASE_MS } from "../../server/limits.js";
 import type { Cli, Run } from "../context.js";
 import { CliError } from "../errors.js";
@@ -15,7 +17,7 @@ export const DEFAULT_PORT = 7070;
 export function registerServe(program: Command, run: Run): void {
   const serve = program
     .command("serve")
-    .description("run the HTTP API for remote workers and operators (plus a watchdog)")
+    .description("run the HTTP API for remote workers and operators and the dashboard (plus a watchdog)")
     .option("--host <host>", "interface to listen on", "127.0.0.1")
     .option("--port <port>", `TCP port (0 picks a free one)`, int("--port", 0, 65535), DEFAULT_PORT)
     .option("--token <token>", "operator API token: every route (default: LEASEHOLD_TOKEN)")
@@ -35,6 +37,12 @@ export function registerServe(program: Command, run: Run): void {
     )
     .option("--min-lease <ms>", `shortest lease a remote worker may ask for (default ${DEFAULT_MIN_LEASE_MS})`, int("--min-lease", 1_000, 86_400_000))
     .option("--max-lease <ms>", `longest lease a remote worker may ask for (default ${DEFAULT_MAX_LEASE_MS})`, int("--max-lease", 1_000, 86_400_000))
+    .option(
+      "--dashboard <mode>",
+      "the dashboard at / : on, read-only (the operator token may only read: for wide audiences) or off",
+      dashboardMode,
+      "on" as DashboardMode,
+    )
     .option("--no-watchdog", "do not run a watchdog (recovery) in this process")
     .option(
       "--watchdog-interval <ms>",
@@ -57,9 +65,12 @@ export function registerServe(program: Command, run: Run): void {
       const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
       startScheduler(cli, lh, opts);
+      const dashboard = opts.dashboard === "off" ? null : `${url}/`;
       cli.result(
-        { listening: url, schema: lh.schema, watchdog: opts.watchdog },
-        () => `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})`,
+        { listening: url, schema: lh.schema, watchdog: opts.watchdog, dashboard, dashboardMode: opts.dashboard },
+        () =>
+          `Leasehold server listening on ${url} (schema ${lh.schema}${opts.watchdog ? ", with a watchdog" : ""})` +
+          (dashboard ? `; dashboard at ${dashboard}${opts.dashboard === "read-only" ? " (read-only)" : ""}` : ""),
       );
       await untilSignal(cli, "stopping the server");
     }),
@@ -81,6 +92,16 @@ interface ServeOptions {
   maxLease?: number;
   watchdog: boolean;
   watchdogInterval?: number;
+  /** Default "on". */
+  dashboard?: DashboardMode;
+}
+
+/** Parses --dashboard (serve and dev). */
+export function dashboardMode(value: string): DashboardMode {
+  if (!DASHBOARD_MODES.includes(value as DashboardMode)) {
+    throw new CliError(`--dashboard must be one of ${DASHBOARD_MODES.join(", ")} (got ${JSON.stringify(value)})`);
+  }
+  return value as DashboardMode;
 }
 
 type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags;
@@ -93,6 +114,8 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
     token: opts.token,
     workerToken: opts.workerToken,
     receiptKey: opts.receiptKey,
+    dashboard: opts.dashboard,
+    sampleIntervalMs: DEFAULT_SAMPLE_INTERVAL_MS,
     limits: {
       bodyLimitBytes: opts.bodyLimit,
       requestTimeoutMs: opts.requestTimeout,
@@ -104,10 +127,14 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
     },
   });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;
+  // The dashboard's throughput chart reads the samples this stores (a few statements a minute).
+  const sampler =
+    opts.dashboard === "off" ? undefined : new ThroughputSampler(lh.pool, opts.logger, { intervalMs: DEFAULT_SAMPLE_INTERVAL_MS }).start();
   try {
     await app.listen({ host: opts.host, port: opts.port });
   } catch (err) {
     await watchdog?.stop();
+    await sampler?.stop();
     const code = (err as NodeJS.ErrnoException).code;
     if (code === "EADDRINUSE") throw new CliError(`port ${opts.port} on ${opts.host} is in use; choose another with --port (0 picks a free one)`);
     if (code === "EADDRNOTAVAIL" || code === "ENOTFOUND") throw new CliError(`cannot listen on ${opts.host}: no such local address`);
@@ -115,6 +142,7 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
   }
   cli.onClose(async () => {
     await watchdog?.stop();
+    await sampler?.stop();
     await app.close();
   });
   const address = app.server.address();

@@ -1,0 +1,216 @@
+/**
+ * The server's API, as the page calls it: the token goes in the Authorization header of each
+ * request (never a cookie: `credentials: "omit"`), and changes are POSTs.
+ */
+
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly body: Record<string, unknown> = {},
+  ) {
+    super(message);
+  }
+}
+
+const TIMEOUT_MS = 10_000;
+
+export class Api {
+  constructor(private readonly token: string) {}
+
+  get<T>(path: string, query: Record<string, string | undefined> = {}): Promise<T> {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(query)) if (v !== undefined && v !== "") q.set(k, v);
+    const qs = q.toString();
+    return this.call<T>("GET", qs ? `${path}?${qs}` : path);
+  }
+
+  post<T>(path: string, body?: unknown): Promise<T> {
+    return this.call<T>("POST", path, body);
+  }
+
+  private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
+    let response: Response;
+    try {
+      response = await fetch(path.replace(/^\//, ""), {
+        method,
+        headers: {
+          authorization: `Bearer ${this.token}`,
+          accept: "application/json",
+          ...(body !== undefined && { "content-type": "application/json" }),
+        },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        credentials: "omit",
+        cache: "no-store",
+        signal: AbortSignal.timeout(TIMEOUT_MS),
+      });
+    } catch (err) {
+      throw new ApiError(0, "unreachable", `cannot reach the server (${(err as Error).message})`);
+    }
+    const text = await response.text();
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      parsed = undefined;
+    }
+    if (response.ok) return parsed as T;
+    const error = (parsed as { error?: { code?: string; message?: string } } | undefined)?.error;
+    throw new ApiError(
+      response.status,
+      error?.code ?? "http_error",
+      error?.message ?? `the server answered ${response.status}`,
+      (error ?? {}) as Record<string, unknown>,
+    );
+  }
+}
+
+// What the routes answer (dates are ISO strings, durations milliseconds by the database's clock).
+
+export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+
+export interface QueueOverview {
+  queue: string;
+  waiting: number;
+  scheduled: number;
+  running: number;
+  expired: number;
+  dead: number;
+  oldestWaitingMs: number | null;
+}
+
+export interface ProcessRecord {
+  id: string;
+  name: string | null;
+  kind: "worker" | "watchdog";
+  host: string | null;
+  pid: number | null;
+  queues: string[];
+  tasks: string[];
+  concurrency: number | null;
+  inFlight: number;
+  leaseMs: number | null;
+  heartbeatMs: number | null;
+  lastSeenMsAgo: number;
+  upMs: number;
+  lost: boolean;
+}
+
+export interface Overview {
+  queues: QueueOverview[];
+  processes: ProcessRecord[];
+}
+
+export interface RunningJob {
+  id: string;
+  queue: string;
+  task: string;
+  attempt: number;
+  spentAttempts: number;
+  maxAttempts: number;
+  workerId: string;
+  startedAt: string;
+  heartbeatAt: string;
+  runningMs: number;
+  heartbeatMsAgo: number;
+  leaseLeftMs: number;
+  progress: unknown;
+  progressTooLarge: boolean;
+  progressFraction: number | null;
+  cancelRequested: boolean;
+}
+
+export type RecoveryEventKind = "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "refused";
+
+export interface Activity {
+  windowMs: number;
+  sampleIntervalMs: number;
+  counting: boolean;
+  throughput: { at: string; finished: number | null; dead: number | null; requeued: number | null; enqueued: number | null }[];
+  recoveries: { minute: string; counts: Partial<Record<RecoveryEventKind, number>> }[];
+}
+
+export interface RecoveryEvent {
+  at: string;
+  event: RecoveryEventKind;
+  jobId: string;
+  attempt: number;
+  workerId: string;
+  detail: string | null;
+  wentDead: boolean;
+  via: "database" | "server" | null;
+  queue: string | null;
+  task: string | null;
+}
+
+export interface JobRecord {
+  id: string;
+  queue: string;
+  task: string;
+  payload?: unknown;
+  priority: number;
+  state: JobState;
+  attempt: number;
+  spentAttempts: number;
+  maxAttempts: number;
+  runAt: string | null;
+  leaseUntil: string | null;
+  lockedBy: string | null;
+  heartbeatAt: string | null;
+  cancelRequestedAt: string | null;
+  progress: unknown;
+  checkpoint: unknown;
+  lastError: string | null;
+  uniqueKey: string | null;
+  createdAt: string;
+  startedAt: string | null;
+  finishedAt: string | null;
+}
+
+export interface AttemptRecord {
+  jobId: string;
+  attempt: number;
+  workerId: string;
+  startedAt: string;
+  endedAt: string;
+  outcome: string;
+  error: string | null;
+}
+
+export interface JobDetail {
+  job: JobRecord;
+  attempts: AttemptRecord[];
+  progressFraction: number | null;
+}
+
+export interface JobPage {
+  jobs: JobRecord[];
+  next: string | null;
+}
+
+export interface Schedule {
+  name: string;
+  cron: string;
+  timezone: string;
+  task: string;
+  queue: string;
+  payload: unknown;
+  nextRunAt: string | null;
+  lastRunAt: string | null;
+  lastJobId: string | null;
+}
+
+export interface BulkCount {
+  action: "retry" | "cancel";
+  matched: number;
+  max: number;
+}
+
+export interface BulkResult {
+  action: "retry" | "cancel";
+  matched: number;
+  changed: number;
+  requested: number;
+  skipped: number;
+}

@@ -1,0 +1,173 @@
+/**
+ * One job (#/jobs/ID, a link to share): its record, payload, checkpoint, progress and last
+ * error, shown as text; and its attempts on a timeline, from the audit trail: which worker held
+ * each, when, and how it ended (succeeded, failed, lease expired, worker lost, stalled, timed
+ * out, released, cancelled). Retry and cancel, each after a confirmation.
+ */
+import type { AttemptRecord, JobDetail } from "./api.js";
+import { badge, button, h, jsonBlock, progressBar, replace, table } from "./dom.js";
+import { duration, time } from "./format.js";
+import { confirmChange, type View, type ViewContext } from "./view.js";
+
+const OUTCOME_TEXT: Record<string, string> = {
+  succeeded: "succeeded",
+  failed: "failed",
+  lease_expired: "lease expired (reaped)",
+  worker_lost: "worker lost",
+  stalled: "stalled",
+  timed_out: "timed out",
+  released: "released",
+  cancelled: "cancelled",
+  running: "running now",
+};
+
+export function jobView(ctx: ViewContext): View {
+  const id = ctx.path[1]!;
+  let shown = "";
+  return {
+    async refresh() {
+      const detail = await ctx.api.get<JobDetail>(`/v1/jobs/${id}`);
+      // Redraw only when something changed, so a selection in the payload survives the refresh.
+      const text = JSON.stringify(detail);
+      if (text === shown) return;
+      shown = text;
+      replace(ctx.root, ...render(ctx, detail));
+    },
+  };
+}
+
+function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail): Node[] {
+  const actions = h("div", { class: "actions" });
+  if (!ctx.readOnly) {
+    if (job.state === "dead" || job.state === "cancelled") {
+      actions.append(
+        button("Retry", () => void act(ctx, "retry", job.id, `Retry job ${job.id}?`, "It goes back to waiting with a fresh retry budget."), {
+          "data-action": "retry",
+        }),
+      );
+    }
+    if ((job.state === "waiting" || job.state === "running") && !job.cancelRequestedAt) {
+      const detail = job.state === "waiting" ? "It ends now, without running." : "Its handler is aborted at its next heartbeat.";
+      actions.append(
+        button("Cancel", () => void act(ctx, "cancel", job.id, `Cancel job ${job.id}?`, detail), { class: "danger", "data-action": "cancel" }),
+      );
+    }
+  }
+  const field = (label: string, value: Node | string) => [h("dt", {}, label), h("dd", {}, value)];
+  const fields = h(
+    "dl",
+    { class: "fields" },
+    ...field("queue", job.queue),
+    ...field("task", job.task),
+    ...field("attempts spent", `${job.spentAttempts} of ${job.maxAttempts}`),
+    ...field("attempt (fencing token)", String(job.attempt)),
+    ...field("priority", String(job.priority)),
+    ...field("created", time(job.createdAt)),
+    ...(job.state === "waiting" ? field("runs at", time(job.runAt)) : []),
+    ...field("started", time(job.startedAt)),
+    ...(job.finishedAt ? field("finished", time(job.finishedAt)) : []),
+    ...(job.state === "running"
+      ? [
+          ...field("worker", h("span", { class: "mono" }, job.lockedBy ?? "–")),
+          ...field("last heartbeat", time(job.heartbeatAt)),
+          ...field("lease until", time(job.leaseUntil)),
+        ]
+      : []),
+    ...(job.cancelRequestedAt ? field("cancel requested", time(job.cancelRequestedAt)) : []),
+    ...(job.uniqueKey ? field("unique key", job.uniqueKey) : []),
+  );
+  const block = (title: string, content: Node) => h("section", {}, h("h2", {}, title), content);
+  return [
+    h("h1", {}, `Job ${job.id} `, badge(job.state, job.state), job.cancelRequestedAt && badge("cancel requested", "cancelled")),
+    actions,
+    fields,
+    block(
+      "Progress",
+      h(
+        "div",
+        { "data-field": "progress" },
+        progressFraction !== null && progressBar(progressFraction, { "aria-label": "progress" }),
+        job.progress === null ? h("p", { class: "empty" }, "None reported.") : jsonBlock(job.progress),
+      ),
+    ),
+    block(
+      "Last error",
+      job.lastError ? h("pre", { class: "error-text", "data-field": "last-error" }, job.lastError) : h("p", { class: "empty" }, "None."),
+    ),
+    block("Attempts", timeline(job.state === "running" ? [...attempts, current(job)] : attempts)),
+    block("Payload", jsonBlock(job.payload, { "data-field": "payload" })),
+    block(
+      "Checkpoint",
+      job.checkpoint === null ? h("p", { class: "empty" }, "None saved.") : jsonBlock(job.checkpoint, { "data-field": "checkpoint" }),
+    ),
+  ];
+}
+
+/** The attempt running now is the job row itself (its audit row is written when it ends). */
+function current(job: JobDetail["job"]): AttemptRecord {
+  return {
+    jobId: job.id,
+    attempt: job.attempt,
+    workerId: job.lockedBy ?? "",
+    startedAt: job.startedAt!,
+    endedAt: new Date().toISOString(),
+    outcome: "running",
+    error: null,
+  };
+}
+
+function timeline(attempts: AttemptRecord[]): Node {
+  if (attempts.length === 0) return h("p", { class: "empty" }, "No attempt yet.");
+  const start = Math.min(...attempts.map((a) => new Date(a.startedAt).getTime()));
+  const end = Math.max(...attempts.map((a) => new Date(a.endedAt).getTime()));
+  const span = Math.max(1, end - start);
+  const rows = attempts.map((a) => {
+    const from = new Date(a.startedAt).getTime();
+    const to = new Date(a.endedAt).getTime();
+    const bar = h("span", { class: `bar ${a.outcome}`, title: `${OUTCOME_TEXT[a.outcome] ?? a.outcome}, ${duration(to - from)}` });
+    // Positions through the style object (allowed by the page's policy), never a style attribute.
+    bar.style.left = `${((from - start) / span) * 100}%`;
+    bar.style.width = `${Math.max(0.5, ((to - from) / span) * 100)}%`;
+    return h(
+      "li",
+      { "data-outcome": a.outcome },
+      h("span", { class: "label" }, `#${a.attempt} `, badge(OUTCOME_TEXT[a.outcome] ?? a.outcome, a.outcome)),
+      h("span", { class: "track" }, bar),
+    );
+  });
+  return h(
+    "div",
+    { class: "attempts" },
+    h("ol", { class: "timeline", "aria-label": "attempts over time" }, ...rows),
+    h("p", { class: "note" }, `From ${time(new Date(start).toISOString())} to ${time(new Date(end).toISOString())} (${duration(span)}).`),
+    table(
+      ["#", "Outcome", "Worker", "Started", "Took", "Error"],
+      attempts.map((a) => [
+        String(a.attempt),
+        OUTCOME_TEXT[a.outcome] ?? a.outcome,
+        h("span", { class: "mono" }, a.workerId),
+        time(a.startedAt),
+        duration(new Date(a.endedAt).getTime() - new Date(a.startedAt).getTime()),
+        h("span", { class: "error-text" }, a.error ?? ""),
+      ]),
+      { "data-table": "attempts" },
+    ),
+  );
+}
+
+async function act(ctx: ViewContext, action: "retry" | "cancel", id: string, question: string, detail: string): Promise<void> {
+  if (!(await confirmChange(question, detail, action === "retry" ? "Retry" : "Cancel job"))) return;
+  try {
+    const r = await ctx.api.post<{ result: string }>(`/v1/jobs/${id}/${action}`);
+    ctx.flash(
+      r.result === "retried"
+        ? `Job ${id} is waiting again.`
+        : r.result === "cancelled"
+          ? `Job ${id} cancelled.`
+          : `Job ${id} will stop at its next heartbeat.`,
+    );
+  } catch (err) {
+    ctx.flash(err instanceof Error ? err.message : String(err), "error");
+  }
+  ctx.refresh();
+}

@@ -1,0 +1,350 @@
+/**
+ * The dashboard in a real headless Chromium (Debian's `chromium` through playwright-core),
+ * against a server and workers on the test database: sign-in, a progress bar that moves, a
+ * job's attempt history after a reaped lease, retry of a dead job (one, and all matching a
+ * filter, after a confirmation that says how many), hostile payloads shown as text, calls
+ * without the token, read-only mode, and a phone's width. With LEASEHOLD_SCREENSHOTS=1 it
+ * also takes the pictures in docs/dashboard.md.
+ */
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import type { FastifyInstance } from "fastify";
+import type { Browser, BrowserContext, Page } from "playwright-core";
+import { ThroughputSampler } from "../src/maintenance/throughput.js";
+import { createServer } from "../src/server/app.js";
+import type { DashboardMode } from "../src/server/dashboard.js";
+import type { Worker } from "../src/worker/worker.js";
+import { eventually, freshLeasehold, NO_BACKOFF, silent } from "./helpers/db.js";
+import { CHROMIUM_HINT, findChromium, launchChromium, screenshot } from "./helpers/browser.js";
+import { TOKEN } from "./helpers/server.js";
+
+/** What the tests read in the page (the tests are compiled without the DOM's types). */
+interface InPage {
+  __pwned?: number;
+  sessionStorage: { getItem(key: string): string | null };
+  document: { cookie: string; documentElement: { scrollWidth: number } };
+}
+
+const skip = findChromium() ? false : `no Chromium found; ${CHROMIUM_HINT}`;
+
+let lh: Awaited<ReturnType<typeof freshLeasehold>>;
+let browser: Browser;
+let context: BrowserContext;
+let page: Page;
+let base: string;
+let worker: Worker;
+let zombie: Worker;
+let sampler: ThroughputSampler;
+const servers: FastifyInstance[] = [];
+/** Set by a handler to let the long job end. */
+let releaseCrunch = false;
+const runs = new Map<string, number>();
+const countRun = (key: string) => {
+  const n = (runs.get(key) ?? 0) + 1;
+  runs.set(key, n);
+  return n;
+};
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+async function startServer(dashboard: DashboardMode): Promise<string> {
+  const app = createServer({ leasehold: lh, token: TOKEN, dashboard, sampleIntervalMs: 1_000 });
+  servers.push(app);
+  await app.listen({ host: "127.0.0.1", port: 0 });
+  const address = app.server.address() as { port: number };
+  return `http://127.0.0.1:${address.port}`;
+}
+
+async function state(id: string): Promise<string> {
+  return (await lh.getJob(id)).job.state;
+}
+
+before(async () => {
+  if (skip) return;
+  lh = await freshLeasehold();
+  sampler = new ThroughputSampler(lh.pool, silent, { intervalMs: 1_000 }).start();
+  base = await startServer("on");
+  worker = await lh
+    .worker({
+      name: "web-1",
+      queues: ["default", "reports", "mail", "billing", "guarded", "readonly"],
+      concurrency: 8,
+      leaseMs: 3_000,
+      heartbeatMs: 200,
+      pollIntervalMs: 100,
+      backoff: NO_BACKOFF,
+      watchdog: { intervalMs: 200, backoff: NO_BACKOFF },
+      scheduler: false,
+      handlers: {
+        // Reports a fraction every 150 ms until the test lets it end.
+        crunch: async (_p: unknown, ctx) => {
+          for (let done = 1; done <= 200 && !releaseCrunch && !ctx.signal.aborted; done++) {
+            ctx.progress({ done, of: 200 });
+            await sleep(150);
+          }
+        },
+        // Fails its only attempt the first time it runs, succeeds after.
+        fragile: (_p: unknown, ctx) => {
+          if (countRun(ctx.jobId) === 1) throw new Error("disk full");
+        },
+        doomed: () => {
+          throw new Error("always fails");
+        },
+        hostile: () => {
+          throw new Error('<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>');
+        },
+      },
+    })
+    .start();
+  // A worker with one slot whose first attempt hangs until its lease is taken from it: its
+  // next heartbeat is refused (on record as a stale refusal), and then it runs the job again.
+  zombie = await lh
+    .worker({
+      name: "zombie",
+      queues: ["imports"],
+      concurrency: 1,
+      leaseMs: 3_000,
+      heartbeatMs: 1_000,
+      backoff: NO_BACKOFF,
+      watchdog: false,
+      scheduler: false,
+      handlers: {
+        reaped: async (_p: unknown, ctx) => {
+          if (countRun(ctx.jobId) > 1) return;
+          await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+        },
+      },
+    })
+    .start();
+  browser = await launchChromium();
+  context = await browser.newContext({ viewport: { width: 1280, height: 860 } });
+  page = await context.newPage();
+});
+
+after(async () => {
+  if (skip) return;
+  releaseCrunch = true;
+  await browser?.close();
+  await worker?.stop();
+  await zombie?.stop();
+  await sampler?.stop();
+  for (const app of servers) await app.close();
+  await lh?.dispose();
+});
+
+/** Fails the test if anything on the page opens a dialog or sets the flag a payload tries to set. */
+function watchForScripts(p: Page): () => Promise<void> {
+  const dialogs: string[] = [];
+  p.on("dialog", (d) => {
+    dialogs.push(d.message());
+    void d.dismiss();
+  });
+  return async () => {
+    assert.deepEqual(dialogs, [], "no alert/confirm/prompt opened");
+    assert.equal(await p.evaluate(() => (globalThis as unknown as InPage).__pwned), undefined, "no injected script ran");
+  };
+}
+
+test("the page loads with a strict policy, asks for the token and keeps it in the tab (no cookie)", { skip }, async () => {
+  const response = await page.goto(`${base}/`);
+  const headers = response!.headers();
+  assert.match(headers["content-security-policy"]!, /script-src 'self'/);
+  assert.match(headers["content-security-policy"]!, /frame-ancestors 'none'/);
+  assert.doesNotMatch(headers["content-security-policy"]!, /unsafe-inline|unsafe-eval/);
+  assert.equal(headers["x-content-type-options"], "nosniff");
+
+  await lh.enqueue("crunch", { size: 200 }, { queue: "reports" });
+  await page.fill('input[name="token"]', "not-the-token-0123456789");
+  await page.click('form.sign-in button[type="submit"]');
+  await page.waitForSelector("text=The server refused that token.");
+  await page.fill('input[name="token"]', TOKEN);
+  await page.click('form.sign-in button[type="submit"]');
+  await page.waitForSelector('[data-table="queues"] >> text=reports');
+  assert.equal(await page.evaluate(() => (globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")), TOKEN);
+  assert.equal(await page.evaluate(() => (globalThis as unknown as InPage).document.cookie), "");
+  assert.deepEqual(await context.cookies(), []);
+  await page.waitForSelector('[data-table="processes"] >> text=web-1');
+});
+
+test("a running job's progress bar moves without a reload", { skip }, async () => {
+  await page.goto(`${base}/#/running`);
+  const bar = page.locator('[data-table="running"] progress').first();
+  await bar.waitFor();
+  const first = Number(await bar.getAttribute("value"));
+  await eventually(async () => Number(await bar.getAttribute("value")) > first, "the progress bar moved", 15_000);
+  const cells = await page.locator('[data-table="running"] tbody tr').first().innerText();
+  assert.match(cells, /crunch/);
+  assert.match(cells, /reports/);
+  await screenshot(page, "running");
+  // The overview while things happen: the sampler has had time for a few throughput points.
+  await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "fragile", queue: "mail" })));
+});
+
+test("a job's page shows its attempt history after a reaped lease, and the refusal shows in Recoveries", { skip }, async () => {
+  const { id } = await lh.enqueue("reaped", { order: 42 }, { queue: "imports" });
+  await eventually(async () => (await lh.getJob(id)).job.state === "running", "the job runs");
+  // Its worker is wedged for longer than its lease: the lease runs out and a watchdog reaps it.
+  await eventually(async () => {
+    await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1 AND attempt = 1", [id]);
+    return (await lh.getJob(id)).attempts.length > 0;
+  }, "the lease is reaped");
+  await eventually(async () => (await state(id)) === "succeeded", "the second attempt succeeds", 20_000);
+
+  await page.goto(`${base}/#/jobs/${id}`);
+  await page.waitForSelector('li[data-outcome="lease_expired"]');
+  await page.waitForSelector('li[data-outcome="succeeded"]');
+  const attempts = await page.locator('[data-table="attempts"] tbody tr').allInnerTexts();
+  assert.equal(attempts.length, 2);
+  assert.match(attempts[0]!, /lease expired/);
+  assert.match(attempts[1]!, /succeeded/);
+  assert.match(await page.locator("[data-field=payload]").innerText(), /"order": 42/);
+  await screenshot(page, "job");
+
+  // The wedged attempt's next heartbeat was refused: on record, with the reaping.
+  await page.goto(`${base}/#/recoveries`);
+  await page.waitForSelector(`[data-table="recoveries"] >> text=reaped (lease expired)`);
+  await page.waitForSelector(`[data-table="recoveries"] >> text=stale refused`, { timeout: 15_000 });
+  await screenshot(page, "recoveries");
+});
+
+test("retry on a dead job: after the confirmation it runs again", { skip }, async () => {
+  const { id } = await lh.enqueue("fragile", { to: "ops@example.com" }, { maxAttempts: 1, queue: "billing" });
+  await eventually(async () => (await state(id)) === "dead", "the job is dead");
+  await page.goto(`${base}/#/jobs?state=dead`);
+  await page.waitForSelector(`[data-table="jobs"] >> text=disk full`);
+  await screenshot(page, "dead-letter");
+  await page.click(`[data-table="jobs"] a[href="#/jobs/${id}"]`);
+  await page.waitForSelector("h1 >> text=dead");
+  // "Keep" changes nothing.
+  await page.click('[data-action="retry"]');
+  await page.click('dialog [data-confirm="no"]');
+  await sleep(300);
+  assert.equal(await state(id), "dead");
+  await page.click('[data-action="retry"]');
+  assert.match(await page.locator("dialog h2").innerText(), new RegExp(`Retry job ${id}\\?`));
+  await page.click('dialog [data-confirm="yes"]');
+  await eventually(async () => (await state(id)) === "succeeded", "the retried job runs and succeeds");
+  await page.waitForSelector("h1 >> text=succeeded", { timeout: 10_000 });
+  const outcomes = await page.locator("li[data-outcome]").evaluateAll((els) => els.map((e) => e.getAttribute("data-outcome")));
+  assert.deepEqual(outcomes, ["failed", "succeeded"]);
+});
+
+test("bulk retry of a filter says how many before it acts", { skip }, async () => {
+  const jobs = await lh.enqueueMany(Array.from({ length: 3 }, (_, i) => ({ task: "doomed", payload: { i }, maxAttempts: 1 })));
+  await eventually(async () => (await Promise.all(jobs.map((j) => state(j.id)))).every((s) => s === "dead"), "three dead jobs");
+  await page.goto(`${base}/#/jobs?state=dead&task=doomed`);
+  await page.waitForSelector('[data-table="jobs"] >> text=always fails');
+  await page.click('[data-action="bulk-retry"]');
+  assert.equal(await page.locator("dialog h2").innerText(), "Retry 3 dead jobs?");
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=3 job(s) retried.");
+  const { rows } = await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM all_attempts WHERE job_id = ANY($1::bigint[])", [
+    jobs.map((j) => j.id),
+  ]);
+  await eventually(async () => (await Promise.all(jobs.map((j) => lh.getJob(j.id)))).every((j) => j.attempts.length === 2), "each ran again");
+  assert.ok(rows[0]!.n >= 3);
+});
+
+test("payloads and errors holding HTML or script show as text and run nothing", { skip }, async () => {
+  const p = await context.newPage();
+  const check = watchForScripts(p);
+  await p.goto(`${base}/#token=${encodeURIComponent(TOKEN)}`);
+  const { id } = await lh.enqueue(
+    "hostile",
+    {
+      html: "<script>window.__pwned=1</script>",
+      img: '<img src=x onerror="window.__pwned=1;alert(1)">',
+      link: "javascript:window.__pwned=1",
+    },
+    { maxAttempts: 1 },
+  );
+  await eventually(async () => (await state(id)) === "dead", "the hostile job is dead");
+  await p.goto(`${base}/#/jobs/${id}`);
+  await p.waitForSelector("[data-field=payload]");
+  const payload = await p.locator("[data-field=payload]").innerText();
+  assert.ok(payload.includes("<script>window.__pwned=1</script>"), payload);
+  assert.ok(payload.includes('<img src=x onerror=\\"window.__pwned=1;alert(1)\\">'), payload);
+  assert.ok((await p.locator("[data-field=last-error]").innerText()).includes('<img src=x onerror="window.__pwned=1">'));
+  await p.goto(`${base}/#/jobs?state=dead`);
+  await p.waitForSelector(`[data-table="jobs"] >> text=<img src=x`);
+  assert.equal(await p.locator("#view img, #view script, #view iframe").count(), 0);
+  await sleep(500);
+  await check();
+  await p.close();
+});
+
+test("a call without the token changes nothing", { skip }, async () => {
+  const { id } = await lh.enqueue("doomed", null, { maxAttempts: 1, queue: "guarded" });
+  await eventually(async () => (await state(id)) === "dead", "dead");
+  // From the dashboard's own origin, as a forged request would be: no token, no change.
+  const statuses = await page.evaluate(async (jobId) => {
+    const calls = [
+      fetch(`/v1/jobs/${jobId}/retry`, { method: "POST" }),
+      fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", credentials: "include" }),
+      fetch("/v1/bulk/retry", {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify({ state: "dead", confirmed: 100 }),
+      }),
+      fetch("/v1/overview"),
+    ];
+    return Promise.all(calls.map(async (c) => (await c).status));
+  }, id);
+  assert.deepEqual(statuses, [401, 401, 401, 401]);
+  await sleep(300);
+  assert.equal(await state(id), "dead");
+});
+
+test("read-only mode: no buttons that change jobs, and the server refuses them", { skip }, async () => {
+  const { id } = await lh.enqueue("doomed", null, { maxAttempts: 1, queue: "readonly" });
+  await eventually(async () => (await state(id)) === "dead", "dead");
+  const readOnlyBase = await startServer("read-only");
+  const p = await context.newPage();
+  // The link `leasehold dev` prints: the token in the fragment, which the browser never sends.
+  await p.goto(`${readOnlyBase}/#token=${encodeURIComponent(TOKEN)}`);
+  await p.waitForSelector(".badge.read-only");
+  assert.equal(new URL(p.url()).hash, "#/", "the token left the address");
+  await p.goto(`${readOnlyBase}/#/jobs/${id}`);
+  await p.waitForSelector("h1 >> text=dead");
+  assert.equal(await p.locator('[data-action="retry"]').count(), 0);
+  await p.goto(`${readOnlyBase}/#/jobs?state=dead`);
+  await p.waitForSelector('[data-table="jobs"]');
+  assert.equal(await p.locator('[data-action="bulk-retry"]').count(), 0);
+  const answers = await p.evaluate(async (jobId) => {
+    const auth = {
+      authorization: `Bearer ${(globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")}`,
+      "content-type": "application/json",
+    };
+    const one = await fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", headers: auth, body: "{}" });
+    const bulk = await fetch("/v1/bulk/retry", { method: "POST", headers: auth, body: JSON.stringify({ state: "dead", confirmed: 100 }) });
+    return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status];
+  }, id);
+  assert.deepEqual(answers, [403, "read_only", 403]);
+  assert.equal(await state(id), "dead");
+  await p.close();
+});
+
+test("usable at a phone's width: nothing wider than the screen, every view reachable", { skip }, async () => {
+  await lh.schedule({ name: "nightly-report", cron: "0 3 * * *", task: "crunch", queue: "reports", timezone: "Europe/Paris" });
+  const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, deviceScaleFactor: 1, isMobile: true, hasTouch: true });
+  const p = await phone.newPage();
+  await p.goto(`${base}/#token=${encodeURIComponent(TOKEN)}`);
+  await p.waitForSelector('[data-table="queues"]');
+  for (const route of ["#/", "#/running", "#/jobs?state=dead", "#/recoveries", "#/schedules"]) {
+    await p.goto(`${base}/${route}`);
+    await p.waitForSelector(".freshness[data-fresh=yes]");
+    const width = await p.evaluate(() => (globalThis as unknown as InPage).document.documentElement.scrollWidth);
+    assert.ok(width <= 390, `${route} is ${width} px wide at 390 px`);
+  }
+  await p.waitForSelector('[data-table="schedules"] >> text=nightly-report');
+  await screenshot(p, "schedules-phone");
+  await p.goto(`${base}/#/`);
+  await p.waitForSelector('[data-table="queues"]');
+  await screenshot(p, "overview-phone");
+  await phone.close();
+  // A backlog no worker serves, some of it for later: the overview's counts and oldest wait.
+  await lh.enqueueMany(Array.from({ length: 12 }, (_, i) => ({ task: "export", queue: "backlog", delayMs: i < 4 ? 600_000 : undefined })));
+  await page.goto(`${base}/#/`);
+  await page.waitForSelector('[data-table="queues"] >> text=backlog');
+  await sleep(1_000);
+  await screenshot(page, "overview");
+});
