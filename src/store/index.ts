@@ -35,3 +35,16 @@ export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, anySchedulesDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
 export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";
+export {
+  keepNatsDispatchActive,
+  takeDueDoorbells,
+  nextDoorbellIn,
+  deletePublishedDoorbells,
+  spellsStillWaiting,
+  readySpellsOf,
+  oweDoorbellsAgain,
+  dispatchChannel,
+  ACTIVATION_LOCK_TIMEOUT_MS,
+} from "./dispatch.js";
+export type { Doorbell } from "./dispatch.js";
+export type { InsertedJob } from "./enqueue.js";
