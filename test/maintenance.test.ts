@@ -1,7 +1,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as store from "../src/store/index.js";
-import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF } from "./helpers/db.js";
+import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF, silent } from "./helpers/db.js";
+import type { Queryable } from "../src/store/db.js";
+import { Watchdog } from "../src/maintenance/watchdog.js";
 
 test("retention empties whole generations of finished jobs with their audit rows and keeps dead jobs longer", async (t) => {
   const lh = await freshLeasehold(t);
@@ -113,4 +115,26 @@ test("a service's failing run is counted and does not stop the service", async (
   await new Promise((r) => setTimeout(r, 200));
   await watchdog.stop();
   assert.equal(watchdog.failures, failures, "runs succeed again once the table is back");
+});
+
+test("watchdogs share crash detection: together they check liveness about once per interval, not once each", async (t) => {
+  const lh = await freshLeasehold(t);
+  let checks = 0;
+  const counting: Queryable = {
+    query: ((text: string, values?: unknown[]) => {
+      if (text.includes("pg_locks")) checks++;
+      return lh.pool.query(text, values);
+    }) as Queryable["query"],
+  };
+  const livenessMs = 50;
+  const watchdogs = Array.from({ length: 4 }, () => new Watchdog(counting, lh.metrics, silent, { intervalMs: 400, livenessIntervalMs: livenessMs }));
+  for (const w of watchdogs) w.start();
+  t.after(() => Promise.all(watchdogs.map((w) => w.stop())));
+  await new Promise((r) => setTimeout(r, 1_500)); // every one has counted the fleet
+  checks = 0;
+  const windowMs = 3_000;
+  await new Promise((r) => setTimeout(r, windowMs));
+  // Alone, each would check every tick: 4 x 60 = 240. Shared: ~60, plus one per reap tick each (~30).
+  const alone = (4 * windowMs) / livenessMs;
+  assert.ok(checks > 0 && checks < alone / 2, `${checks} liveness checks in ${windowMs} ms (each alone: ${alone})`);
 });

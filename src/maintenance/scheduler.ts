@@ -1,9 +1,10 @@
 /**
  * The scheduler: enqueues the jobs of due schedules. It runs inside every worker (and in
- * `leasehold watchdog`); any number may run at once. Each run probes for a due schedule with
- * one cheap statement and, when there is one, in a single transaction: locks the due
- * schedules (SKIP LOCKED: another scheduler takes the rest), enqueues one job per tick to run
- * (keyed `schedule:<name>:<tick>`, run_at = the tick) and moves each schedule past them.
+ * `leasehold watchdog`); any number may run at once. Each run probes for the earliest tick
+ * with one cheap statement (and sleeps until it, at most 5 s) and, when one is due, in a
+ * single transaction: locks the due schedules (SKIP LOCKED: another scheduler takes the
+ * rest), enqueues one job per tick to run (keyed `schedule:<name>:<tick>`, run_at = the
+ * tick) and moves each schedule past them.
  * Exactly one job per tick, however many schedulers there are. Ticks are computed on the
  * database's clock.
  */
@@ -21,11 +22,16 @@ const SCHEDULES_PER_RUN = 100;
 /** Missed ticks enqueued per schedule per run when backfilling; the rest follow on later runs. */
 export const BACKFILL_PER_RUN = 1_000;
 
+/** With nothing due soon, the scheduler still looks this often (a new schedule's first tick is at most this late). */
+export const MAX_IDLE_PROBE_MS = 5_000;
+
 export interface SchedulerOptions {
   intervalMs?: number;
 }
 
 export class Scheduler extends MaintenanceService<number> {
+  private nextProbeAt = 0;
+
   constructor(
     private readonly pool: pg.Pool,
     private readonly metrics: Metrics,
@@ -35,9 +41,23 @@ export class Scheduler extends MaintenanceService<number> {
     super("scheduler", options.intervalMs ?? DEFAULT_SCHEDULER_INTERVAL_MS, logger);
   }
 
+  /**
+   * Probes no more often than needed: not before the earliest tick is due, and at least every
+   * MAX_IDLE_PROBE_MS (a schedule saved meanwhile by another process is found by then).
+   */
+  protected override async tick(): Promise<unknown> {
+    if (performance.now() < this.nextProbeAt) return 0;
+    return this.runOnce();
+  }
+
   /** Enqueues what is due; returns the jobs enqueued. */
   async runOnce(): Promise<number> {
-    if (!(await store.anySchedulesDue(this.pool))) return 0;
+    const dueInMs = await store.nextScheduleDue(this.pool);
+    if (dueInMs === null || dueInMs > 0) {
+      this.nextProbeAt = performance.now() + Math.min(dueInMs ?? Infinity, MAX_IDLE_PROBE_MS);
+      return 0;
+    }
+    this.nextProbeAt = 0;
     const enqueued = await store.withTransaction(this.pool, async (client) => {
       const { schedules, now } = await store.lockDueSchedules(client, SCHEDULES_PER_RUN);
       const jobs: NormalizedJob[] = [];

@@ -2,9 +2,10 @@
  * The watchdog: Leasehold's recovery controller. Every way an attempt can be left behind
  * ends here, through the same retry-or-dead path as a failure (a recovery is a failure its
  * worker did not live to report, so it spends the retry budget), counted by cause:
- *   - crash detection (every `livenessIntervalMs`): workers hold a liveness lock on their own
- *     session; when a worker's lock is gone (kill -9, OOM, a dead host's sockets closing) for
- *     longer than a short grace, its jobs are recovered at once (worker_lost);
+ *   - crash detection (about every `livenessIntervalMs`, across all watchdogs together):
+ *     workers hold a liveness lock on their own session; when a worker's lock is gone (kill
+ *     -9, OOM, a dead host's sockets closing) for longer than a short grace, its jobs are
+ *     recovered at once (worker_lost);
  *   - leases that ran out (every `intervalMs`): the backstop for partitions, zombies and
  *     poolers that break session state (lease_expired);
  *   - attempts past their progress timeout or maximum run time by more than a lease, which
@@ -70,6 +71,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   private readonly graceMs: number;
   private readonly backoff: BackoffPolicy;
   private lastReap = -Infinity;
+  /** Workers this watchdog saw lose their liveness, and when (monotonic ms). */
+  private readonly lostSeen = new Map<string, number>();
+  /** Live watchdogs, as last counted: each checks liveness on one tick in this many. */
+  private fleetSize = 1;
   private lastOrphanScan = -Infinity;
   private announced = false;
 
@@ -96,16 +101,21 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     return summary;
   }
 
-  /** Crash detection every tick; the heavier parts when their interval has passed. */
+  /**
+   * Crash detection on a share of the ticks, so that the fleet's watchdogs together check
+   * about once per `livenessIntervalMs` (every worker runs one: a hundred processes checking
+   * four times a second each would be 400 statements a second for one answer); the heavier
+   * parts when their interval has passed.
+   */
   protected override async tick(): Promise<unknown> {
     const now = performance.now();
     const reapDue = now - this.lastReap >= this.reapMs - this.livenessMs / 2;
-    await this.recover(reapDue);
+    await this.recover(reapDue, reapDue || Math.random() * this.fleetSize < 1);
     if (now - this.lastOrphanScan >= this.orphanMs) await this.scanOrphans();
     return undefined;
   }
 
-  private async recover(all: boolean): Promise<RecoverySummary> {
+  private async recover(all: boolean, checkLiveness = true): Promise<RecoverySummary> {
     const summary: RecoverySummary = { retried: 0, dead: 0, cancelled: 0, byCause: {} };
     const count = (cause: RecoveryCause, ended: store.Ended) => {
       if (ended.size === 0) return;
@@ -114,11 +124,15 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       this.metrics.recoveries.inc({ cause }, ended.size);
       for (const s of ended.sinceBeatSeconds ?? []) this.metrics.recoveryDelay.observe({ cause }, s);
     };
-    const { lost, back } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
-    if (lost.length > 0)
-      this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
-    if (back.length > 0) this.logger.info({ workers: back }, "worker liveness back");
-    count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
+    if (checkLiveness) await this.checkLiveness();
+    const now = performance.now();
+    // Recovery runs once the grace of a worker this watchdog saw go has passed, and on every
+    // reap tick for workers another watchdog saw go: not one more statement on every tick.
+    const graceOver = [...this.lostSeen].filter(([, at]) => now - at >= this.graceMs);
+    if (all || graceOver.length > 0) {
+      count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
+      for (const [id] of graceOver) this.lostSeen.delete(id);
+    }
     if (all) {
       this.lastReap = performance.now();
       if (!this.announced) {
@@ -133,7 +147,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
         });
         this.announced = true;
       } else {
-        await store.touchWorker(this.db, this.id);
+        this.fleetSize = Math.max(1, await store.touchWorker(this.db, this.id, 3 * this.reapMs + 1_000));
       }
       for (;;) {
         const reaped = await store.reapExpiredLeases(this.db, { limit: REAP_BATCH, backoff: this.backoff });
@@ -156,14 +170,31 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       }
       await this.gauge();
     }
-    // The hot table's dead rows slow every claim until vacuumed (see vacuumIfBloated); a busy
-    // queue makes tens of thousands a second, so this is checked every tick (two counters).
-    const vacuumed = await store.vacuumIfBloated(this.db, { tables: ["jobs"], minDead: HOT_TABLE_VACUUM_MIN_DEAD });
-    if (vacuumed.length > 0) this.logger.debug({ tables: vacuumed }, "vacuumed");
     const total = summary.retried + summary.dead + summary.cancelled;
     if (total > 0)
       this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
     return summary;
+  }
+
+  /** Workers whose liveness lock is gone are marked lost; their recovery waits the grace. */
+  private async checkLiveness(): Promise<void> {
+    const { lost, back, jobsLive, jobsDead } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
+    const now = performance.now();
+    if (lost.length > 0) {
+      this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
+      for (const id of lost) this.lostSeen.set(id, now);
+    }
+    if (back.length > 0) {
+      this.logger.info({ workers: back }, "worker liveness back");
+      for (const id of back) this.lostSeen.delete(id);
+    }
+    // The hot table's dead rows slow every claim until vacuumed (see vacuumIfBloated); a busy
+    // queue makes tens of thousands a second, so its counts are read with every liveness check
+    // (for free: they come with it).
+    if (store.isBloated(jobsLive, jobsDead, HOT_TABLE_VACUUM_MIN_DEAD)) {
+      await store.vacuumTable(this.db, "jobs");
+      this.logger.debug({ dead: jobsDead, live: jobsLive }, "vacuumed the jobs table");
+    }
   }
 
   private async gauge(): Promise<void> {

@@ -27,13 +27,13 @@ export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, listW
 export type { TaskPolicy, WorkerAnnouncement, WorkerRecord } from "./workers.js";
 export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "./admin.js";
 export type { ListJobsFilter, CancelResult, RetryResult, QueueStats } from "./admin.js";
-export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, GENERATIONS } from "./retention.js";
+export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
 export { readyPairs } from "./ready.js";
 export type { QueueTasks } from "./ready.js";
 export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
 export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
-export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, anySchedulesDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
+export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
 export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";
 export {
   keepNatsDispatchActive,

@@ -102,9 +102,22 @@ export async function countUnfinishedJobs(db: Queryable): Promise<{ queue: strin
   return run(db, COUNT_UNFINISHED);
 }
 
-const TOUCH_WORKER = statement("touchWorker", `UPDATE workers SET last_seen_at = now() WHERE id = $1`, {});
+const TOUCH_WORKER = statement(
+  "touchWorker",
+  `
+WITH touched AS (UPDATE workers SET last_seen_at = now() WHERE id = $1)
+SELECT count(*)::int AS watchdogs
+  FROM workers
+ WHERE kind = 'watchdog' AND stopped_at IS NULL AND lost_at IS NULL
+   AND last_seen_at > now() - $2::bigint * interval '1 millisecond'`,
+  { watchdogs: "int4" },
+);
 
-/** A watchdog's sign of life (it holds no jobs, so it has no beat to carry it). */
-export async function touchWorker(db: Queryable, workerId: string): Promise<void> {
-  await run(db, TOUCH_WORKER, [workerId]);
+/**
+ * A watchdog's sign of life (it holds no jobs, so it has no beat to carry it). Returns how
+ * many watchdogs were seen within `withinMs` (this one included, at least from its last touch).
+ */
+export async function touchWorker(db: Queryable, workerId: string, withinMs = 60_000): Promise<number> {
+  const [row] = await run(db, TOUCH_WORKER, [workerId, withinMs]);
+  return row!.watchdogs;
 }

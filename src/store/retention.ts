@@ -110,8 +110,17 @@ SELECT t.name, pg_stat_get_live_tuples(c.oid) AS live, pg_stat_get_dead_tuples(c
  */
 export async function vacuumIfBloated(db: Queryable, p: { tables: string[]; minDead: number }): Promise<string[]> {
   const rows = await run(db, DEAD_ROWS, [p.tables]);
-  const bloated = rows.filter((r) => Number(r.dead) >= p.minDead && Number(r.dead) > Number(r.live)).map((r) => r.name);
-  // Table names from our own list, not from input: safe to quote into the statement.
-  for (const table of bloated) await db.query(`VACUUM (SKIP_LOCKED) ${quoteIdent(table)}`);
+  const bloated = rows.filter((r) => isBloated(Number(r.live), Number(r.dead), p.minDead)).map((r) => r.name);
+  for (const table of bloated) await vacuumTable(db, table);
   return bloated;
+}
+
+/** Dead rows outnumber live ones, and there are at least `minDead` of them. */
+export function isBloated(live: number, dead: number, minDead: number): boolean {
+  return dead >= minDead && dead > live;
+}
+
+/** `table`: one of our own table names, never input (it is quoted into the statement). */
+export async function vacuumTable(db: Queryable, table: string): Promise<void> {
+  await db.query(`VACUUM (SKIP_LOCKED) ${quoteIdent(table)}`);
 }

@@ -133,12 +133,17 @@ export async function listSchedules(db: Queryable): Promise<ScheduleRecord[]> {
   return (await run(db, LIST_SCHEDULES)).map(toRecord);
 }
 
-const ANY_DUE = statement("anySchedulesDue", `SELECT EXISTS (SELECT 1 FROM schedules WHERE next_run_at <= now()) AS due`, { due: "bool" });
+const NEXT_DUE = statement("nextScheduleDue", `SELECT (extract(epoch FROM min(next_run_at) - now()) * 1000)::float8 AS due_in_ms FROM schedules`, {
+  due_in_ms: "float8?",
+});
 
-/** One cheap probe per scheduler tick; the transaction only when something is due. */
-export async function anySchedulesDue(db: Queryable): Promise<boolean> {
-  const [row] = await run(db, ANY_DUE);
-  return row!.due;
+/**
+ * One cheap probe (an index's first entry): milliseconds until the earliest tick is due
+ * (zero or less: due now), or null with no schedules. The transaction only when something is due.
+ */
+export async function nextScheduleDue(db: Queryable): Promise<number | null> {
+  const [row] = await run(db, NEXT_DUE);
+  return row!.due_in_ms;
 }
 
 const LOCK_DUE = statement(

@@ -128,26 +128,38 @@ WITH held AS (
     FROM pg_locks AS l
    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), changed AS (
+  UPDATE workers AS w
+     SET lost_at = CASE WHEN w.lost_at IS NULL THEN now() END
+   WHERE w.liveness_key IS NOT NULL AND w.stopped_at IS NULL
+     AND (w.lost_at IS NULL) = NOT EXISTS (SELECT 1 FROM held WHERE held.key = w.liveness_key)
+     -- Right after the server (re)started, every session is new: give workers time to
+     -- reconnect before calling any of them lost.
+     AND (w.lost_at IS NOT NULL OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
+  RETURNING w.id, w.lost_at IS NOT NULL AS lost
 )
-UPDATE workers AS w
-   SET lost_at = CASE WHEN w.lost_at IS NULL THEN now() END
- WHERE w.liveness_key IS NOT NULL AND w.stopped_at IS NULL
-   AND (w.lost_at IS NULL) = NOT EXISTS (SELECT 1 FROM held WHERE held.key = w.liveness_key)
-   -- Right after the server (re)started, every session is new: give workers time to
-   -- reconnect before calling any of them lost.
-   AND (w.lost_at IS NOT NULL OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
-RETURNING w.id, w.lost_at IS NOT NULL AS lost`,
-  { id: "text", lost: "bool" },
+SELECT coalesce(array_agg(id) FILTER (WHERE lost), '{}') AS lost,
+       coalesce(array_agg(id) FILTER (WHERE NOT lost), '{}') AS back,
+       -- The hot table's row counts ride along: the watchdog vacuums it when dead rows pile
+       -- up, without a statement of its own every tick.
+       pg_stat_get_live_tuples('jobs'::regclass) AS jobs_live,
+       pg_stat_get_dead_tuples('jobs'::regclass) AS jobs_dead
+  FROM changed`,
+  { lost: "_text", back: "_text", jobs_live: "int8", jobs_dead: "int8" },
 );
 
 /**
  * Compares the workers that should be alive with the liveness locks held now: a worker whose
  * lock is gone is marked lost (the time is kept, so recovery can wait a grace for a
- * reconnect); one whose lock is back is unmarked. Returns the changes.
+ * reconnect); one whose lock is back is unmarked. Returns the changes, and the hot table's
+ * live and dead row counts (as the statistics last saw them).
  */
-export async function markLostWorkers(db: Queryable, p: { startupGraceMs: number }): Promise<{ lost: string[]; back: string[] }> {
-  const rows = await run(db, MARK_LOST_WORKERS, [p.startupGraceMs]);
-  return { lost: rows.filter((r) => r.lost).map((r) => r.id), back: rows.filter((r) => !r.lost).map((r) => r.id) };
+export async function markLostWorkers(
+  db: Queryable,
+  p: { startupGraceMs: number },
+): Promise<{ lost: string[]; back: string[]; jobsLive: number; jobsDead: number }> {
+  const [row] = await run(db, MARK_LOST_WORKERS, [p.startupGraceMs]);
+  return { lost: row!.lost, back: row!.back, jobsLive: Number(row!.jobs_live), jobsDead: Number(row!.jobs_dead) };
 }
 
 const LIST_WORKERS = statement(
