@@ -195,7 +195,7 @@ export class NatsLink {
         description: `Leasehold doorbells of queue ${queue}, task ${task}`,
       });
     } else {
-      const existing = Math.round(info.config.ack_wait / 1_000_000);
+      const existing = Math.round((info.config.ack_wait ?? 0) / 1_000_000);
       checkAckWait(existing, leaseMs, `the NATS consumer ${this.stream}/${name}`);
       if (existing < ackWaitMs) await jsm.consumers.update(this.stream, name, { ack_wait: nanos(ackWaitMs) });
     }

@@ -60,7 +60,8 @@ export function resolveNatsOptions(input: string | NatsOptions, schema: string):
     throw new ConfigError(`nats ackWaitMs must be a whole number of milliseconds from 1000 to a week (got ${JSON.stringify(o.ackWaitMs)})`);
   }
   const replicas = o.replicas ?? 1;
-  if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5) throw new ConfigError(`nats replicas must be 1 to 5 (got ${JSON.stringify(o.replicas)})`);
+  if (!Number.isInteger(replicas) || replicas < 1 || replicas > 5)
+    throw new ConfigError(`nats replicas must be 1 to 5 (got ${JSON.stringify(o.replicas)})`);
   return { servers: parseNatsUrl(o.url), stream, ackWaitMs: o.ackWaitMs, replicas };
 }
 

@@ -23,11 +23,7 @@ const RENEW_ACTIVE = statement(
   { active_until: "timestamptz?" },
 );
 
-const SET_ACTIVE = statement(
-  "activateNatsDispatch",
-  `UPDATE dispatch_settings SET active_until = now() + $1::bigint * interval '1 millisecond'`,
-  {},
-);
+const SET_ACTIVE = statement("activateNatsDispatch", `UPDATE dispatch_settings SET active_until = now() + $1::bigint * interval '1 millisecond'`, {});
 
 /** Every job waiting now owes a doorbell (those that already owe one keep theirs). */
 const BACKFILL_DOORBELLS = statement(
@@ -129,11 +125,7 @@ export async function nextDoorbellIn(db: Queryable): Promise<number | null> {
   return row?.ms ?? null;
 }
 
-const DELETE_PUBLISHED = statement(
-  "deletePublishedDoorbells",
-  `DELETE FROM dispatch_outbox WHERE job_id = ANY($1::bigint[]) AND attempt = 0`,
-  {},
-);
+const DELETE_PUBLISHED = statement("deletePublishedDoorbells", `DELETE FROM dispatch_outbox WHERE job_id = ANY($1::bigint[]) AND attempt = 0`, {});
 
 /** The enqueuer published its new jobs' doorbells itself: they are owed no more. */
 export async function deletePublishedDoorbells(db: Queryable, ids: string[]): Promise<void> {

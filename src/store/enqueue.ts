@@ -43,7 +43,11 @@ const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKe
  */
 const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $12::text, true)) AS publishing";
 const INSERTED_DUE = { ...INSERTED, due: "bool" } as const;
-const INSERT_JOBS_PUBLISHING = statement("enqueueJobs (publishing)", insertJobsText("jobs", "", PUBLISHING, ", run_at <= now() AS due"), INSERTED_DUE);
+const INSERT_JOBS_PUBLISHING = statement(
+  "enqueueJobs (publishing)",
+  insertJobsText("jobs", "", PUBLISHING, ", run_at <= now() AS due"),
+  INSERTED_DUE,
+);
 const INSERT_KEYED_JOBS_PUBLISHING = statement(
   "enqueueJobs (publishing, unique keys)",
   insertJobsText("jobs", ON_KEY_CONFLICT, PUBLISHING, ", run_at <= now() AS due"),
@@ -93,13 +97,7 @@ export type InsertedJob = EnqueuedJob & { due?: boolean };
  * publishes the new jobs' NATS doorbells itself after commit (Leasehold's own connections
  * only); new jobs then say whether they are due.
  */
-export async function enqueueJobs(
-  db: Queryable,
-  jobs: NormalizedJob[],
-  schema?: string,
-  publishingMs?: number,
-  round = 1,
-): Promise<InsertedJob[]> {
+export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?: string, publishingMs?: number, round = 1): Promise<InsertedJob[]> {
   if (jobs.length === 0) return [];
   const st = statementsFor(schema);
   const keyed = jobs.some((j) => j.uniqueKey !== null);
@@ -120,7 +118,8 @@ export async function enqueueJobs(
     ...(publishing ? [String(publishingMs)] : []),
   ]);
   const inserted = rows;
-  const entry = (r: (typeof rows)[number]): InsertedJob => (r.due === undefined ? { id: r.id, created: true } : { id: r.id, created: true, due: r.due });
+  const entry = (r: (typeof rows)[number]): InsertedJob =>
+    r.due === undefined ? { id: r.id, created: true } : { id: r.id, created: true, due: r.due };
   if (!keyed) return inserted.map(entry);
   // INSERT ... SELECT returns rows in the order it inserted them, which is input order;
   // only keyed rows can be skipped, so walk both lists together.
