@@ -11,16 +11,22 @@
 -- the hot path writes no row more than before.
 
 -- Active while a NATS worker has renewed it recently; the workers renew it as they run. It
--- is read once per statement (a one-row table), never per row.
+-- is read once per statement (a one-row table), never per row. The function names this schema
+-- (fixed when it is created): the insert trigger calls it on connections with any search_path.
 CREATE TABLE dispatch_settings (
   singleton     boolean PRIMARY KEY DEFAULT true CHECK (singleton),
   active_until  timestamptz
 );
 INSERT INTO dispatch_settings (active_until) VALUES (NULL);
 
+DO $migration$
+BEGIN
+  EXECUTE format($fn$
 CREATE FUNCTION nats_dispatch_active() RETURNS boolean LANGUAGE sql STABLE AS $$
-  SELECT coalesce((SELECT active_until > now() FROM dispatch_settings), false)
-$$;
+  SELECT coalesce((SELECT active_until > now() FROM %1$I.dispatch_settings), false)
+$$ $fn$, current_schema());
+END
+$migration$;
 
 -- One owed doorbell per waiting spell of a job: (job, attempt) names the spell (every
 -- claim raises attempt, so a job waits at most once with each value). `recovery`: the job
