@@ -36,8 +36,9 @@ export function registerDev(program: Command, run: Run): void {
     .option("--token <token>", "API token (default: LEASEHOLD_TOKEN, else a random one)")
     .option("--concurrency <n>", "jobs at once", int("--concurrency", 1, 1000), 5)
     .option("--no-examples", "do not enqueue the example jobs at start")
+    .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
     .action(
-      run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean }) => {
+      run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean; nats?: string }) => {
         const running = readDevState(cli.dataDir);
         if (running)
           throw new CliError(
@@ -50,6 +51,7 @@ export function registerDev(program: Command, run: Run): void {
           : pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
         if (!cli.json) say("Starting Leasehold dev…");
         const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
+        cli.useNats(opts.nats);
         const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
         const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
         const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger };
