@@ -81,7 +81,7 @@ export function toMarkdown(r: ChaosReport): string {
   const lines = [
     `## Chaos run ${r.startedAt}: ${r.passed ? "PASSED" : `FAILED (${r.violations.length} violations)`}`,
     "",
-    `${r.jobs} jobs, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
+    `${r.jobs} jobs, dispatch ${o.dispatch ?? "polling"}, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
       `beat ${o.heartbeatMs} ms, watchdog every ${o.watchdogIntervalMs} ms, seed ${o.seed}. ` +
       `Run ${r.durationS} s, of which drain after the last fault ${r.drainS} s.`,
     "",
@@ -90,7 +90,7 @@ export function toMarkdown(r: ChaosReport): string {
     `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
     `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
-    ...FAULT_KINDS.map((k) => `| faults: ${k} | ${r.faults[k]} |`),
+    ...FAULT_KINDS.filter((k) => o.dispatch === "nats" || !k.startsWith("nats_")).map((k) => `| faults: ${k} | ${r.faults[k]} |`),
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,
     `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after worker lost ${r.duplicates.afterWorkerLost}, after a stall or time-out ${r.duplicates.afterLimit}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
     `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,

@@ -26,6 +26,7 @@ import { nextTick, normalizeSchedule, type ScheduleDefinition } from "./jobs/sch
 import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
 import type { NatsLink } from "./dispatch/nats.js";
+import type { DispatchFactory } from "./worker/dispatch.js";
 import { PUBLISH_GRACE_MS, resolveNatsOptions, type NatsOptions } from "./dispatch/options.js";
 
 export interface LeaseholdOptions {
@@ -318,13 +319,21 @@ export class Leasehold {
       ...rest,
       transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
       services,
-      ...(this.nats && { dispatch: () => this.natsDispatch(this.nats!) }),
+      dispatch: this.dispatchFactory(),
     });
   }
 
-  private async natsDispatch(link: NatsLink) {
-    const { NatsWorkerDispatch } = await import("./dispatch/nats-worker.js");
-    return new NatsWorkerDispatch({ link, pool: this.pool, connectionString: this.databaseUrl, schema: this.schema });
+  /**
+   * @internal With NATS configured, what a Worker built by hand (`new Worker({ transport, dispatch })`)
+   * needs for NATS dispatch on this client; undefined otherwise.
+   */
+  dispatchFactory(): DispatchFactory | undefined {
+    const link = this.nats;
+    if (!link) return undefined;
+    return async () => {
+      const { NatsWorkerDispatch } = await import("./dispatch/nats-worker.js");
+      return new NatsWorkerDispatch({ link, pool: this.pool, connectionString: this.databaseUrl, schema: this.schema });
+    };
   }
 
   watchdog(options: WatchdogOptions = {}): Watchdog {

@@ -67,10 +67,11 @@ test("enqueue publishes, a worker claims by id, then acks", { skip }, async (t) 
   assert.equal(await metric(lh, "natsPublished", { kind: "new" }), 1);
   assert.equal(await metric(lh, "natsMessages", { result: "claimed" }), 1);
   assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM dispatch_outbox")).rows[0].n, 0, "nothing owed");
-  const info = await eventually(async () => {
+  await eventually(async () => {
     const i = await consumerInfo(lh, "default", "greet");
-    return i.num_ack_pending === 0 && i.num_pending === 0 && i;
+    return i.num_ack_pending === 0 && i.num_pending === 0;
   }, "the message was acknowledged");
+  const info = await consumerInfo(lh, "default", "greet");
   assert.ok(info.config.ack_wait! / 1e6 > worker.settings.leaseMs);
 });
 

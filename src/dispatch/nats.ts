@@ -183,18 +183,27 @@ export class NatsLink {
       if (!isNotFound(err)) throw err;
     }
     if (!info) {
-      info = await jsm.consumers.add(this.stream, {
-        durable_name: name,
-        filter_subject: subjectOf(this.stream, queue, task),
-        ack_policy: AckPolicy.Explicit,
-        ack_wait: nanos(ackWaitMs),
-        deliver_policy: DeliverPolicy.All,
-        max_deliver: -1,
-        max_ack_pending: MAX_ACK_PENDING,
-        max_waiting: 4_096,
-        description: `Leasehold doorbells of queue ${queue}, task ${task}`,
-      });
-    } else {
+      // Another worker may create it at the same moment (with another ack_wait): then use theirs.
+      const created = await jsm.consumers
+        .add(this.stream, {
+          durable_name: name,
+          filter_subject: subjectOf(this.stream, queue, task),
+          ack_policy: AckPolicy.Explicit,
+          ack_wait: nanos(ackWaitMs),
+          deliver_policy: DeliverPolicy.All,
+          max_deliver: -1,
+          max_ack_pending: MAX_ACK_PENDING,
+          max_waiting: 4_096,
+          description: `Leasehold doorbells of queue ${queue}, task ${task}`,
+        })
+        .catch(async (err: unknown) => {
+          const other = await jsm.consumers.info(this.stream, name).catch(() => undefined);
+          if (!other) throw err;
+          return other;
+        });
+      if (created.config.ack_wait !== nanos(ackWaitMs)) info = created;
+    }
+    if (info) {
       const existing = Math.round((info.config.ack_wait ?? 0) / 1_000_000);
       checkAckWait(existing, leaseMs, `the NATS consumer ${this.stream}/${name}`);
       if (existing < ackWaitMs) await jsm.consumers.update(this.stream, name, { ack_wait: nanos(ackWaitMs) });
