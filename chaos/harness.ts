@@ -205,7 +205,10 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     if (pressure.idleTxnThroughputPerS === 0) {
       check.violations.push({ invariant: "the queue keeps working under pressure", detail: "no job finished while an idle transaction was open" });
     }
+    const natsStats = nats ? await natsDelivered(nats.url, `leasehold_${CHAOS_SCHEMA}`).catch(() => null) : undefined;
+    if (natsStats) say(`NATS: ${natsStats.delivered} messages delivered, ${natsStats.redelivered} redelivered`);
     const report = buildReport({
+      nats: natsStats,
       options,
       startedAt,
       drainMs,
@@ -228,6 +231,26 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     await server.stop().catch(() => {});
     await nats?.dispose().catch(() => {});
     fs.rmSync(dataRoot, { recursive: true, force: true });
+  }
+}
+
+/** What JetStream delivered to the run's consumers (evidence that jobs came through NATS). */
+async function natsDelivered(url: string, stream: string): Promise<NonNullable<ChaosReport["nats"]>> {
+  const { connect } = await import("@nats-io/transport-node");
+  const { jetstreamManager } = await import("@nats-io/jetstream");
+  const nc = await connect({ servers: url });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const total = { delivered: 0, redelivered: 0, pending: 0, ackPending: 0 };
+    for await (const c of jsm.consumers.list(stream)) {
+      total.delivered += c.delivered.consumer_seq;
+      total.redelivered += c.num_redelivered;
+      total.pending += c.num_pending;
+      total.ackPending += c.num_ack_pending;
+    }
+    return total;
+  } finally {
+    await nc.close();
   }
 }
 

@@ -29,6 +29,8 @@ export interface ChaosReport {
   producerDuplicates: number;
   hangs: CheckResult["hangs"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
+  /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
+  nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
   violations: CheckResult["violations"];
   faultLog: FaultRecord[];
 }
@@ -43,6 +45,7 @@ export function buildReport(p: {
   exits: UnexpectedExit[];
   producerRetries: number;
   pressure: ChaosReport["pressure"];
+  nats?: ChaosReport["nats"];
 }): ChaosReport {
   const { outDir: _o, verbose: _v, ...options } = p.options;
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, p.faults.filter((f) => f.kind === k && !f.skipped).length]));
@@ -69,6 +72,7 @@ export function buildReport(p: {
     producerDuplicates: p.check.producerDuplicates,
     hangs: p.check.hangs,
     pressure: p.pressure,
+    ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
     faultLog: p.faults,
   };
@@ -98,6 +102,11 @@ export function toMarkdown(r: ChaosReport): string {
     `| late downstream writes accepted before the newer attempt wrote (all overwritten) | ${r.lateWritesOverwritten} |`,
     `| process restarts (supervisor) / failed start-ups | ${r.processRestarts} / ${r.startupFailures} |`,
     `| producer retries / jobs enqueued twice by a retry | ${r.producerRetries} / ${r.producerDuplicates} |`,
+    ...(r.nats
+      ? [
+          `| NATS messages delivered / redelivered (JetStream) / left pending or unacknowledged after the drain | ${r.nats.delivered} / ${r.nats.redelivered} / ${r.nats.pending + r.nats.ackPending} |`,
+        ]
+      : []),
     `| throughput during idle transaction / otherwise | ${fmtRate(r.pressure.idleTxnThroughputPerS)} / ${fmtRate(r.pressure.otherThroughputPerS)} |`,
     "",
     "Time from worker death (kill, SIGSTOP, partition) to the job running again, and to its lease being given back " +
