@@ -1,9 +1,9 @@
 /**
  * NATS JetStream dispatch (docs/nats.md) against a real nats-server: the one `npm test`
  * starts (LEASEHOLD_TEST_NATS_URL), or one of the test's own when it restarts or stops it.
- * Skipped when there is no nats-server (the runner says so in one line).
+ * Without a nats-server none of them is registered; the runner says so in one line.
  */
-import { test } from "node:test";
+import { test as nodeTest } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import path from "node:path";
@@ -16,10 +16,12 @@ import type { NatsOptions } from "../src/dispatch/options.js";
 import { consumerOf, subjectOf } from "../src/dispatch/options.js";
 import { NatsServer } from "../src/testing/nats-server.js";
 import { databaseUrl, eventually, silent, uniqueSchema, waitForEvent } from "./helpers/db.js";
+import { runCli } from "./helpers/cli.js";
 
 const NATS_URL = process.env.LEASEHOLD_TEST_NATS_URL || undefined;
 const NATS_BIN = process.env.LEASEHOLD_TEST_NATS_SERVER || undefined;
-const skip = NATS_URL ? false : "no nats-server (see the runner's note)";
+// Without a nats-server the runner says so in one line, and this file registers no test.
+const test: typeof nodeTest = NATS_URL ? nodeTest : ((() => undefined) as unknown as typeof nodeTest);
 const HELPERS = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "helpers");
 
 type T = { after(fn: () => Promise<void> | void): void };
@@ -55,7 +57,7 @@ async function consumerInfo(lh: Leasehold, queue: string, task: string) {
   }
 }
 
-test("enqueue publishes, a worker claims by id, then acks", { skip }, async (t) => {
+test("enqueue publishes, a worker claims by id, then acks", async (t) => {
   const lh = await natsLeasehold(t);
   const ran: string[] = [];
   const worker = lh.worker({ handlers: { greet: (_p, ctx: JobContext) => void ran.push(ctx.jobId) } });
@@ -75,7 +77,7 @@ test("enqueue publishes, a worker claims by id, then acks", { skip }, async (t) 
   assert.ok(info.config.ack_wait! / 1e6 > worker.settings.leaseMs);
 });
 
-test("jobs enqueued in the caller's transaction and by SQL are published by the dispatchers; delayed ones when due", { skip }, async (t) => {
+test("jobs enqueued in the caller's transaction and by SQL are published by the dispatchers; delayed ones when due", async (t) => {
   const lh = await natsLeasehold(t);
   const started = new Map<string, number>();
   const worker = lh.worker({ handlers: { t: (_p, ctx: JobContext) => void started.set(ctx.jobId, Date.now()) } });
@@ -98,7 +100,29 @@ test("jobs enqueued in the caller's transaction and by SQL are published by the 
   assert.equal(await metric(lh, "natsMessages", { result: "claimed" }), 3);
 });
 
-test("a duplicate delivery runs the job once", { skip }, async (t) => {
+test("a publish that fails after the commit loses nothing: the outbox republishes it", async (t) => {
+  const producer = await natsLeasehold(t);
+  const workers = await natsLeasehold(t, NATS_URL!, producer.schema);
+  const worker = workers.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  // This producer's publishes fail (as when NATS drops the connection between commit and publish).
+  let failed = 0;
+  producer.nats!.publish = async (doorbells) => {
+    if (doorbells.length > 0) failed++;
+    throw new Error("injected publish failure");
+  };
+  const at = Date.now();
+  const { id } = await producer.enqueue("t");
+  assert.equal(failed, 1);
+  await eventually(async () => (await producer.getJob(id)).job.state === "succeeded", "the job ran", 20_000);
+  const took = Date.now() - at;
+  assert.ok(took >= 4_000, `published by a dispatcher after the enqueuer's grace (${took} ms)`);
+  assert.equal(await metric(workers, "natsPublished", { kind: "new" }), 1, "the worker's dispatcher published it");
+  assert.equal((await producer.pool.query("SELECT count(*)::int AS n FROM dispatch_outbox")).rows[0].n, 0);
+});
+
+test("a duplicate delivery runs the job once", async (t) => {
   const lh = await natsLeasehold(t);
   let runs = 0;
   const worker = lh.worker({ handlers: { once: () => void runs++ } });
@@ -118,7 +142,7 @@ test("a duplicate delivery runs the job once", { skip }, async (t) => {
   assert.equal((await lh.getJob(id)).attempts.length, 1);
 });
 
-test("a message for a cancelled job is acknowledged and skipped", { skip }, async (t) => {
+test("a message for a cancelled job is acknowledged and skipped", async (t) => {
   const lh = await natsLeasehold(t);
   const { id } = await lh.enqueue("gone"); // published: no worker yet
   assert.equal(await lh.cancel(id), "cancelled");
@@ -133,7 +157,7 @@ test("a message for a cancelled job is acknowledged and skipped", { skip }, asyn
   assert.equal((await lh.getJob(id)).job.state, "cancelled");
 });
 
-test("ack_wait no longer than the lease is refused at start", { skip }, async (t) => {
+test("ack_wait no longer than the lease is refused at start", async (t) => {
   const lh = await natsLeasehold(t, { url: NATS_URL!, ackWaitMs: 5_000 });
   const worker = lh.worker({ leaseMs: 10_000, handlers: { t: () => undefined } });
   await assert.rejects(
@@ -149,7 +173,7 @@ test("ack_wait no longer than the lease is refused at start", { skip }, async (t
   await assert.rejects(w3.start(), (err: Error) => err instanceof ConfigError && /consumer .* ack_wait \(5000 ms\)/.test(err.message));
 });
 
-test("NATS down at enqueue time: enqueue succeeds at once, and the job runs once NATS is back", { skip }, async (t) => {
+test("NATS down at enqueue time: enqueue succeeds at once, and the job runs once NATS is back", async (t) => {
   const server = await ownServer(t);
   await server.stop();
   const lh = await natsLeasehold(t, server.url);
@@ -164,7 +188,7 @@ test("NATS down at enqueue time: enqueue succeeds at once, and the job runs once
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 20_000);
 });
 
-test("NATS restarted mid-run: workers fall back to polling, then return; every job runs once", { skip }, async (t) => {
+test("NATS restarted mid-run: workers fall back to polling, then return; every job runs once", async (t) => {
   const server = await ownServer(t);
   const lh = await natsLeasehold(t, server.url);
   await lh.nats!.waitConnected(10_000);
@@ -191,7 +215,7 @@ test("NATS restarted mid-run: workers fall back to polling, then return; every j
   );
 });
 
-test("a worker killed (kill -9) between receiving a message and claiming: JetStream redelivers it", { skip }, async (t) => {
+test("a worker killed (kill -9) between receiving a message and claiming: JetStream redelivers it", async (t) => {
   const lh = await natsLeasehold(t, { url: NATS_URL!, ackWaitMs: 3_000 });
   const { id } = await lh.enqueue("r");
   // The consumer, as a worker would create it (lease 2 s, ack_wait 3 s).
@@ -213,7 +237,7 @@ test("a worker killed (kill -9) between receiving a message and claiming: JetStr
   assert.equal((await lh.getJob(id)).attempts.length, 1, "claimed once");
 });
 
-test("a worker killed (kill -9) after claiming: the watchdog recovers the job and republishes it as a recovery", { skip }, async (t) => {
+test("a worker killed (kill -9) after claiming: the watchdog recovers the job and republishes it as a recovery", async (t) => {
   const lh = await natsLeasehold(t);
   const victim = spawn(process.execPath, ["--import", "tsx", path.join(HELPERS, "worker-child.ts")], {
     env: { ...process.env, DATABASE_URL: databaseUrl(), LEASEHOLD_SCHEMA: lh.schema, NATS_URL: NATS_URL! },
@@ -236,4 +260,18 @@ test("a worker killed (kill -9) after claiming: the watchdog recovers the job an
   assert.equal((await lh.getJob(id)).attempts[0]!.outcome, "worker_lost");
   assert.equal(await metric(lh, "natsPublished", { kind: "recovery" }), 1);
   assert.equal(await metric(lh, "natsMessages", { result: "claimed", kind: "recovery" }), 1);
+});
+
+test("the CLI: enqueue --nats publishes (LEASEHOLD_NATS_URL too); a bad URL is refused in one line", async (t) => {
+  const lh = await natsLeasehold(t);
+  const flag = await runCli(["enqueue", "--nats", NATS_URL!, "cli", "--payload", "{}"], { schema: lh.schema });
+  assert.equal(flag.code, 0, flag.stderr);
+  const env = await runCli(["enqueue", "cli"], { schema: lh.schema, env: { LEASEHOLD_NATS_URL: NATS_URL! } });
+  assert.equal(env.code, 0, env.stderr);
+  await lh.nats!.waitConnected(10_000);
+  await lh.nats!.ensureConsumer("default", "cli", 60_000, 30_000);
+  assert.equal(await lh.nats!.pendingOf("default", "cli"), 2, "two messages wait for a worker");
+  const bad = await runCli(["enqueue", "--nats", "http://nope", "cli"], { schema: lh.schema });
+  assert.notEqual(bad.code, 0);
+  assert.match(bad.stderr, /the NATS URL must look like nats:\/\/host:4222/);
 });

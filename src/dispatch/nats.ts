@@ -31,6 +31,12 @@ import { checkAckWait, consumerOf, DUPLICATE_WINDOW_MS, PUBLISH_TIMEOUT_MS, subj
 const nanos = (ms: number) => ms * 1_000_000;
 /** Messages a consumer may have delivered and not yet acknowledged, across all its workers. */
 export const MAX_ACK_PENDING = 50_000;
+/**
+ * Messages older than this are dropped by the stream: with no NATS worker consuming (jobs
+ * enqueued with NATS, run by polling workers) the stream would otherwise grow for ever. A job
+ * whose message expired is still waiting in the database; the lost-message check owes it again.
+ */
+export const STREAM_MAX_AGE_MS = 24 * 3600_000;
 /** Pings find a connection that went silent (a partition) within about two intervals. */
 const PING_INTERVAL_MS = 3_000;
 
@@ -160,6 +166,7 @@ export class NatsLink {
         num_replicas: this.options.replicas,
         discard: DiscardPolicy.Old,
         duplicate_window: nanos(DUPLICATE_WINDOW_MS),
+        max_age: nanos(STREAM_MAX_AGE_MS),
       });
       this.logger.info({ stream: this.stream }, "created the NATS stream");
     }

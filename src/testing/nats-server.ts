@@ -11,8 +11,10 @@ import path from "node:path";
 
 export const NATS_INSTALL_HINT = "install it with `apt-get install nats-server` (Debian/Ubuntu)";
 
-/** The nats-server binary, or undefined when there is none. */
+/** The nats-server binary, or undefined when there is none. LEASEHOLD_NATS_SERVER names one (or "none"). */
 export function findNatsServer(): string | undefined {
+  const given = process.env.LEASEHOLD_NATS_SERVER;
+  if (given) return given === "none" ? undefined : given;
   const dirs = [...(process.env.PATH ?? "").split(path.delimiter), "/usr/sbin", "/usr/local/sbin"];
   for (const dir of dirs) {
     if (!dir) continue;
