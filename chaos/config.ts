@@ -14,6 +14,11 @@ export const FAULT_KINDS = [
   "nats_partition", // --dispatch nats: one worker's NATS connection cut or stalled at its proxy (its database stays reachable)
 ] as const;
 export type Dispatch = "polling" | "nats";
+
+/** The fault kinds a run injects: the NATS ones only with --dispatch nats. */
+export function faultKindsFor(dispatch: Dispatch): FaultKind[] {
+  return FAULT_KINDS.filter((k) => dispatch === "nats" || !k.startsWith("nats_"));
+}
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
 export interface ChaosOptions {

@@ -1,7 +1,7 @@
 /** The run's report: one JSON object and the same as a Markdown table, written under chaos/results/. */
 import fs from "node:fs";
 import path from "node:path";
-import { FAULT_KINDS, type ChaosOptions } from "./config.js";
+import { FAULT_KINDS, faultKindsFor, type ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { CheckResult } from "./invariants.js";
 import type { UnexpectedExit } from "./supervisor.js";
@@ -94,7 +94,7 @@ export function toMarkdown(r: ChaosReport): string {
     `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
     `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
-    ...FAULT_KINDS.filter((k) => o.dispatch === "nats" || !k.startsWith("nats_")).map((k) => `| faults: ${k} | ${r.faults[k]} |`),
+    ...faultKindsFor(o.dispatch ?? "polling").map((k) => `| faults: ${k} | ${r.faults[k]} |`),
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,
     `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after worker lost ${r.duplicates.afterWorkerLost}, after a stall or time-out ${r.duplicates.afterLimit}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
     `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,
