@@ -189,7 +189,9 @@ export class NatsWorkerDispatch implements WorkerDispatch {
         await this.waitForKick(500);
         continue;
       }
+      // Asked-for jobs count against capacity until their message arrives (then it is claimed).
       this.asked += want;
+      let owed = want;
       this.fetches.add(messages);
       // Messages that arrive together are claimed together: a batch is cut per event-loop turn.
       let batch: JsMsg[] = [];
@@ -197,6 +199,10 @@ export class NatsWorkerDispatch implements WorkerDispatch {
       let cut = false;
       try {
         for await (const m of messages) {
+          if (owed > 0) {
+            owed--;
+            this.asked--;
+          }
           batch.push(m);
           if (!cut) {
             cut = true;
@@ -215,7 +221,7 @@ export class NatsWorkerDispatch implements WorkerDispatch {
         await new Promise((r) => setImmediate(r));
         await claims;
         if (batch.length > 0) await this.claim(batch.splice(0));
-        this.asked -= want;
+        this.asked -= owed;
       }
     }
   }
