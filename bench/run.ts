@@ -22,6 +22,7 @@ import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workload
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../src/worker/options.js";
+import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../src/testing/nats-server.js";
 
 interface Workload {
   id: string;
@@ -218,16 +219,31 @@ const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, wha
   return all.filter((t) => wanted.includes(key(t)));
 };
 const workloads = pick(WORKLOADS, o.only, (w) => w.id, "workload");
-const systems = pick(Object.values(SYSTEMS), o.systems, (s) => s.name, "system");
+let systems = pick(Object.values(SYSTEMS), o.systems, (s) => s.name, "system");
 
 const log = (m: string) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${m}`);
+// NATS dispatch rows (leasehold-nats) need a nats-server: one of our own, or the rows are left out.
+let nats: NatsServer | undefined;
+if (systems.some((s) => s.name === "leasehold-nats") && workloads.some((w) => SYSTEMS["leasehold-nats"]!.workloads!.includes(w.id))) {
+  if (findNatsServer()) {
+    nats = await NatsServer.start();
+    process.env.BENCH_NATS_URL = nats.url;
+    log(`nats-server at ${nats.url} (leasehold-nats rows)`);
+  } else {
+    log(`leasehold-nats rows left out: no nats-server; ${NATS_INSTALL_HINT}`);
+    systems = systems.filter((s) => s.name !== "leasehold-nats");
+  }
+}
 const server = await startServer(o.databaseUrl);
 log(`PostgreSQL ${server.version} (${o.databaseUrl ? "given" : "embedded, started for this run"})`);
 // Ctrl-C: stop the server we started instead of leaving it running.
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.once(signal, () => {
     log(`${signal}: stopping PostgreSQL`);
-    void server.stop().finally(() => process.exit(130));
+    void server
+      .stop()
+      .then(() => nats?.dispose())
+      .finally(() => process.exit(130));
   });
 }
 const ctx: BenchContext = { server, options, log };
@@ -253,7 +269,10 @@ let failed = false;
 try {
   for (const s of systems) await recreateDatabase(server.adminUrl, s.database);
   for (const w of workloads) {
-    const rows = w.rows(ctx, systems);
+    const rows = w.rows(
+      ctx,
+      systems.filter((s) => !s.workloads || s.workloads.includes(w.id)),
+    );
     const runs = w.repeated ? options.runs : 1;
     const result: WorkloadResult = {
       id: w.id,
@@ -297,6 +316,7 @@ try {
   results.finishedAt = new Date().toISOString();
   if (!o.keepDatabases) for (const s of systems) await dropDatabase(server.adminUrl, s.database).catch(() => {});
   await server.stop();
+  await nats?.dispose();
 }
 const files = await writeReport(results, o.out, o.name);
 log(`report: ${files.join(", ")}`);

@@ -10,10 +10,20 @@ export const FAULT_KINDS = [
   "idle_txn", // a session holds an idle transaction (pins the xmin horizon)
   "burst", // enqueue at 1.5x the measured drain rate
   "hang", // a handler stops making progress (never settles) while its process keeps beating
+  "nats_restart", // --dispatch nats: nats-server stopped (SIGKILL or SIGTERM) and started again
+  "nats_partition", // --dispatch nats: one worker's NATS connection cut or stalled at its proxy (its database stays reachable)
 ] as const;
+export type Dispatch = "polling" | "nats";
+
+/** The fault kinds a run injects: the NATS ones only with --dispatch nats. */
+export function faultKindsFor(dispatch: Dispatch): FaultKind[] {
+  return FAULT_KINDS.filter((k) => dispatch === "nats" || !k.startsWith("nats_"));
+}
 export type FaultKind = (typeof FAULT_KINDS)[number];
 
 export interface ChaosOptions {
+  /** How workers learn of jobs: LISTEN/NOTIFY polling, or NATS JetStream (docs/nats.md) with NATS faults. */
+  dispatch: Dispatch;
   jobs: number;
   workers: number;
   watchdogs: number;
@@ -41,6 +51,7 @@ export interface ChaosOptions {
 }
 
 export const SHORT_RUN: Omit<ChaosOptions, "outDir" | "seed"> = {
+  dispatch: "polling",
   jobs: 2_000,
   workers: 4,
   watchdogs: 2,

@@ -6,6 +6,7 @@
  */
 import pg from "pg";
 import type { EmbeddedPostgres } from "../src/embedded/postgres.js";
+import type { NatsServer } from "../src/testing/nats-server.js";
 import type { ChaosOptions, FaultKind } from "./config.js";
 import type { Producer } from "./producer.js";
 import type { TcpProxy } from "./proxy.js";
@@ -35,6 +36,9 @@ export interface FaultContext {
   watchdogs: Supervised[];
   proxies: Map<string, TcpProxy>;
   server: EmbeddedPostgres;
+  /** --dispatch nats: the nats-server, and each worker's proxy to it. */
+  nats?: NatsServer;
+  natsProxies: Map<string, TcpProxy>;
   /** A direct pool for the harness (application_name chaos-harness), search_path on the chaos schema. */
   admin: pg.Pool;
   databaseUrl: string;
@@ -209,7 +213,44 @@ async function burst(ctx: FaultContext): Promise<FaultRecord> {
   return { kind: "burst", at, durationMs, detail: `${jobs} jobs at ${rate.toFixed(0)}/s (1.5x drain ${drainRate.toFixed(0)}/s)`, held: [] };
 }
 
+/** nats-server stopped (a crash, or a clean stop) and started again on the same store. */
+async function natsRestart(ctx: FaultContext): Promise<FaultRecord> {
+  if (!ctx.nats) return { kind: "nats_restart", at: Date.now(), held: [], skipped: "no NATS in this run" };
+  const at = Date.now();
+  const crash = ctx.random() < 0.5;
+  await ctx.nats.stop(crash);
+  await sleep(between(ctx.random, 300, 3_000));
+  await ctx.nats.resume();
+  return { kind: "nats_restart", at, durationMs: Date.now() - at, detail: crash ? "SIGKILL" : "SIGTERM", held: [] };
+}
+
+/**
+ * One worker cut off from NATS only (its database connections stay up): it must fall back to
+ * polling, and the messages it held unacknowledged are redelivered after ack_wait.
+ */
+async function natsPartition(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w) return { kind: "nats_partition", at: Date.now(), held: [], skipped: "no worker free" };
+  const proxy = ctx.natsProxies.get(w.spec.name);
+  if (!proxy) return { kind: "nats_partition", at: Date.now(), held: [], skipped: "no NATS in this run" };
+  const durationMs = between(ctx.random, 2_000, 12_000);
+  const mode = ctx.random() < 0.5 ? "cut" : "stall";
+  w.busy = true;
+  const at = Date.now();
+  if (mode === "cut") proxy.cut();
+  else proxy.stall();
+  ctx.pending.push(
+    sleep(durationMs).then(() => {
+      proxy.restore();
+      w.busy = false;
+    }),
+  );
+  return { kind: "nats_partition", target: w.spec.name, at, durationMs, detail: mode, held: [] };
+}
+
 export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRecord>> = {
+  nats_restart: natsRestart,
+  nats_partition: natsPartition,
   kill,
   zombie,
   partition,
@@ -232,15 +273,24 @@ const MIX: Record<FaultKind, number> = {
   idle_txn: 1,
   burst: 2,
   hang: 3,
+  nats_restart: 3,
+  nats_partition: 4,
 };
 
+/** The kinds of a run: the NATS faults only with --dispatch nats. */
+function mixOf(options: ChaosOptions): [FaultKind, number][] {
+  return (Object.entries(MIX) as [FaultKind, number][]).filter(([k]) => options.dispatch === "nats" || !k.startsWith("nats_"));
+}
+
 /** One round of the mix: every kind as often as MIX says. */
-export const FAULTS_PER_ROUND = Object.values(MIX).reduce((a, b) => a + b, 0);
+export function faultsPerRound(options: ChaosOptions): number {
+  return mixOf(options).reduce((a, [, n]) => a + n, 0);
+}
 
 /** The order of faults for a run: the mix, shuffled, repeated until the window is full. */
 export function faultPlan(options: ChaosOptions, random: () => number): FaultKind[] {
   const count = Math.max(1, Math.floor(options.faultWindowMs / options.faultEveryMs));
-  const round = Object.entries(MIX).flatMap(([k, n]) => Array<FaultKind>(n).fill(k as FaultKind));
+  const round = mixOf(options).flatMap(([k, n]) => Array<FaultKind>(n).fill(k));
   const plan: FaultKind[] = [];
   while (plan.length < count) {
     const r = [...round];

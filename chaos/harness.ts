@@ -10,9 +10,10 @@ import pg from "pg";
 import pino from "pino";
 import { Leasehold } from "../src/index.js";
 import { EmbeddedPostgres } from "../src/embedded/postgres.js";
+import { NatsServer } from "../src/testing/nats-server.js";
 import { CHAOS_SCHEMA, seededRandom, type ChaosOptions } from "./config.js";
 import { DOWNSTREAM_SQL } from "./downstream.js";
-import { FAULTS_PER_ROUND, INJECTORS, faultPlan, type FaultContext, type FaultRecord } from "./faults.js";
+import { INJECTORS, faultPlan, faultsPerRound, type FaultContext, type FaultRecord } from "./faults.js";
 import { checkInvariants } from "./invariants.js";
 import { readLogs } from "./process-log.js";
 import { Producer } from "./producer.js";
@@ -49,6 +50,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   const exits: UnexpectedExit[] = [];
   const children: Supervised[] = [];
   const proxies = new Map<string, TcpProxy>();
+  const natsProxies = new Map<string, TcpProxy>();
+  let nats: NatsServer | undefined;
   let lh: Leasehold | undefined;
   let admin: pg.Pool | undefined;
   // Ctrl-C: leave no worker, watchdog or PostgreSQL behind.
@@ -65,7 +68,18 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const url = await server.start();
     const pgPort = Number(new URL(url).port);
     say(`PostgreSQL at ${server.redactedUrl}, data in ${dataRoot}`);
-    lh = await Leasehold.connect({ databaseUrl: url, schema: CHAOS_SCHEMA, logger: pino({ level: "silent" }), poolSize: 4 });
+    if (options.dispatch === "nats") {
+      nats = await NatsServer.start();
+      say(`nats-server at ${nats.url}, store in ${nats.storeDir}`);
+    }
+    // The producer publishes to NATS directly (it is not the one partitioned).
+    lh = await Leasehold.connect({
+      databaseUrl: url,
+      schema: CHAOS_SCHEMA,
+      logger: pino({ level: "silent" }),
+      poolSize: 4,
+      ...(nats && { nats: nats.url }),
+    });
     admin = new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 });
     admin.on("error", () => {});
     await admin.query(DOWNSTREAM_SQL);
@@ -83,6 +97,12 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       proxies.set(name, proxy);
       const viaProxy = new URL(url);
       viaProxy.port = String(port);
+      let natsUrl: string | undefined;
+      if (nats) {
+        const natsProxy = new TcpProxy(nats.port);
+        natsUrl = `nats://127.0.0.1:${await natsProxy.start()}`;
+        natsProxies.set(name, natsProxy);
+      }
       workers.push(
         new Supervised(
           {
@@ -100,6 +120,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
               CHAOS_HEARTBEAT_MS: String(options.heartbeatMs),
               CHAOS_PROGRESS_TIMEOUT_MS: String(options.progressTimeoutMs),
               CHAOS_CONCURRENCY: String(options.concurrency),
+              ...(natsUrl && { CHAOS_NATS_URL: natsUrl }),
             },
           },
           onExit,
@@ -135,6 +156,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       watchdogs,
       proxies,
       server,
+      nats,
+      natsProxies,
       admin,
       databaseUrl: url,
       schema: CHAOS_SCHEMA,
@@ -153,7 +176,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       await sleep(spacing * (0.5 + random()));
       // Injectors take time too (a restart takes seconds): stop at the window's end, once
       // the whole mix has been injected.
-      if (Date.now() > windowEnds && faults.length >= FAULTS_PER_ROUND) break;
+      if (Date.now() > windowEnds && faults.length >= faultsPerRound(options)) break;
       const record = await INJECTORS[kind](ctx).catch((err): FaultRecord => ({
         kind,
         at: Date.now(),
@@ -182,7 +205,10 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     if (pressure.idleTxnThroughputPerS === 0) {
       check.violations.push({ invariant: "the queue keeps working under pressure", detail: "no job finished while an idle transaction was open" });
     }
+    const natsStats = nats ? await natsDelivered(nats.url, `leasehold_${CHAOS_SCHEMA}`).catch(() => null) : undefined;
+    if (natsStats) say(`NATS: ${natsStats.delivered} messages delivered, ${natsStats.redelivered} redelivered`);
     const report = buildReport({
+      nats: natsStats,
       options,
       startedAt,
       drainMs,
@@ -199,11 +225,32 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     process.off("SIGINT", interrupted).off("SIGTERM", interrupted);
     shuttingDown = true;
     await Promise.all(children.map((c) => c.stop(2_000).catch(() => {})));
-    for (const p of proxies.values()) await p.close();
+    for (const p of [...proxies.values(), ...natsProxies.values()]) await p.close();
     await admin?.end().catch(() => {});
     await lh?.close().catch(() => {});
     await server.stop().catch(() => {});
+    await nats?.dispose().catch(() => {});
     fs.rmSync(dataRoot, { recursive: true, force: true });
+  }
+}
+
+/** What JetStream delivered to the run's consumers (evidence that jobs came through NATS). */
+async function natsDelivered(url: string, stream: string): Promise<NonNullable<ChaosReport["nats"]>> {
+  const { connect } = await import("@nats-io/transport-node");
+  const { jetstreamManager } = await import("@nats-io/jetstream");
+  const nc = await connect({ servers: url });
+  try {
+    const jsm = await jetstreamManager(nc);
+    const total = { delivered: 0, redelivered: 0, pending: 0, ackPending: 0 };
+    for await (const c of jsm.consumers.list(stream)) {
+      total.delivered += c.delivered.consumer_seq;
+      total.redelivered += c.num_redelivered;
+      total.pending += c.num_pending;
+      total.ackPending += c.num_ack_pending;
+    }
+    return total;
+  } finally {
+    await nc.close();
   }
 }
 

@@ -1,7 +1,7 @@
 /** The run's report: one JSON object and the same as a Markdown table, written under chaos/results/. */
 import fs from "node:fs";
 import path from "node:path";
-import { FAULT_KINDS, type ChaosOptions } from "./config.js";
+import { FAULT_KINDS, faultKindsFor, type ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { CheckResult } from "./invariants.js";
 import type { UnexpectedExit } from "./supervisor.js";
@@ -29,6 +29,8 @@ export interface ChaosReport {
   producerDuplicates: number;
   hangs: CheckResult["hangs"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
+  /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
+  nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
   violations: CheckResult["violations"];
   faultLog: FaultRecord[];
 }
@@ -43,6 +45,7 @@ export function buildReport(p: {
   exits: UnexpectedExit[];
   producerRetries: number;
   pressure: ChaosReport["pressure"];
+  nats?: ChaosReport["nats"];
 }): ChaosReport {
   const { outDir: _o, verbose: _v, ...options } = p.options;
   const faults = Object.fromEntries(FAULT_KINDS.map((k) => [k, p.faults.filter((f) => f.kind === k && !f.skipped).length]));
@@ -69,6 +72,7 @@ export function buildReport(p: {
     producerDuplicates: p.check.producerDuplicates,
     hangs: p.check.hangs,
     pressure: p.pressure,
+    ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
     faultLog: p.faults,
   };
@@ -81,7 +85,7 @@ export function toMarkdown(r: ChaosReport): string {
   const lines = [
     `## Chaos run ${r.startedAt}: ${r.passed ? "PASSED" : `FAILED (${r.violations.length} violations)`}`,
     "",
-    `${r.jobs} jobs, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
+    `${r.jobs} jobs, dispatch ${o.dispatch ?? "polling"}, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
       `beat ${o.heartbeatMs} ms, watchdog every ${o.watchdogIntervalMs} ms, seed ${o.seed}. ` +
       `Run ${r.durationS} s, of which drain after the last fault ${r.drainS} s.`,
     "",
@@ -90,7 +94,7 @@ export function toMarkdown(r: ChaosReport): string {
     `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
     `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
-    ...FAULT_KINDS.map((k) => `| faults: ${k} | ${r.faults[k]} |`),
+    ...faultKindsFor(o.dispatch ?? "polling").map((k) => `| faults: ${k} | ${r.faults[k]} |`),
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,
     `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after worker lost ${r.duplicates.afterWorkerLost}, after a stall or time-out ${r.duplicates.afterLimit}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
     `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,
@@ -98,6 +102,11 @@ export function toMarkdown(r: ChaosReport): string {
     `| late downstream writes accepted before the newer attempt wrote (all overwritten) | ${r.lateWritesOverwritten} |`,
     `| process restarts (supervisor) / failed start-ups | ${r.processRestarts} / ${r.startupFailures} |`,
     `| producer retries / jobs enqueued twice by a retry | ${r.producerRetries} / ${r.producerDuplicates} |`,
+    ...(r.nats
+      ? [
+          `| NATS messages delivered / redelivered (JetStream) / left pending or unacknowledged after the drain | ${r.nats.delivered} / ${r.nats.redelivered} / ${r.nats.pending + r.nats.ackPending} |`,
+        ]
+      : []),
     `| throughput during idle transaction / otherwise | ${fmtRate(r.pressure.idleTxnThroughputPerS)} / ${fmtRate(r.pressure.otherThroughputPerS)} |`,
     "",
     "Time from worker death (kill, SIGSTOP, partition) to the job running again, and to its lease being given back " +

@@ -25,6 +25,10 @@ const program = new Command("chaos")
   .option("--concurrency <n>", "handlers per worker", positiveInt("--concurrency"))
   .option("--lease-ms <n>", "lease length", positiveInt("--lease-ms"))
   .option("--fault-window-s <n>", "seconds of fault injection (default scales with --jobs)", positiveInt("--fault-window-s"))
+  .option("--dispatch <mode>", "how workers learn of jobs: polling (LISTEN/NOTIFY, default) or nats (JetStream; adds NATS faults)", (v: string) => {
+    if (v !== "polling" && v !== "nats") throw new InvalidArgumentError(`--dispatch must be polling or nats (got ${JSON.stringify(v)})`);
+    return v;
+  })
   .option("--seed <n>", "random seed, to replay a run's choices", positiveInt("--seed"))
   .option("--out <dir>", "where reports and process logs go", path.join(REPO_ROOT, "chaos", "results"))
   .option("--quiet", "print only the report")
@@ -39,6 +43,7 @@ const o = program.opts<{
   leaseMs?: number;
   faultWindowS?: number;
   seed?: number;
+  dispatch?: "polling" | "nats";
   out: string;
   quiet?: boolean;
 }>();
@@ -53,6 +58,7 @@ if (o.leaseMs) {
 }
 if (o.faultWindowS) partial.faultWindowMs = o.faultWindowS * 1000;
 if (o.seed) partial.seed = o.seed;
+if (o.dispatch) partial.dispatch = o.dispatch;
 
 const options = optionsFor(partial);
 try {

@@ -4,7 +4,7 @@
  * Every report it sends and every downstream write is logged (process-log.ts).
  *
  * Environment: CHAOS_DATABASE_URL, CHAOS_SCHEMA, CHAOS_NAME, CHAOS_LOG, CHAOS_LEASE_MS,
- * CHAOS_HEARTBEAT_MS, CHAOS_PROGRESS_TIMEOUT_MS, CHAOS_CONCURRENCY. Sends {type: "ready", workerId} over
+ * CHAOS_HEARTBEAT_MS, CHAOS_PROGRESS_TIMEOUT_MS, CHAOS_CONCURRENCY, CHAOS_NATS_URL (NATS dispatch, through its proxy). Sends {type: "ready", workerId} over
  * IPC once it runs; {type: "hang"} makes the next handler it starts hang.
  * SIGTERM: graceful stop.
  */
@@ -25,6 +25,7 @@ const lh = await Leasehold.connect({
   migrate: false,
   poolSize: 6,
   logger,
+  ...(process.env.CHAOS_NATS_URL && { nats: process.env.CHAOS_NATS_URL }),
 });
 await waitForDatabase(lh.pool);
 
@@ -36,6 +37,7 @@ process.on("message", (m: { type?: string }) => {
 const transport = new RecordingTransport(new DatabaseTransport(lh.pool, lh.databaseUrl, lh.schema), log, () => workerId);
 const worker = new Worker({
   transport,
+  dispatch: lh.dispatchFactory(),
   logger,
   name: env("CHAOS_NAME"),
   queues: [QUEUE],

@@ -25,6 +25,9 @@ import type { MaintenanceService } from "./maintenance/service.js";
 import { nextTick, normalizeSchedule, type ScheduleDefinition } from "./jobs/schedule.js";
 import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
+import type { NatsLink } from "./dispatch/nats.js";
+import type { DispatchFactory } from "./worker/dispatch.js";
+import { PUBLISH_GRACE_MS, resolveNatsOptions, type NatsOptions } from "./dispatch/options.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -41,6 +44,12 @@ export interface LeaseholdOptions {
   poolSize?: number;
   logger?: Logger;
   metricsRegistry?: Registry;
+  /**
+   * NATS JetStream dispatch (docs/nats.md): a server URL, or its options. Enqueue then
+   * publishes each new job's id after its commit, and workers take jobs from JetStream
+   * (falling back to polling while NATS is unavailable). The NATS client is loaded only then.
+   */
+  nats?: string | NatsOptions;
 }
 
 export interface ListJobsOptions {
@@ -60,6 +69,9 @@ export interface ListJobsOptions {
   /** Default true; false leaves payloads out. */
   includePayload?: boolean;
 }
+
+/** connect() waits this long for NATS, then goes on without it (it keeps connecting). */
+const NATS_CONNECT_WAIT_MS = 1_000;
 
 /** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
 export const ENQUEUE_CHUNK = 5_000;
@@ -82,6 +94,8 @@ export class Leasehold {
     readonly logger: Logger,
     readonly metrics: Metrics,
     private readonly embedded?: EmbeddedPostgres,
+    /** The NATS connection, when NATS dispatch is configured. */
+    readonly nats?: NatsLink,
   ) {}
 
   static async connect(options: LeaseholdOptions = {}): Promise<Leasehold> {
@@ -102,6 +116,13 @@ export class Leasehold {
           "(or pass embedded: true to start a local PostgreSQL for development)",
       );
     }
+    let natsOptions;
+    try {
+      natsOptions = options.nats === undefined ? undefined : resolveNatsOptions(options.nats, schema);
+    } catch (err) {
+      await embedded?.stop();
+      throw err;
+    }
     const pool = store.createPool({ connectionString: url, schema, max: options.poolSize });
     try {
       if (options.migrate ?? true) await store.migrate(pool, schema);
@@ -110,7 +131,17 @@ export class Leasehold {
       await embedded?.stop();
       throw err;
     }
-    return new Leasehold(pool, url, schema, logger, metricsFor(options.metricsRegistry), embedded);
+    const metrics = metricsFor(options.metricsRegistry);
+    let nats: NatsLink | undefined;
+    if (natsOptions) {
+      // Loaded only here: the library without NATS never loads its client. The connection
+      // comes up in the background; NATS being down fails nothing.
+      const { NatsLink } = await import("./dispatch/nats.js");
+      nats = new NatsLink(natsOptions, logger, metrics, `leasehold:${schema}`);
+      // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
+      await nats.waitConnected(NATS_CONNECT_WAIT_MS);
+    }
+    return new Leasehold(pool, url, schema, logger, metrics, embedded, nats);
   }
 
   async enqueue(task: string, payload?: unknown, options: EnqueueOptions & EnqueueTarget = {}): Promise<EnqueuedJob> {
@@ -142,6 +173,21 @@ export class Leasehold {
         normalized.length <= ENQUEUE_CHUNK
           ? await insertAll(target.db, this.schema)
           : await allOrNothing(target.db, () => insertAll(target.db!, this.schema));
+    } else if (this.nats) {
+      // NATS dispatch: the doorbells of new jobs due now are published right after the
+      // commit; the outbox keeps them owed (for PUBLISH_GRACE_MS) in case that publish fails.
+      const publishing = this.nats.connected ? PUBLISH_GRACE_MS : undefined;
+      const insertPublishing = async (db: Queryable) => {
+        const out: store.InsertedJob[] = [];
+        for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
+          out.push(...(await store.enqueueJobs(db, normalized.slice(i, i + ENQUEUE_CHUNK), undefined, publishing)));
+        }
+        return out;
+      };
+      const inserted =
+        normalized.length <= ENQUEUE_CHUNK ? await insertPublishing(this.pool) : await store.withTransaction(this.pool, insertPublishing);
+      if (publishing !== undefined) await this.publishNew(normalized, inserted);
+      enqueued = inserted.map(({ id, created }) => ({ id, created }));
     } else if (normalized.length <= ENQUEUE_CHUNK) {
       enqueued = await store.enqueueJobs(this.pool, normalized);
     } else {
@@ -149,6 +195,27 @@ export class Leasehold {
     }
     this.countEnqueued(normalized);
     return enqueued;
+  }
+
+  /**
+   * Publishes the doorbells of jobs just enqueued and due, then marks them published. Never
+   * throws: a publish that fails leaves them owed, and the workers' dispatchers publish them.
+   */
+  private async publishNew(jobs: { queue: string; task: string }[], inserted: store.InsertedJob[]): Promise<void> {
+    const doorbells: store.Doorbell[] = [];
+    inserted.forEach((j, i) => {
+      if (j.created && j.due) doorbells.push({ id: j.id, attempt: 0, queue: jobs[i]!.queue, task: jobs[i]!.task, recovery: false });
+    });
+    if (doorbells.length === 0) return;
+    try {
+      await this.nats!.publish(doorbells);
+      await store.deletePublishedDoorbells(
+        this.pool,
+        doorbells.map((d) => d.id),
+      );
+    } catch (err) {
+      this.logger.debug({ err: String(err), jobs: doorbells.length }, "publishing new jobs to NATS failed; they stay owed");
+    }
   }
 
   /** One counter increment per queue per batch: a label lookup per job would cost ~1 µs each. */
@@ -271,7 +338,21 @@ export class Leasehold {
       ...rest,
       transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
       services,
+      dispatch: this.dispatchFactory(),
     });
+  }
+
+  /**
+   * @internal With NATS configured, what a Worker built by hand (`new Worker({ transport, dispatch })`)
+   * needs for NATS dispatch on this client; undefined otherwise.
+   */
+  dispatchFactory(): DispatchFactory | undefined {
+    const link = this.nats;
+    if (!link) return undefined;
+    return async () => {
+      const { NatsWorkerDispatch } = await import("./dispatch/nats-worker.js");
+      return new NatsWorkerDispatch({ link, pool: this.pool, connectionString: this.databaseUrl, schema: this.schema });
+    };
   }
 
   watchdog(options: WatchdogOptions = {}): Watchdog {
@@ -288,6 +369,7 @@ export class Leasehold {
   }
 
   async close(): Promise<void> {
+    await this.nats?.close();
     await this.pool.end();
     await this.embedded?.stop();
   }

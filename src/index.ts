@@ -11,6 +11,7 @@
  */
 export { Leasehold } from "./client.js";
 export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
+export type { NatsOptions } from "./dispatch/options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
 export { JobAbortedError, PermanentJobError } from "./worker/context.js";

@@ -43,6 +43,12 @@ export interface Metrics {
   orphansRepaired: Counter<"kind">;
   retentionDeleted: Counter;
   scheduledJobs: Counter;
+  // NATS dispatch (docs/nats.md).
+  natsPublished: Counter<"kind">;
+  natsPublishFailures: Counter;
+  natsMessages: Counter<"result" | "kind">;
+  natsFallback: Gauge;
+  natsFallbacks: Counter;
 }
 
 const cache = new WeakMap<Registry, Metrics>();
@@ -175,6 +181,33 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
     }),
     retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs forgotten by retention.", registers }),
     scheduledJobs: new Counter({ name: "leasehold_scheduled_jobs_total", help: "Jobs enqueued by schedules (one per tick).", registers }),
+    natsPublished: new Counter({
+      name: "leasehold_nats_published_total",
+      help: "NATS dispatch: doorbells (job messages) JetStream stored, by kind: new (enqueued, due, retried after a failure) or recovery (back after recovery or a release).",
+      labelNames: ["kind"],
+      registers,
+    }),
+    natsPublishFailures: new Counter({
+      name: "leasehold_nats_publish_failures_total",
+      help: "NATS dispatch: doorbells whose publish failed; each stays owed in the outbox and is published again.",
+      registers,
+    }),
+    natsMessages: new Counter({
+      name: "leasehold_nats_messages_total",
+      help: "NATS dispatch: messages workers received, by result (claimed; skipped: their job was claimed, finished, cancelled or had moved on; redelivered: given back to JetStream) and kind (new, recovery).",
+      labelNames: ["result", "kind"],
+      registers,
+    }),
+    natsFallback: new Gauge({
+      name: "leasehold_nats_fallback",
+      help: "NATS dispatch: workers of this process claiming from the database by polling because NATS is unavailable.",
+      registers,
+    }),
+    natsFallbacks: new Counter({
+      name: "leasehold_nats_fallbacks_total",
+      help: "NATS dispatch: times a worker of this process fell back to claiming from the database by polling.",
+      registers,
+    }),
   };
   cache.set(registry, m);
   return m;

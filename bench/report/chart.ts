@@ -8,6 +8,7 @@ import type { BenchResults } from "./write.js";
 const COLORS: Record<string, string> = {
   leasehold: "#2b7a3d",
   "leasehold-defaults": "#2b7a3d",
+  "leasehold-nats": "#5a9e6b",
   "pg-boss": "#3b6fb6",
   "graphile-worker": "#c0702a",
   ceiling: "#888888",

@@ -51,6 +51,8 @@ export interface BenchSystem {
   schema: string;
   /** The settings each profile uses, for the report. */
   settings: Record<Profile, string>;
+  /** Only these workloads (by id) measure this system; default all. */
+  workloads?: string[];
   /** What happens after kill -9, if the system cannot recover by itself. */
   recoveryNote?: string;
   /** Drops and re-creates the system's tables for a fresh run. */

@@ -28,6 +28,8 @@ export class Cli {
   /** Where the embedded cluster is: <data dir>/pgdata, unless it had to be relocated (as root). */
   embeddedDataDir: string;
   private readonly closers: (() => Promise<void>)[] = [];
+  /** NATS dispatch for this command's connection (docs/nats.md): --nats, else LEASEHOLD_NATS_URL. */
+  private natsUrl?: string;
 
   /** `dataDirIsDefault`: no --data-dir nor LEASEHOLD_DATA_DIR; only then may the cluster be relocated. */
   constructor(
@@ -55,6 +57,11 @@ export class Cli {
   /** Library logs go to stderr as JSON lines, so stdout stays the command's output. */
   logger(defaultLevel = "warn"): Logger {
     return pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? defaultLevel }, pino.destination({ fd: 2, sync: true }));
+  }
+
+  /** Commands with --nats call this before connecting: the flag, else LEASEHOLD_NATS_URL (none: polling only). */
+  useNats(flag: string | undefined): void {
+    this.natsUrl = flag ?? (process.env.LEASEHOLD_NATS_URL || undefined);
   }
 
   /** Connects by the rule above; the connection is closed when the command ends. */
@@ -85,6 +92,7 @@ export class Cli {
       },
       logger: options.logger ?? this.logger(),
       poolSize: options.poolSize,
+      ...(this.natsUrl !== undefined && { nats: this.natsUrl }),
     });
     this.closers.push(() => lh.close());
     return lh;

@@ -1,6 +1,7 @@
 import type { Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
 import type { AttemptOutcome, ClaimedJob } from "../jobs/types.js";
+import type { AttemptRef } from "./finish.js";
 
 /**
  * The claim is the lease grant: one statement picks up to `limit` ready jobs, skipping
@@ -85,16 +86,19 @@ const CLAIM_FROM_QUEUES = statement(
 );
 
 /**
- * Claim named jobs (dispatch that learned of them elsewhere, e.g. a message per job): the
- * same lease grant, for those of `ids` that are ready. A job already claimed, finished,
- * cancelled or not yet due matches nothing.
+ * Claim named waiting spells of jobs (dispatch that learned of them elsewhere: a NATS message
+ * per job, docs/nats.md): the same lease grant, for those of the (id, attempt) pairs whose job
+ * still waits with that attempt and is due. A job already claimed, finished, cancelled, not
+ * yet due, or waiting again after a later attempt matches nothing, so a duplicate or stale
+ * message claims nothing. The attempt is checked against "id:attempt" keys, as completions do.
  */
 const CLAIM_BY_ID = statement(
   "claimJobsById",
   claimText(`
   SELECT id
     FROM jobs
-   WHERE id = ANY($1::bigint[]) AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[])
+   WHERE id = ANY($1::bigint[]) AND id::text || ':' || attempt = ANY($6::text[])
+     AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[])
    ORDER BY id
    LIMIT $2
      FOR UPDATE SKIP LOCKED`),
@@ -117,9 +121,18 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
   return toClaimed(await run(db, st, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]));
 }
 
-export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues" | "limit"> & { ids: string[] }): Promise<ClaimedJob[]> {
-  if (p.ids.length === 0) return [];
-  return toClaimed(await run(db, CLAIM_BY_ID, [p.ids, p.ids.length, p.workerId, p.leaseMs, p.tasks]));
+export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues" | "limit"> & { spells: AttemptRef[] }): Promise<ClaimedJob[]> {
+  if (p.spells.length === 0) return [];
+  return toClaimed(
+    await run(db, CLAIM_BY_ID, [
+      p.spells.map((s) => s.id),
+      p.spells.length,
+      p.workerId,
+      p.leaseMs,
+      p.tasks,
+      p.spells.map((s) => `${s.id}:${s.attempt}`),
+    ]),
+  );
 }
 
 function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): ClaimedJob[] {

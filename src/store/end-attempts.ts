@@ -13,7 +13,12 @@
  *
  * Columns of `ending`: id, attempt, worker_id, started_at, error, retry_delay_ms,
  * spend (counts against max_attempts), give_up (dead now), outcome, cancelled, spent_attempts,
- * max_attempts.
+ * max_attempts, last_beat_at, recovery (recovery or a release ended it, not its handler).
+ *
+ * While NATS dispatch is active (docs/nats.md), a retried job also owes a doorbell: its
+ * dispatch_outbox row is written here, due when the job is, flagged `recovery` when recovery
+ * or a release put it back. Otherwise that part writes nothing (a one-row lookup per
+ * statement).
  */
 import type { Queryable } from "./db.js";
 import type { AttemptRef } from "./finish.js";
@@ -36,7 +41,11 @@ const END_ATTEMPTS = `
          lease_until = NULL, locked_by = NULL, heartbeat_at = NULL
     FROM decided AS d
    WHERE j.id = d.id AND NOT d.cancelled AND NOT d.dead
-  RETURNING j.id, j.queue, d.retry_delay_ms, d.last_beat_at, d.outcome
+  RETURNING j.id, j.queue, j.attempt, j.run_at, d.retry_delay_ms, d.last_beat_at, d.outcome, d.recovery
+), doorbells AS (
+  INSERT INTO dispatch_outbox (job_id, attempt, publish_at, recovery)
+  SELECT r.id, r.attempt, r.run_at, r.recovery FROM retried AS r WHERE nats_dispatch_active()
+  ON CONFLICT DO NOTHING
 ), finished AS (
   DELETE FROM jobs AS j
    USING decided AS d
@@ -68,8 +77,12 @@ const END_ATTEMPTS = `
    WHERE NOT (cancelled OR dead)
 )
 SELECT r.id, 'waiting' AS state,
-       -- jobs released to run at once wake a sleeping worker (a NOTIFY per queue, deduplicated)
-       CASE WHEN r.retry_delay_ms = 0 THEN pg_notify('leasehold:' || current_schema(), r.queue)::text END AS woke,
+       -- jobs released to run at once wake a sleeping worker (a NOTIFY per queue, deduplicated),
+       -- and the NATS dispatchers when their doorbells are owed
+       CASE WHEN r.retry_delay_ms = 0
+            THEN concat(pg_notify('leasehold:' || current_schema(), r.queue),
+                        CASE WHEN nats_dispatch_active() THEN pg_notify('leasehold:' || current_schema() || ':dispatch', '') END)
+       END AS woke,
        extract(epoch FROM now() - r.last_beat_at)::float8 AS since_beat_s, r.outcome
   FROM retried AS r
 UNION ALL
@@ -137,7 +150,7 @@ const FAIL_JOBS = ending(
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, f.error,
          retry_delay_ms(j.spent_attempts, f.base_ms, f.factor, f.max_ms, f.jitter) AS retry_delay_ms,
          true AS spend, f.give_up, f.outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
-         j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at, false AS recovery
     FROM jobs AS j
     JOIN unnest($1::bigint[], $2::int[], $3::text[], $4::text[], $5::bool[], $6::float8[], $7::float8[], $8::float8[], $9::float8[])
          AS f(id, attempt, error, outcome, give_up, base_ms, factor, max_ms, jitter)
@@ -170,7 +183,8 @@ const REAP_EXPIRED_LEASES = ending(
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, 'lease expired' AS error,
          ${POLICY_DELAY} AS retry_delay_ms,
          true AS spend, false AS give_up, 'lease_expired' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         true AS recovery
     FROM jobs AS j
     LEFT JOIN task_policies AS p ON p.task = j.task
    WHERE j.state = 'running' AND j.lease_until < now()
@@ -198,7 +212,8 @@ const RECOVER_LOST_WORKERS = ending(
          'worker lost: its process is gone (its database session ended)' AS error,
          CASE WHEN j.spent_attempts = 0 THEN 0 ELSE ${POLICY_DELAY} END AS retry_delay_ms,
          true AS spend, false AS give_up, 'worker_lost' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         true AS recovery
     FROM jobs AS j
     JOIN workers AS w ON w.id = j.locked_by
     LEFT JOIN task_policies AS p ON p.task = j.task
@@ -228,7 +243,8 @@ const END_OVERDUE_ATTEMPTS = ending(
               ELSE 'stalled: no progress for ' || l.progress_timeout_ms || ' ms (ended by the watchdog)' END AS error,
          ${POLICY_DELAY} AS retry_delay_ms,
          true AS spend, false AS give_up, CASE WHEN d.timed_out THEN 'timed_out' ELSE 'stalled' END AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         true AS recovery
     FROM jobs AS j
     LEFT JOIN task_policies AS p ON p.task = j.task
    CROSS JOIN LATERAL (
@@ -263,7 +279,8 @@ const RELEASE_JOBS = ending(
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, $8::text AS error,
          CASE WHEN $7::bool THEN ${POLICY_DELAY} ELSE 0 END::bigint AS retry_delay_ms,
          $7::bool AS spend, false AS give_up, CASE WHEN $7::bool THEN 'worker_lost' ELSE 'released' END AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         true AS recovery
     FROM jobs AS j
     JOIN unnest($5::bigint[], $6::int[]) AS r(id, attempt) ON j.id = r.id AND j.attempt = r.attempt
     LEFT JOIN task_policies AS p ON p.task = j.task
@@ -300,7 +317,8 @@ const RECOVER_EARLIER_PROCESS = ending(
          'worker lost: ' || $5 || ' restarted while it ran' AS error,
          ${POLICY_DELAY} AS retry_delay_ms,
          true AS spend, false AS give_up, 'worker_lost' AS outcome,
-         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         true AS recovery
     FROM jobs AS j
     LEFT JOIN task_policies AS p ON p.task = j.task
    WHERE j.state = 'running' AND split_part(j.locked_by, '/', 1) = $5 AND j.locked_by <> $6

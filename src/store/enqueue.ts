@@ -13,7 +13,7 @@ import type { EnqueuedJob } from "../jobs/types.js";
  * The text is built for a table name so that enqueue can run on a caller's own client, whose
  * search_path need not include Leasehold's schema: there the table is schema-qualified.
  */
-const insertJobsText = (jobs: string, onConflict: string) => `
+const insertJobsText = (jobs: string, onConflict: string, publishing = "", returning = "") => `
 INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
                      progress_timeout_ms, max_run_ms)
 SELECT queue, task, payload, priority,
@@ -22,8 +22,8 @@ SELECT queue, task, payload, priority,
   FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
               $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[])
        AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
-            progress_timeout_ms, max_run_ms)${onConflict}
-RETURNING id, unique_key`;
+            progress_timeout_ms, max_run_ms)${publishing}${onConflict}
+RETURNING id, unique_key${returning}`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
 const findByKeyText = (jobs: string) => `
@@ -33,6 +33,26 @@ const INSERTED = { id: "int8", unique_key: "text?" } as const;
 const INSERT_JOBS = statement("enqueueJobs", insertJobsText("jobs", ""), INSERTED);
 const INSERT_KEYED_JOBS = statement("enqueueJobs (unique keys)", insertJobsText("jobs", ON_KEY_CONFLICT), INSERTED);
 const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKeyText("jobs"), { id: "int8", unique_key: "text" });
+
+/**
+ * NATS dispatch (docs/nats.md): the same INSERT, by a client that publishes its jobs'
+ * doorbells itself once the transaction commits. It says so for its transaction
+ * (leasehold.publishing_ms, read by the insert trigger: the doorbells it owes wait that long
+ * for a dispatcher) and learns which jobs are due by the database's clock, the only one
+ * that counts: those are the ones it publishes. The default path's text is unchanged.
+ */
+const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $12::text, true)) AS publishing";
+const INSERTED_DUE = { ...INSERTED, due: "bool" } as const;
+const INSERT_JOBS_PUBLISHING = statement(
+  "enqueueJobs (publishing)",
+  insertJobsText("jobs", "", PUBLISHING, ", run_at <= now() AS due"),
+  INSERTED_DUE,
+);
+const INSERT_KEYED_JOBS_PUBLISHING = statement(
+  "enqueueJobs (publishing, unique keys)",
+  insertJobsText("jobs", ON_KEY_CONFLICT, PUBLISHING, ", run_at <= now() AS due"),
+  INSERTED_DUE,
+);
 
 interface EnqueueStatements {
   insert: typeof INSERT_JOBS;
@@ -68,15 +88,22 @@ function statementsFor(schema: string | undefined): EnqueueStatements {
  */
 const MAX_KEY_ROUNDS = 5;
 
+/** An enqueued job, and (when enqueued with `publishingMs`) whether it is due now by the database's clock. */
+export type InsertedJob = EnqueuedJob & { due?: boolean };
+
 /**
  * Returns one entry per input job, in input order. `schema`: qualify the table (for a
- * caller's client); leave it out on Leasehold's own connections.
+ * caller's client); leave it out on Leasehold's own connections. `publishingMs`: the caller
+ * publishes the new jobs' NATS doorbells itself after commit (Leasehold's own connections
+ * only); new jobs then say whether they are due.
  */
-export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?: string, round = 1): Promise<EnqueuedJob[]> {
+export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?: string, publishingMs?: number, round = 1): Promise<InsertedJob[]> {
   if (jobs.length === 0) return [];
   const st = statementsFor(schema);
   const keyed = jobs.some((j) => j.uniqueKey !== null);
-  const inserted = await run(db, keyed ? st.insertKeyed : st.insert, [
+  const publishing = publishingMs !== undefined && schema === undefined;
+  const insert = publishing ? (keyed ? INSERT_KEYED_JOBS_PUBLISHING : INSERT_JOBS_PUBLISHING) : keyed ? st.insertKeyed : st.insert;
+  const rows: { id: string; unique_key: string | null; due?: boolean }[] = await run(db, insert, [
     jobs.map((j) => j.queue),
     jobs.map((j) => j.task),
     jobs.map((j) => j.payloadJson),
@@ -88,20 +115,24 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
     jobs.map((j) => j.leaseMs),
     jobs.map((j) => j.progressTimeoutMs),
     jobs.map((j) => j.maxRunMs),
+    ...(publishing ? [String(publishingMs)] : []),
   ]);
-  if (!keyed) return inserted.map((r) => ({ id: r.id, created: true }));
+  const inserted = rows;
+  const entry = (r: (typeof rows)[number]): InsertedJob =>
+    r.due === undefined ? { id: r.id, created: true } : { id: r.id, created: true, due: r.due };
+  if (!keyed) return inserted.map(entry);
   // INSERT ... SELECT returns rows in the order it inserted them, which is input order;
   // only keyed rows can be skipped, so walk both lists together.
-  const byKey = new Map<string, EnqueuedJob>();
-  const result: (EnqueuedJob | undefined)[] = [];
+  const byKey = new Map<string, InsertedJob>();
+  const result: (InsertedJob | undefined)[] = [];
   let next = 0;
   for (const job of jobs) {
     const row = inserted[next];
     if (job.uniqueKey === null || (row && row.unique_key === job.uniqueKey && !byKey.has(job.uniqueKey))) {
       next++;
-      const entry = { id: row!.id, created: true };
-      if (job.uniqueKey !== null) byKey.set(job.uniqueKey, entry);
-      result.push(entry);
+      const made = entry(row!);
+      if (job.uniqueKey !== null) byKey.set(job.uniqueKey, made);
+      result.push(made);
     } else {
       result.push(undefined);
     }
@@ -119,11 +150,11 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
           `unique key ${JSON.stringify(finishedMeanwhile[0]!.uniqueKey)} neither inserted nor found after ${round} rounds; nothing more was written for it`,
         );
       }
-      const again = await enqueueJobs(db, finishedMeanwhile, schema, round + 1);
+      const again = await enqueueJobs(db, finishedMeanwhile, schema, publishingMs, round + 1);
       finishedMeanwhile.forEach((j, i) => byKey.set(j.uniqueKey!, again[i]!));
     }
   }
-  return result.map((r, i) => r ?? { ...byKey.get(jobs[i]!.uniqueKey!)!, created: false });
+  return result.map((r, i) => r ?? { id: byKey.get(jobs[i]!.uniqueKey!)!.id, created: false });
 }
 
 function dedupeByKey(jobs: NormalizedJob[]): NormalizedJob[] {

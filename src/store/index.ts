@@ -51,3 +51,16 @@ export {
 export type { QueueOverview, ProcessRecord, RunningJob, RecoveryCounts, RecoveryEvent, RecoveryEventKind } from "./monitor.js";
 export { countMatching, actOnMatching, MAX_BULK_JOBS } from "./bulk.js";
 export type { BulkAction, BulkResult } from "./bulk.js";
+export {
+  keepNatsDispatchActive,
+  takeDueDoorbells,
+  nextDoorbellIn,
+  deletePublishedDoorbells,
+  spellsStillWaiting,
+  readySpellsOf,
+  oweDoorbellsAgain,
+  dispatchChannel,
+  ACTIVATION_LOCK_TIMEOUT_MS,
+} from "./dispatch.js";
+export type { Doorbell } from "./dispatch.js";
+export type { InsertedJob } from "./enqueue.js";

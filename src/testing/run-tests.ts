@@ -8,6 +8,9 @@
  *
  * The dashboard's browser tests (*.browser.test.ts) drive a real Chromium: without one, they
  * are left out and one line says so and how to install it.
+ * With a `nats-server` on the PATH (or in /usr/sbin) it also starts one with JetStream, for
+ * the NATS dispatch tests (LEASEHOLD_TEST_NATS_URL); without one they are skipped, and this
+ * says so in one line.
  */
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -15,6 +18,7 @@ import os from "node:os";
 import path from "node:path";
 import { EmbeddedPostgres } from "../embedded/postgres.js";
 import { CHROMIUM_HINT, findChromium } from "./chromium.js";
+import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "./nats-server.js";
 
 const args = process.argv.slice(2);
 let files = args.length > 0 ? args : listTests("test");
@@ -48,11 +52,27 @@ if (!url) {
   console.log(`# test PostgreSQL (${server.binaries?.source}) at ${server.redactedUrl}`);
 }
 
+let nats: NatsServer | undefined;
+const natsBinary = findNatsServer();
+if (natsBinary) {
+  nats = await NatsServer.start(natsBinary);
+  console.log(`# test nats-server (${natsBinary}) at ${nats.url}`);
+} else {
+  console.log(`# NATS dispatch tests SKIPPED: no nats-server on the PATH; ${NATS_INSTALL_HINT}`);
+}
+
 const child = spawn(process.execPath, ["--import", "tsx", "--test", "--test-reporter=spec", "--test-timeout=180000", ...files], {
   stdio: "inherit",
-  env: { ...process.env, DATABASE_URL: url, LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? "") },
+  env: {
+    ...process.env,
+    DATABASE_URL: url,
+    LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? ""),
+    LEASEHOLD_TEST_NATS_URL: nats?.url ?? "",
+    LEASEHOLD_TEST_NATS_SERVER: natsBinary ?? "",
+  },
 });
 const code: number = await new Promise((resolve) => child.on("exit", (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+await nats?.dispose();
 await server?.stop();
 if (dataRoot) fs.rmSync(dataRoot, { recursive: true, force: true });
 process.exit(code);

@@ -64,6 +64,8 @@ export class Claimer {
   private rateSampledAt = performance.now();
   private rateSampledFinished = 0;
   private readonly maxBatch: number;
+  /** Another dispatch (NATS) claims for this worker: no polling until it gives up. */
+  private paused = false;
 
   constructor(
     private readonly host: ClaimerHost,
@@ -91,8 +93,16 @@ export class Claimer {
     while (this.claims.size > 0) await Promise.all([...this.claims]);
   }
 
+  /** Pauses polling (another dispatch claims), or resumes it with a claim at once. */
+  setPaused(paused: boolean): void {
+    this.paused = paused;
+    if (paused) clearTimeout(this.pollTimer);
+    else this.wake();
+  }
+
   /** Jobs may be ready (a NOTIFY, a reconnect): claim even if the last claim came back short. */
   wake(): void {
+    if (this.paused) return;
     this.wakes++;
     this.drained = false;
     clearTimeout(this.pollTimer);
@@ -122,7 +132,7 @@ export class Claimer {
 
   /** Starts claims while the buffer is short of the target, up to MAX_CLAIMS_IN_FLIGHT. */
   kick(): void {
-    while (!this.stopped && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
+    while (!this.stopped && !this.paused && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
       // While reports cannot get through (a half-open connection), finished jobs keep their
       // leases: stop claiming once more than `concurrency` of them wait, so leases held stay
       // bounded.
@@ -149,7 +159,7 @@ export class Claimer {
           this.errorDelay = ERROR_BACKOFF_MIN_MS;
           if (jobs.length > 0) this.host.deliver(jobs, sentAt);
           // A wake-up while this claim ran may be for jobs its snapshot did not see.
-          if (jobs.length < limit && !this.stopped && this.wakes === wakesAtSend) {
+          if (jobs.length < limit && !this.stopped && !this.paused && this.wakes === wakesAtSend) {
             // The queue is drained for now: sleep until a NOTIFY or the poll interval.
             this.drained = true;
             this.host.idle();

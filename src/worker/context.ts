@@ -35,6 +35,8 @@ export interface JobContext {
    */
   previousOutcome: AttemptOutcome | null;
   /** The last error recorded for the job: the previous failure, or why a recovery ended it. */
+  /** The previous attempt was ended by recovery or a release (a crash, a lost lease, a limit, a shutdown), not by its handler. */
+  readonly recovered: boolean;
   lastError: string | null;
   /** Fires when this attempt must stop: lease lost, job cancelled, stalled, timed out, or shutdown. */
   signal: AbortSignal;

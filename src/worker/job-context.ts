@@ -52,6 +52,15 @@ class AttemptContext implements JobContext {
   get previousOutcome(): AttemptOutcome | null {
     return this.entry.job.previousOutcome;
   }
+  /**
+   * This attempt follows one that recovery (the watchdog, a restarted worker's reconciliation)
+   * or a release ended, not its handler: the job is back after a crash, a lost lease, a limit
+   * or a shutdown. With NATS dispatch it arrived by a recovery message (docs/nats.md).
+   */
+  get recovered(): boolean {
+    const p = this.entry.job.previousOutcome;
+    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled";
+  }
   get lastError(): string | null {
     return this.entry.job.lastError;
   }

@@ -27,6 +27,7 @@ import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
+import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 
 export type { JobOutcome };
 
@@ -34,6 +35,8 @@ export interface WorkerOptions extends WorkerSettingsInput {
   transport: WorkerTransport;
   /** Maintenance services (a watchdog) that start and stop with this worker. */
   services?: MaintenanceService<unknown>[];
+  /** A dispatch mode beside polling (NATS, docs/nats.md), made at start. */
+  dispatch?: DispatchFactory;
   logger?: Logger;
   metricsRegistry?: Registry;
 }
@@ -75,6 +78,9 @@ export class Worker extends EventEmitter {
   private sweepTimer?: NodeJS.Timeout;
   private state: "new" | "started" | "stopping" | "stopped" = "new";
   private readonly services: MaintenanceService<unknown>[];
+  private readonly dispatchFactory?: DispatchFactory;
+  private dispatch?: WorkerDispatch;
+  private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, Histogram.Internal<"task">>();
@@ -82,7 +88,8 @@ export class Worker extends EventEmitter {
 
   constructor(options: WorkerOptions) {
     super();
-    const { transport, logger, metricsRegistry, services, ...rest } = options;
+    const { transport, logger, metricsRegistry, services, dispatch, ...rest } = options;
+    this.dispatchFactory = dispatch;
     this.settings = resolveWorkerSettings(rest);
     this.services = services ?? [];
     this.transport = transport;
@@ -92,6 +99,7 @@ export class Worker extends EventEmitter {
     this.outage = new Outage(this.logger);
     this.reporter = new Reporter(transport, this.id, this.outage);
     const tasks = [...this.settings.tasks.keys()];
+    this.tasks = tasks;
     this.claimer = new Claimer(
       {
         buffered: () => this.buffer.length - this.head,
@@ -165,6 +173,28 @@ export class Worker extends EventEmitter {
     }
     this.metrics.leaseHolders.add(this.heldLeases);
     this.heartbeater.start();
+    if (this.dispatchFactory) {
+      // Polling waits until the dispatch says it is unavailable.
+      this.claimer.setPaused(true);
+      this.dispatch = await this.dispatchFactory();
+      try {
+        await this.dispatch.start({
+          workerId: this.id,
+          settings: s,
+          tasks: this.tasks,
+          logger: this.logger,
+          metrics: this.metrics,
+          capacity: () => this.claimer.target() - (this.buffer.length - this.head) - this.running,
+          deliver: (jobs, at) => this.deliver(jobs, at),
+          setPolling: (on) => this.claimer.setPaused(!on),
+        });
+      } catch (err) {
+        await this.heartbeater.stop();
+        await this.attachment.detach(true).catch(() => {});
+        this.state = "stopped";
+        throw err;
+      }
+    }
     this.claimer.start();
     const sweepMs = Math.max(50, Math.min(1_000, Math.floor(s.leaseMs * BUFFER_MAX_LEASE_SHARE)));
     this.sweepTimer = setInterval(() => this.sweepBuffer(), sweepMs);
@@ -202,7 +232,7 @@ export class Worker extends EventEmitter {
     this.state = "stopping";
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
-    await Promise.all([this.claimer.stop(), ...this.services.map((s) => s.stop())]);
+    await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
     const deadline = Date.now() + timeoutMs;
     while (this.running > 0 && Date.now() < deadline) {
@@ -465,6 +495,7 @@ export class Worker extends EventEmitter {
     this.running--;
     this.emit("slot");
     this.claimer.jobFinished();
+    this.dispatch?.kick();
     this.pump();
   }
 

@@ -1,12 +1,13 @@
 /**
  * A worker in a process of its own, for tests that kill it for real: it runs task "hold"
  * (never ends) and "quick" with the default lease, no watchdog, and prints "started <job id>"
- * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional).
+ * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional),
+ * NATS_URL (optional: NATS dispatch).
  */
 import pino from "pino";
 import { Leasehold } from "../../src/client.js";
 
-const lh = await Leasehold.connect({ logger: pino({ level: "silent" }) });
+const lh = await Leasehold.connect({ logger: pino({ level: "silent" }), ...(process.env.NATS_URL && { nats: process.env.NATS_URL }) });
 const worker = lh.worker({
   watchdog: false,
   ...(process.env.WORKER_NAME && { name: process.env.WORKER_NAME }),

@@ -38,87 +38,94 @@ export function registerDev(program: Command, run: Run): void {
     .option("--concurrency <n>", "jobs at once", int("--concurrency", 1, 1000), 5)
     .option("--no-examples", "do not enqueue the example jobs at start")
     .option("--dashboard <mode>", "the dashboard at / : on, read-only or off", dashboardMode, "on" as DashboardMode)
+    .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
     .action(
-      run(async (cli, opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean; dashboard: DashboardMode }) => {
-        const running = readDevState(cli.dataDir);
-        if (running)
-          throw new CliError(
-            `leasehold dev is already running here (pid ${running.pid}, API ${running.apiUrl}); stop it first or use another --data-dir`,
-          );
-        const say = (line: string) => process.stdout.write(line + "\n");
-        // Readable log lines among the job lines; with --json, pino's own lines on stderr.
-        const logger = cli.json
-          ? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, pino.destination({ fd: 2, sync: true }))
-          : pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
-        if (!cli.json) say("Starting Leasehold dev…");
-        const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
-        const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
-        const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
-        const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger, dashboard: opts.dashboard };
-        let apiUrl: string;
-        try {
-          apiUrl = await startServer(cli, lh, { ...serverOpts, port: opts.port ?? DEFAULT_PORT });
-        } catch (err) {
-          if (opts.port !== undefined || !(err instanceof CliError)) throw err;
-          apiUrl = await startServer(cli, lh, { ...serverOpts, port: 0 });
-        }
-        writeDevState(cli.dataDir, {
-          pid: process.pid,
-          databaseUrl: lh.databaseUrl,
-          schema: lh.schema,
-          apiUrl,
-          token,
-          startedAt: new Date().toISOString(),
-        });
-        cli.onClose(async () => removeDevState(cli.dataDir));
-
-        const worker = lh.worker({ handlers, concurrency: opts.concurrency, logger, watchdog: { intervalMs: 1_000 } });
-        printJobEvents(worker, (line) => say(cli.json ? line : `${clock()} ${line}`), cli.json);
-        await worker.start();
-
-        const taskNames = Object.keys(handlers);
-        const rel = (p: string) => (p.startsWith(process.cwd() + path.sep) ? path.relative(process.cwd(), p) : p);
-        if (cli.json) {
-          say(
-            JSON.stringify({
-              event: "ready",
-              api: apiUrl,
-              dashboard: opts.dashboard === "off" ? null : `${apiUrl}/`,
-              token,
-              database: redactUrl(lh.databaseUrl),
-              schema: lh.schema,
-              tasks: taskNames,
-              tasksFile: file,
-            }),
-          );
-        } else {
-          printBanner(say, {
+      run(
+        async (
+          cli,
+          opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean; dashboard: DashboardMode; nats?: string },
+        ) => {
+          const running = readDevState(cli.dataDir);
+          if (running)
+            throw new CliError(
+              `leasehold dev is already running here (pid ${running.pid}, API ${running.apiUrl}); stop it first or use another --data-dir`,
+            );
+          const say = (line: string) => process.stdout.write(line + "\n");
+          // Readable log lines among the job lines; with --json, pino's own lines on stderr.
+          const logger = cli.json
+            ? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, pino.destination({ fd: 2, sync: true }))
+            : pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
+          if (!cli.json) say("Starting Leasehold dev…");
+          const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
+          cli.useNats(opts.nats);
+          const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
+          const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
+          const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger, dashboard: opts.dashboard };
+          let apiUrl: string;
+          try {
+            apiUrl = await startServer(cli, lh, { ...serverOpts, port: opts.port ?? DEFAULT_PORT });
+          } catch (err) {
+            if (opts.port !== undefined || !(err instanceof CliError)) throw err;
+            apiUrl = await startServer(cli, lh, { ...serverOpts, port: 0 });
+          }
+          writeDevState(cli.dataDir, {
+            pid: process.pid,
+            databaseUrl: lh.databaseUrl,
+            schema: lh.schema,
             apiUrl,
-            dashboard: opts.dashboard,
             token,
-            lh,
-            cli,
-            taskNames,
-            file: rel(file),
-            stateFile: rel(path.join(cli.dataDir, "dev.json")),
-            pgdata: rel(cli.embeddedDataDir),
+            startedAt: new Date().toISOString(),
           });
-        }
-        if (!opts.tasks && opts.examples) {
-          const jobs = await lh.enqueueMany(EXAMPLE_JOBS);
-          const ids = jobs.map((j) => j.id);
-          say(
-            cli.json
-              ? JSON.stringify({ event: "examples_enqueued", ids })
-              : `${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` +
-                  EXAMPLE_JOBS.map((j, i) => `#${ids[i]} ${j.task}`).join(", "),
-          );
-        }
+          cli.onClose(async () => removeDevState(cli.dataDir));
 
-        await untilSignal(cli, "stopping");
-        await worker.stop(5_000);
-        say(cli.json ? JSON.stringify({ event: "stopped" }) : "Leasehold dev stopped.");
-      }),
+          const worker = lh.worker({ handlers, concurrency: opts.concurrency, logger, watchdog: { intervalMs: 1_000 } });
+          printJobEvents(worker, (line) => say(cli.json ? line : `${clock()} ${line}`), cli.json);
+          await worker.start();
+
+          const taskNames = Object.keys(handlers);
+          const rel = (p: string) => (p.startsWith(process.cwd() + path.sep) ? path.relative(process.cwd(), p) : p);
+          if (cli.json) {
+            say(
+              JSON.stringify({
+                event: "ready",
+                api: apiUrl,
+                dashboard: opts.dashboard === "off" ? null : `${apiUrl}/`,
+                token,
+                database: redactUrl(lh.databaseUrl),
+                schema: lh.schema,
+                tasks: taskNames,
+                tasksFile: file,
+              }),
+            );
+          } else {
+            printBanner(say, {
+              apiUrl,
+              dashboard: opts.dashboard,
+              token,
+              lh,
+              cli,
+              taskNames,
+              file: rel(file),
+              stateFile: rel(path.join(cli.dataDir, "dev.json")),
+              pgdata: rel(cli.embeddedDataDir),
+            });
+          }
+          if (!opts.tasks && opts.examples) {
+            const jobs = await lh.enqueueMany(EXAMPLE_JOBS);
+            const ids = jobs.map((j) => j.id);
+            say(
+              cli.json
+                ? JSON.stringify({ event: "examples_enqueued", ids })
+                : `${clock()} enqueued ${jobs.length} example jobs so you can watch them run: ` +
+                    EXAMPLE_JOBS.map((j, i) => `#${ids[i]} ${j.task}`).join(", "),
+            );
+          }
+
+          await untilSignal(cli, "stopping");
+          await worker.stop(5_000);
+          say(cli.json ? JSON.stringify({ event: "stopped" }) : "Leasehold dev stopped.");
+        },
+      ),
     );
 }
 

@@ -19,6 +19,7 @@ import { withTransaction } from "../../store/db.js";
 import { duration, int, isoDate, json, readFile } from "../parse.js";
 
 interface EnqueueFlags {
+  nats?: string;
   payload?: string;
   payloadFile?: string;
   payloads?: string;
@@ -39,6 +40,7 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--payload-file <file>", "read the payload (JSON) from a file")
     .option("--payloads <file.jsonl>", "one job per line of JSON payloads; - reads stdin")
     .option("--queue <queue>", "queue name (default: default)")
+    .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
     .option("--priority <n>", "lower runs first (default 0)", int("--priority", -32768, 32767))
     .option("--delay <duration>", "run no earlier than this from now, e.g. 30s, 5m", duration("--delay"))
     .option("--run-at <iso>", "run no earlier than this moment", isoDate("--run-at"))
@@ -47,6 +49,7 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
     .action(
       run(async (cli, task: string, flags: EnqueueFlags) => {
+        cli.useNats(flags.nats);
         checkName(task, "task");
         if (flags.queue !== undefined) checkName(flags.queue, "--queue");
         const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;

@@ -44,6 +44,7 @@ export function registerServe(program: Command, run: Run): void {
       "on" as DashboardMode,
     )
     .option("--no-watchdog", "do not run a watchdog (recovery) in this process")
+    .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
     .option(
       "--watchdog-interval <ms>",
       "how often the watchdog reaps expired leases (crash detection runs more often)",
@@ -61,6 +62,7 @@ export function registerServe(program: Command, run: Run): void {
       if (workerToken === token) throw new CliError("the worker token must differ from the operator token");
       if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
       const logger = cli.logger("info");
+      cli.useNats(opts.nats);
       const lh = await cli.connect({ logger, poolSize: 20 });
       const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
@@ -104,7 +106,7 @@ export function dashboardMode(value: string): DashboardMode {
   return value as DashboardMode;
 }
 
-type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags;
+type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags & { nats?: string };
 
 export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptions, "token"> & { token: string; logger: Logger }): Promise<string> {
   // Loaded here, not at the top: the other commands should not pay for fastify's start-up.

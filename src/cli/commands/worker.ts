@@ -20,6 +20,7 @@ import { loadTasks } from "../tasks.js";
 import { untilSignal } from "../signals.js";
 
 interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
+  nats?: string;
   tasks: string;
   concurrency?: number;
   queues?: string[];
@@ -64,7 +65,8 @@ export function registerWorker(program: Command, run: Run): void {
     )
     .option("--server <url>", "take jobs from a `leasehold serve` at this URL instead of the database (default: LEASEHOLD_SERVER_URL)")
     .option("--token <token>", "the server's API token (default: LEASEHOLD_WORKER_TOKEN, else LEASEHOLD_TOKEN)")
-    .option("--no-watchdog", "do not run a watchdog in this process (database mode)");
+    .option("--no-watchdog", "do not run a watchdog in this process (database mode)")
+    .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)");
   schedulerOptions(retentionOptions(metricsOptions(worker))).action(
     run(async (cli, opts: WorkerFlags) => {
       const { file, handlers } = await loadTasks(opts.tasks);
@@ -81,6 +83,7 @@ export function registerWorker(program: Command, run: Run): void {
       const logger = cli.logger("info");
       const serverUrl = opts.server ?? cli.serverUrl;
       let worker: Worker;
+      let nats = false;
       let metrics: Pick<Worker, "metrics">;
       if (serverUrl) {
         // A worker host needs only the worker token; the operator token works too.
@@ -91,7 +94,9 @@ export function registerWorker(program: Command, run: Run): void {
         worker = new Worker({ ...settings, logger, transport });
         metrics = worker;
       } else {
+        cli.useNats(opts.nats);
         const lh = await cli.connect({ logger });
+        nats = lh.nats !== undefined;
         worker = lh.worker({ ...settings, watchdog: opts.watchdog && { intervalMs: opts.watchdogInterval }, scheduler: opts.scheduler });
         startRetention(cli, lh, opts);
         metrics = lh;
@@ -101,9 +106,14 @@ export function registerWorker(program: Command, run: Run): void {
       await worker.start();
       cli.onClose(() => worker.stop());
       cli.result(
-        { worker: worker.id, tasks: Object.keys(handlers), source: serverUrl ?? "database", metrics: metricsUrl ?? null },
+        {
+          worker: worker.id,
+          tasks: Object.keys(handlers),
+          source: serverUrl ?? (nats ? "database, NATS dispatch" : "database"),
+          metrics: metricsUrl ?? null,
+        },
         () =>
-          `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : "database"})` +
+          `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : nats ? "database, NATS dispatch" : "database"})` +
           `${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it gracefully`,
       );
       await untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released");
