@@ -20,7 +20,12 @@ test("leasehold dev runs the examples on the embedded database; other commands r
   fs.chmodSync(dir, 0o755); // as root, the embedded server runs as `postgres` and must enter it
   const opts = { schema: "unused", env: NO_DATABASE, cwd: dir };
   try {
-    const dev = await startCli(["dev", "--port", "0"], { ...opts, ready: /✔ job \d+ example\.progress succeeded/, timeoutMs: 120_000 });
+    const dev = await startCli(["dev", "--port", "0"], {
+      ...opts,
+      ready: /✔ job \d+ example\.progress succeeded/,
+      timeoutMs: 120_000,
+      asTerminal: true,
+    });
     const out = dev.output();
     assert.match(out, /Leasehold dev is running/);
     assert.match(out, /enqueued 3 example jobs so you can watch them run/);
@@ -47,10 +52,27 @@ test("leasehold dev runs the examples on the embedded database; other commands r
       30_000,
     );
 
+    // A long job runs when Ctrl-C reaches the terminal's whole process group: the embedded
+    // server must outlive dev's graceful shutdown, which gives that job back.
+    const long = await runCli(["enqueue", "example.long", "--payload", '{"seconds":60}', "--json"], opts);
+    assert.equal(long.code, 0, long.stderr);
+    const { id: longId } = JSON.parse(long.stdout) as { id: string };
+    await eventually(async () => new RegExp(`▶ job ${longId} example\\.long started`).test(dev.output()), "the long job started", 30_000);
+
     const stopped = await dev.stop("SIGINT");
     assert.equal(stopped.code, 0, stopped.stderr);
     assert.match(stopped.stdout, /Leasehold dev stopped\./);
+    assert.doesNotMatch(stopped.stdout + stopped.stderr, /database unreachable/, "the database stayed up until dev was done with it");
     assert.equal(fs.existsSync(path.join(dir, ".leasehold", "dev.json")), false);
+    const released = await runCli(["jobs", "show", longId, "--json"], opts);
+    assert.equal(released.code, 0, released.stderr);
+    const shown = JSON.parse(released.stdout) as { job: { state: string }; attempts: { outcome: string | null }[] };
+    assert.equal(shown.job.state, "waiting", released.stdout);
+    assert.deepEqual(
+      shown.attempts.map((a) => a.outcome),
+      ["released"],
+      released.stdout,
+    );
 
     // With dev stopped, a command starts the embedded server on the same data itself.
     const after = await runCli(["jobs", "show", id, "--json"], opts);

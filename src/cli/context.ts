@@ -64,8 +64,12 @@ export class Cli {
     this.natsUrl = flag ?? (process.env.LEASEHOLD_NATS_URL || undefined);
   }
 
-  /** Connects by the rule above; the connection is closed when the command ends. */
-  async connect(options: { logger?: Logger; poolSize?: number; quiet?: boolean } = {}): Promise<Leasehold> {
+  /**
+   * Connects by the rule above; the connection is closed when the command ends. `graceful`:
+   * the command stops on SIGINT/SIGTERM by itself (untilSignal), so an embedded server it
+   * starts stays out of the terminal's Ctrl-C and is stopped after the command's shutdown.
+   */
+  async connect(options: { logger?: Logger; poolSize?: number; quiet?: boolean; graceful?: boolean } = {}): Promise<Leasehold> {
     let url = this.options.databaseUrl ?? process.env.DATABASE_URL;
     let schema = this.options.schema ?? process.env.LEASEHOLD_SCHEMA;
     if (!url) {
@@ -85,6 +89,7 @@ export class Cli {
       embedded: {
         dataDir: path.join(this.dataDir, "pgdata"),
         relocateIfUnreachable: this.dataDirIsDefault,
+        ownProcessGroup: options.graceful ?? false,
         onRelocate: (to, from) => {
           this.embeddedDataDir = to;
           process.stderr.write(relocationNotice(to, from) + "\n");

@@ -56,6 +56,14 @@ export interface EmbeddedPostgresOptions {
   relocateIfUnreachable?: boolean;
   /** Told when the cluster is relocated; default: one line on stderr. */
   onRelocate?: (dataDir: string, requested: string) => void;
+  /**
+   * Run the server in a process group of its own, so a Ctrl-C in the terminal reaches only
+   * this process and not the server: the owner's graceful shutdown (finish or release running
+   * jobs) still has its database, and stop() ends the server after it. For owners that handle
+   * SIGINT and SIGTERM themselves; the server is also stopped when this process exits.
+   * Default false: the server gets the terminal's signals like any child.
+   */
+  ownProcessGroup?: boolean;
 }
 
 const READY_TIMEOUT_MS = 60_000;
@@ -72,6 +80,7 @@ export class EmbeddedPostgres {
   private readonly settings: Record<string, string | number>;
   private readonly onLog?: (line: string) => void;
   private readonly onRelocate?: (dataDir: string, requested: string) => void;
+  private readonly ownProcessGroup: boolean;
   /** The server's last lines, for saying why a start failed. */
   private recentLog: string[] = [];
   binaries?: BinarySet;
@@ -82,6 +91,7 @@ export class EmbeddedPostgres {
     this.port = options.port ?? 0;
     this.settings = options.settings ?? {};
     this.onLog = options.onLog;
+    this.ownProcessGroup = options.ownProcessGroup ?? false;
     if (options.relocateIfUnreachable) {
       this.onRelocate = options.onRelocate ?? ((to, from) => process.stderr.write(relocationNotice(to, from) + "\n"));
     }
@@ -241,9 +251,18 @@ export class EmbeddedPostgres {
       ...asServerUser(runAs),
       env: { ...process.env, LC_MESSAGES: "C" },
       stdio: ["ignore", "pipe", "pipe"],
+      detached: this.ownProcessGroup,
     });
     this.child = child;
-    this.exitPromise = new Promise((resolve) => child.once("exit", () => resolve()));
+    // Out of the terminal's process group, the server would outlive an exit that skipped stop().
+    const stopOnExit = () => child.kill("SIGINT");
+    if (this.ownProcessGroup) process.once("exit", stopOnExit);
+    this.exitPromise = new Promise((resolve) =>
+      child.once("exit", () => {
+        process.off("exit", stopOnExit);
+        resolve();
+      }),
+    );
     child.stdout?.on("data", (b: Buffer) => this.log(b.toString()));
     child.stderr?.on("data", (b: Buffer) => this.log(b.toString()));
   }

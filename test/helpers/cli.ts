@@ -53,12 +53,21 @@ export function collect(child: ChildProcess, timeoutMs: number): Promise<CliResu
 /** A long-running command (serve, worker, dev): resolves once a stdout line matches. */
 export async function startCli(
   args: string[],
-  options: { schema: string; env?: Record<string, string | undefined>; ready: RegExp; cwd?: string; timeoutMs?: number },
+  options: {
+    schema: string;
+    env?: Record<string, string | undefined>;
+    ready: RegExp;
+    cwd?: string;
+    timeoutMs?: number;
+    /** Run it as a terminal would: in a process group of its own, and stop() signals the whole group (a Ctrl-C). */
+    asTerminal?: boolean;
+  },
 ): Promise<{ child: ChildProcess; match: RegExpExecArray; output: () => string; stop: (signal?: NodeJS.Signals) => Promise<CliResult> }> {
   const child = spawn(process.execPath, [CLI, ...args], {
     env: cliEnv(options.schema, options.env),
     cwd: options.cwd,
     stdio: ["ignore", "pipe", "pipe"],
+    detached: options.asTerminal ?? false,
   });
   let out = "";
   let err = "";
@@ -84,7 +93,10 @@ export async function startCli(
     match,
     output: () => out,
     stop: async (signal = "SIGTERM") => {
-      if (child.exitCode === null) child.kill(signal);
+      if (child.exitCode === null) {
+        if (options.asTerminal) process.kill(-child.pid!, signal);
+        else child.kill(signal);
+      }
       return exited;
     },
   };

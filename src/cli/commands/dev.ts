@@ -58,7 +58,7 @@ export function registerDev(program: Command, run: Run): void {
           if (!cli.json) say("Starting Leasehold dev…");
           const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
           cli.useNats(opts.nats);
-          const lh = await cli.connect({ logger, poolSize: 20, quiet: true });
+          const lh = await cli.connect({ logger, poolSize: 20, quiet: true, graceful: true });
           const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
           const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger, dashboard: opts.dashboard };
           let apiUrl: string;

@@ -36,7 +36,7 @@ export function registerRunCommands(program: Command, run: Run): void {
   schedulerOptions(metricsOptions(watchdog)).action(
     run(async (cli, opts: { interval: number; livenessInterval: number; once?: boolean } & MetricsFlags & SchedulerFlags) => {
       const logger = cli.logger("info");
-      const lh = await cli.connect({ logger });
+      const lh = await cli.connect({ logger, graceful: !opts.once });
       const service = lh.watchdog({ intervalMs: opts.interval, livenessIntervalMs: opts.livenessInterval });
       if (opts.once) {
         const summary = await service.runOnce();

@@ -63,7 +63,7 @@ export function registerServe(program: Command, run: Run): void {
       if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
       const logger = cli.logger("info");
       cli.useNats(opts.nats);
-      const lh = await cli.connect({ logger, poolSize: 20 });
+      const lh = await cli.connect({ logger, poolSize: 20, graceful: true });
       const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
       startScheduler(cli, lh, opts);

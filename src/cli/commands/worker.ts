@@ -95,7 +95,7 @@ export function registerWorker(program: Command, run: Run): void {
         metrics = worker;
       } else {
         cli.useNats(opts.nats);
-        const lh = await cli.connect({ logger });
+        const lh = await cli.connect({ logger, graceful: true });
         nats = lh.nats !== undefined;
         worker = lh.worker({ ...settings, watchdog: opts.watchdog && { intervalMs: opts.watchdogInterval }, scheduler: opts.scheduler });
         startRetention(cli, lh, opts);
