@@ -595,7 +595,13 @@ test("idle long polls are cheap: one shared re-check a second for all of them, a
   try {
     assert.equal((await claim("warm-up", 0)).status, 200);
     const polls = Array.from({ length: 20 }, (_, i) => claim(`idle-${i}`, 4_000));
-    await new Promise((r) => setTimeout(r, 500));
+    // Count from the moment all 20 have made their first claim and wait (a fixed pause was
+    // too short on a busy machine: late first claims were counted as the idle cost).
+    await eventually(
+      async () => /^leasehold_server_long_polls_waiting 20$/m.test((await apiAt(url, "GET", "/metrics")).text),
+      "all 20 long polls waiting",
+      3_000,
+    );
     const before = counter.statements();
     await new Promise((r) => setTimeout(r, 3_000));
     const during = counter.statements() - before;
