@@ -10,7 +10,7 @@ import { connect as natsConnect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
 import { Leasehold } from "../../src/client.js";
 import { packageVersion } from "../lib/versions.js";
-import { THROUGHPUT_CONCURRENCY } from "./leasehold.js";
+import { producerOf, recreateSchema, THROUGHPUT_CONCURRENCY } from "./leasehold.js";
 import { QUEUE, type BenchSystem, type Payload, type Producer } from "./types.js";
 
 const silent = pino({ level: "silent" });
@@ -49,11 +49,7 @@ export const leaseholdNats: BenchSystem = {
   },
 
   async reset(url: string) {
-    const lh = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false });
-    await lh.pool.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-    await lh.close();
-    const migrated = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry() });
-    await migrated.close();
+    await recreateSchema(url);
     // A fresh stream too: messages of an earlier run would only be skipped, but cost time.
     const nc = await natsConnect({ servers: natsUrl() });
     try {
@@ -64,19 +60,7 @@ export const leaseholdNats: BenchSystem = {
   },
 
   async producer(url: string): Promise<Producer> {
-    const lh = await connect(url);
-    return {
-      async enqueue(payloads: Payload[]) {
-        await lh.enqueueMany(payloads.map((payload) => ({ task: QUEUE, payload })));
-      },
-      async pending() {
-        const { rows } = await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
-        return rows[0]!.n;
-      },
-      async close() {
-        await lh.close();
-      },
-    };
+    return producerOf(await connect(url));
   },
 
   async startWorker(url, spec, run) {

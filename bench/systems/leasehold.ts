@@ -27,6 +27,32 @@ function connect(url: string, poolSize?: number): Promise<Leasehold> {
   return Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false, poolSize });
 }
 
+/** Drops the schema and migrates it again: every run starts from empty tables. */
+export async function recreateSchema(url: string): Promise<void> {
+  const lh = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false });
+  await lh.pool.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
+  await lh.close();
+  const migrated = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry() });
+  await migrated.close();
+}
+
+/** Enqueues through `lh.enqueueMany`, as a user's producer would. */
+export function producerOf(lh: Leasehold, beforeClose?: () => Promise<void> | void): Producer {
+  return {
+    async enqueue(payloads: Payload[]) {
+      await lh.enqueueMany(payloads.map((payload) => ({ task: QUEUE, payload })));
+    },
+    async pending() {
+      const { rows } = await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
+      return rows[0]!.n;
+    },
+    async close() {
+      await beforeClose?.();
+      await lh.close();
+    },
+  };
+}
+
 export const leasehold: BenchSystem = {
   name: "leasehold",
   version: packageVersion(),
@@ -39,30 +65,12 @@ export const leasehold: BenchSystem = {
     steady: `as throughput; retention keeps finished jobs 5 s (generations of 834 ms, emptied with TRUNCATE)`,
   },
 
-  async reset(url: string) {
-    const lh = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false });
-    await lh.pool.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-    await lh.close();
-    const migrated = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry() });
-    await migrated.close();
-  },
+  reset: recreateSchema,
 
   async producer(url: string, profile: Profile): Promise<Producer> {
     const lh = await connect(url);
     const retention = profile === "steady" ? lh.retention({ retainMs: 5_000, retainDeadMs: 5_000 }).start() : undefined;
-    return {
-      async enqueue(payloads: Payload[]) {
-        await lh.enqueueMany(payloads.map((payload) => ({ task: QUEUE, payload })));
-      },
-      async pending() {
-        const { rows } = await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
-        return rows[0]!.n;
-      },
-      async close() {
-        await retention?.stop();
-        await lh.close();
-      },
-    };
+    return producerOf(lh, () => retention?.stop());
   },
 
   async startWorker(url, spec, run) {
