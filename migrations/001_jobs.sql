@@ -34,7 +34,7 @@ CREATE TABLE jobs (
     (state = 'running') = (lease_until IS NOT NULL AND locked_by IS NOT NULL)
   ),
   CONSTRAINT jobs_attempts_check CHECK (max_attempts >= 1 AND spent_attempts >= 0 AND attempt >= 0)
-) WITH (fillfactor = 70); -- room for HOT-free churn; measured 17% less WAL (PERFORMANCE.md)
+) WITH (fillfactor = 70); -- room for HOT-free churn; measured 17% less WAL
 
 -- Claims read this index in (priority, run_at, id) order within a queue.
 CREATE INDEX jobs_claim_idx ON jobs (queue, priority, run_at, id) WHERE state = 'waiting';
