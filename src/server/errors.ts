@@ -14,6 +14,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   job_not_found: 404,
   invalid_state: 409,
   stale_lease: 409,
+  name_in_use: 409,
 };
 
 export interface ErrorBody {

@@ -68,10 +68,8 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     const a = request.body;
     checkLease(a.leaseMs, leases);
     if (a.name !== undefined) {
-      const live = (await store.listWorkers(pool)).find(
-        (w) => w.name === a.name && w.id !== a.workerId && !w.lostAt && Date.now() - w.lastSeenAt.getTime() < REMOTE_NAME_HELD_LEASES * a.leaseMs,
-      );
-      if (live) throw new WorkerNameInUseError(a.name);
+      const held = await store.workerNameHeldElsewhere(pool, { name: a.name, workerId: a.workerId, withinMs: REMOTE_NAME_HELD_LEASES * a.leaseMs });
+      if (held) throw new WorkerNameInUseError(a.name);
     }
     await store.announceWorker(pool, {
       workerId: a.workerId,

@@ -162,64 +162,25 @@ export async function markLostWorkers(
   return { lost: row!.lost, back: row!.back, jobsLive: Number(row!.jobs_live), jobsDead: Number(row!.jobs_dead) };
 }
 
-const LIST_WORKERS = statement(
-  "listWorkers",
+const NAME_HELD_ELSEWHERE = statement(
+  "workerNameHeldElsewhere",
   `
-SELECT id, name, kind, host, pid, queues, tasks, concurrency, in_flight, started_at, last_seen_at, lost_at, stopped_at,
-       liveness_key IS NOT NULL AS holds_liveness
-  FROM workers
- WHERE stopped_at IS NULL AND (lost_at IS NULL OR lost_at > now() - interval '1 hour')
- ORDER BY kind, id`,
-  {
-    id: "text",
-    name: "text?",
-    kind: "text",
-    host: "text?",
-    pid: "int4?",
-    queues: "_text",
-    tasks: "_text",
-    concurrency: "int4?",
-    in_flight: "int4",
-    started_at: "timestamptz",
-    last_seen_at: "timestamptz",
-    lost_at: "timestamptz?",
-    stopped_at: "timestamptz?",
-    holds_liveness: "bool",
-  },
+SELECT EXISTS (
+  SELECT 1 FROM workers
+   WHERE name = $1 AND id <> $2 AND stopped_at IS NULL AND lost_at IS NULL
+     AND last_seen_at > now() - $3::bigint * interval '1 millisecond'
+) AS held`,
+  { held: "bool" },
 );
 
-export interface WorkerRecord {
-  id: string;
-  name: string | null;
-  kind: "worker" | "watchdog";
-  host: string | null;
-  pid: number | null;
-  queues: string[];
-  tasks: string[];
-  concurrency: number | null;
-  inFlight: number;
-  startedAt: Date;
-  lastSeenAt: Date;
-  lostAt: Date | null;
-}
-
-/** Workers and watchdogs not stopped (lost ones for an hour after they were lost). */
-export async function listWorkers(db: Queryable): Promise<WorkerRecord[]> {
-  const rows = await run(db, LIST_WORKERS);
-  return rows.map((r) => ({
-    id: r.id,
-    name: r.name,
-    kind: r.kind as WorkerRecord["kind"],
-    host: r.host,
-    pid: r.pid,
-    queues: r.queues,
-    tasks: r.tasks,
-    concurrency: r.concurrency,
-    inFlight: r.in_flight,
-    startedAt: r.started_at,
-    lastSeenAt: r.last_seen_at,
-    lostAt: r.lost_at,
-  }));
+/**
+ * Whether another process announced with `name` (not stopped, not lost) was seen within
+ * `withinMs` by the database's clock: for workers without a database session, whose
+ * liveness is their beats.
+ */
+export async function workerNameHeldElsewhere(db: Queryable, p: { name: string; workerId: string; withinMs: number }): Promise<boolean> {
+  const [row] = await run(db, NAME_HELD_ELSEWHERE, [p.name, p.workerId, p.withinMs]);
+  return row!.held;
 }
 
 const PRUNE_WORKERS = statement(
