@@ -71,7 +71,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   private readonly graceMs: number;
   private readonly backoff: BackoffPolicy;
   private lastReap = -Infinity;
-  /** Workers this watchdog saw lose their liveness, and when (monotonic ms). */
+  /** Workers this watchdog saw lose their liveness, and when their grace is over (monotonic ms). */
   private readonly lostSeen = new Map<string, number>();
   /** Live watchdogs, as last counted: each checks liveness on one tick in this many. */
   private fleetSize = 1;
@@ -128,7 +128,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     const now = performance.now();
     // Recovery runs once the grace of a worker this watchdog saw go has passed, and on every
     // reap tick for workers another watchdog saw go: not one more statement on every tick.
-    const graceOver = [...this.lostSeen].filter(([, at]) => now - at >= this.graceMs);
+    const graceOver = [...this.lostSeen].filter(([, due]) => now >= due);
     if (all || graceOver.length > 0) {
       count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
       for (const [id] of graceOver) this.lostSeen.delete(id);
@@ -178,11 +178,17 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
 
   /** Workers whose liveness lock is gone are marked lost; their recovery waits the grace. */
   private async checkLiveness(): Promise<void> {
-    const { lost, back, jobsLive, jobsDead } = await store.markLostWorkers(this.db, { startupGraceMs: STARTUP_GRACE_MS });
+    const { lost, back, jobsLive, jobsDead } = await store.markLostWorkers(this.db, {
+      startupGraceMs: STARTUP_GRACE_MS,
+      defaultGraceMs: this.graceMs,
+    });
     const now = performance.now();
     if (lost.length > 0) {
-      this.logger.warn({ workers: lost }, "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back");
-      for (const id of lost) this.lostSeen.set(id, now);
+      this.logger.warn(
+        { workers: lost.map((w) => w.id) },
+        "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back",
+      );
+      for (const w of lost) this.lostSeen.set(w.id, now + w.graceMs);
     }
     if (back.length > 0) {
       this.logger.info({ workers: back }, "worker liveness back");

@@ -217,15 +217,15 @@ const RECOVER_LOST_WORKERS = ending(
     FROM jobs AS j
     JOIN workers AS w ON w.id = j.locked_by
     LEFT JOIN task_policies AS p ON p.task = j.task
-   WHERE j.state = 'running' AND w.lost_at < now() - $6::bigint * interval '1 millisecond'
+   WHERE j.state = 'running' AND w.lost_at < now() - coalesce(w.liveness_grace_ms, $6::bigint) * interval '1 millisecond'
    LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
 )`,
 );
 
 /**
- * Crash detection: the jobs of workers whose liveness lock has been gone longer than
- * `graceMs` (see workers.ts), recovered at once instead of after their leases. A job's first
+ * Crash detection: the jobs of workers whose liveness lock has been gone longer than their
+ * announced grace, else `graceMs` (see workers.ts), recovered at once instead of after their leases. A job's first
  * spent attempt, if it is a crash, retries at once: the common crash (a deploy's kill, an
  * OOM, a lost machine) is not the job's doing, and another worker can run it now. A job that
  * has failed or crashed before backs off by its task's policy, so a job that kills every

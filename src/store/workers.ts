@@ -21,15 +21,20 @@ const LOCK_WORKER = statement("lockWorkerLiveness", `SELECT pg_try_advisory_lock
 const LOCK_NAME = statement("lockWorkerName", `SELECT pg_try_advisory_lock(${KEY("name")}) AS acquired`, { acquired: "bool" });
 
 /**
- * Takes the liveness lock of worker `id` on this session (held until the session ends) and,
- * with a name, the name's lock. Returns the liveness key, or `nameTaken` if another live
+ * Takes the liveness lock of worker `id` on this session (held until the session ends; not
+ * with `liveness: false`, a worker recovered by lease expiry only) and, with a name, the
+ * name's lock. Returns the liveness key (null without one), or `nameTaken` if another live
  * session holds the name (then nothing is held).
  */
-export async function lockLiveness(db: Queryable, p: { workerId: string; name?: string }): Promise<{ key: string } | { nameTaken: true }> {
+export async function lockLiveness(
+  db: Queryable,
+  p: { workerId: string; name?: string; liveness?: boolean },
+): Promise<{ key: string | null } | { nameTaken: true }> {
   if (p.name !== undefined) {
     const [name] = await run(db, LOCK_NAME, [p.name]);
     if (!name!.acquired) return { nameTaken: true };
   }
+  if (p.liveness === false) return { key: null };
   const [worker] = await run(db, LOCK_WORKER, [p.workerId]);
   // A worker id is unique per process; held already means this session took it before.
   return { key: worker!.key };
@@ -38,10 +43,11 @@ export async function lockLiveness(db: Queryable, p: { workerId: string; name?: 
 const ANNOUNCE_WORKER = statement(
   "announceWorker",
   `
-INSERT INTO workers (id, name, kind, host, pid, queues, tasks, concurrency, liveness_key, lease_ms, heartbeat_ms)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+INSERT INTO workers (id, name, kind, host, pid, queues, tasks, concurrency, liveness_key, lease_ms, heartbeat_ms, liveness_grace_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 ON CONFLICT (id) DO UPDATE
    SET last_seen_at = now(), lost_at = NULL, stopped_at = NULL, liveness_key = EXCLUDED.liveness_key,
+       liveness_grace_ms = EXCLUDED.liveness_grace_ms,
        queues = EXCLUDED.queues, tasks = EXCLUDED.tasks, concurrency = EXCLUDED.concurrency,
        lease_ms = EXCLUDED.lease_ms, heartbeat_ms = EXCLUDED.heartbeat_ms`,
   {},
@@ -79,8 +85,10 @@ export interface WorkerAnnouncement {
   concurrency?: number;
   leaseMs?: number;
   heartbeatMs?: number;
-  /** Null for a process that holds no liveness lock (a remote worker). */
+  /** Null for a process that holds no liveness lock (a remote worker, or liveness recovery off). */
   livenessKey: string | null;
+  /** How long its liveness lock may be gone before its jobs are recovered (null: the watchdog's grace). */
+  livenessGraceMs?: number | null;
   policies: TaskPolicy[];
 }
 
@@ -98,6 +106,7 @@ export async function announceWorker(db: Queryable, a: WorkerAnnouncement): Prom
     a.livenessKey,
     a.leaseMs ?? null,
     a.heartbeatMs ?? null,
+    a.livenessGraceMs ?? null,
   ]);
   if (a.policies.length === 0) return;
   const ps = a.policies;
@@ -136,30 +145,33 @@ WITH held AS (
      -- Right after the server (re)started, every session is new: give workers time to
      -- reconnect before calling any of them lost.
      AND (w.lost_at IS NOT NULL OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
-  RETURNING w.id, w.lost_at IS NOT NULL AS lost
+  RETURNING w.id, w.lost_at IS NOT NULL AS lost, w.liveness_grace_ms
 )
 SELECT coalesce(array_agg(id) FILTER (WHERE lost), '{}') AS lost,
+       coalesce(array_agg(coalesce(liveness_grace_ms, $2::int)) FILTER (WHERE lost), '{}') AS lost_graces,
        coalesce(array_agg(id) FILTER (WHERE NOT lost), '{}') AS back,
        -- The hot table's row counts ride along: the watchdog vacuums it when dead rows pile
        -- up, without a statement of its own every tick.
        pg_stat_get_live_tuples('jobs'::regclass) AS jobs_live,
        pg_stat_get_dead_tuples('jobs'::regclass) AS jobs_dead
   FROM changed`,
-  { lost: "_text", back: "_text", jobs_live: "int8", jobs_dead: "int8" },
+  { lost: "_text", lost_graces: "_int4", back: "_text", jobs_live: "int8", jobs_dead: "int8" },
 );
 
 /**
  * Compares the workers that should be alive with the liveness locks held now: a worker whose
  * lock is gone is marked lost (the time is kept, so recovery can wait a grace for a
- * reconnect); one whose lock is back is unmarked. Returns the changes, and the hot table's
- * live and dead row counts (as the statistics last saw them).
+ * reconnect); one whose lock is back is unmarked. Returns the changes (with each newly lost
+ * worker's grace: its own, else `defaultGraceMs`), and the hot table's live and dead row
+ * counts (as the statistics last saw them).
  */
 export async function markLostWorkers(
   db: Queryable,
-  p: { startupGraceMs: number },
-): Promise<{ lost: string[]; back: string[]; jobsLive: number; jobsDead: number }> {
-  const [row] = await run(db, MARK_LOST_WORKERS, [p.startupGraceMs]);
-  return { lost: row!.lost, back: row!.back, jobsLive: Number(row!.jobs_live), jobsDead: Number(row!.jobs_dead) };
+  p: { startupGraceMs: number; defaultGraceMs: number },
+): Promise<{ lost: { id: string; graceMs: number }[]; back: string[]; jobsLive: number; jobsDead: number }> {
+  const [row] = await run(db, MARK_LOST_WORKERS, [p.startupGraceMs, p.defaultGraceMs]);
+  const lost = row!.lost.map((id, i) => ({ id, graceMs: row!.lost_graces[i]! }));
+  return { lost, back: row!.back, jobsLive: Number(row!.jobs_live), jobsDead: Number(row!.jobs_dead) };
 }
 
 const NAME_HELD_ELSEWHERE = statement(

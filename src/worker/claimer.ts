@@ -66,6 +66,8 @@ export class Claimer {
   private readonly maxBatch: number;
   /** Another dispatch (NATS) claims for this worker: no polling until it gives up. */
   private paused = false;
+  /** The worker cannot vouch for itself now (its liveness session is gone): no claims at all. */
+  private held = false;
 
   constructor(
     private readonly host: ClaimerHost,
@@ -100,6 +102,15 @@ export class Claimer {
     else this.wake();
   }
 
+  /**
+   * Holds every claim (polling or not) while the worker's liveness session is gone: the
+   * watchdog may be about to recover whatever this worker holds, so it must not take more.
+   */
+  setHeld(held: boolean): void {
+    this.held = held;
+    if (!held) this.kick();
+  }
+
   /** Jobs may be ready (a NOTIFY, a reconnect): claim even if the last claim came back short. */
   wake(): void {
     if (this.paused) return;
@@ -132,7 +143,7 @@ export class Claimer {
 
   /** Starts claims while the buffer is short of the target, up to MAX_CLAIMS_IN_FLIGHT. */
   kick(): void {
-    while (!this.stopped && !this.paused && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
+    while (!this.stopped && !this.paused && !this.held && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
       // While reports cannot get through (a half-open connection), finished jobs keep their
       // leases: stop claiming once more than `concurrency` of them wait, so leases held stay
       // bounded.

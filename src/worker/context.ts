@@ -87,7 +87,8 @@ export interface TaskDefinition<P = any> {
 /** A tasks module's default export: task name to handler. */
 export type TaskHandlers = Record<string, Handler | TaskDefinition>;
 
-export type AbortReason = LostLeaseReason | "shutdown" | "renewal_failed" | "progress_refused" | "stalled" | "timed_out" | "fence_refused";
+export type AbortReason =
+  LostLeaseReason | "shutdown" | "renewal_failed" | "liveness_lost" | "progress_refused" | "stalled" | "timed_out" | "fence_refused";
 
 /** The `signal.reason` of an aborted handler: says why it must stop. */
 export class JobAbortedError extends LeaseholdError {
@@ -116,6 +117,8 @@ function describeAbort(reason: AbortReason): string {
       return "the worker is shutting down; the job is released to run again";
     case "renewal_failed":
       return "the lease could not be renewed (database unreachable) and may run out";
+    case "liveness_lost":
+      return "the worker lost its liveness session (its connection to the database) and the watchdog may hand the job to another worker";
     case "progress_refused":
       return "the database refused its progress or checkpoint; the attempt fails";
     case "stalled":

@@ -65,6 +65,24 @@ export function attemptKey(job: { id: string; attempt: number }): string {
   return `${job.id}:${job.attempt}`;
 }
 
+/**
+ * How long before its lease could run out (by this process's clock) a worker gives up an
+ * attempt: half a beat interval, and at least a tenth of the lease.
+ */
+export function renewalMargin(leaseMs: number, heartbeatMs: number): number {
+  const beatMs = Math.min(heartbeatMs, leaseMs / 3);
+  return Math.max(beatMs / 2, leaseMs / 10);
+}
+
+/**
+ * Whether this process can still vouch for the lease of `e` at monotonic time `now`: its last
+ * confirmed renewal (or its claim) was sent less than the lease minus the margin ago. Checked
+ * before a buffered attempt starts, and on a timer for the ones running.
+ */
+export function canVouchFor(e: InFlight, heartbeatMs: number, now: number): boolean {
+  return now - e.renewedAt <= e.job.leaseMs - renewalMargin(e.job.leaseMs, heartbeatMs);
+}
+
 /** Upper bounds (ms) of the beat delay histogram's buckets; the last bucket is everything above. */
 export const BEAT_DELAY_BUCKETS_MS = [5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 30_000];
 
@@ -155,9 +173,16 @@ export class Heartbeater {
 
   private async beat(): Promise<void> {
     const dueAt = Math.min(this.nextBeatAt, performance.now());
-    // At most one live entry per job: a re-claim marks the older attempt lost (Worker), so
-    // results keyed by job id below are unambiguous.
-    const entries = [...this.inFlight.values()].filter((e) => !e.lostReason);
+    // Results come back by job id, so at most one attempt per job is sent: the newest. An
+    // older attempt this worker still holds (its end is being reported after a limit, and the
+    // job was claimed again) no longer has a lease to renew.
+    const newest = new Map<string, InFlight>();
+    for (const e of this.inFlight.values()) {
+      if (e.lostReason) continue;
+      const other = newest.get(e.job.id);
+      if (!other || other.job.attempt < e.job.attempt) newest.set(e.job.id, e);
+    }
+    const entries = [...newest.values()];
     const sentAt = performance.now();
     const beats = entries.map((e) => ({
       id: e.job.id,
@@ -238,9 +263,7 @@ export class Heartbeater {
     const now = performance.now();
     for (const e of this.inFlight.values()) {
       if (e.phase === "reporting" || e.lostReason || e.abortedWith) continue;
-      const beatMs = Math.min(this.heartbeatMs, e.job.leaseMs / 3);
-      const margin = Math.max(beatMs / 2, e.job.leaseMs / 10);
-      if (now - e.renewedAt > e.job.leaseMs - margin) {
+      if (!canVouchFor(e, this.heartbeatMs, now)) {
         this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt }, "lease could not be renewed in time; giving up the attempt");
         this.host.unrenewable(e);
       }

@@ -21,6 +21,11 @@ export interface AttachParams {
   name?: string;
   /** With the name held by another live process: wait for it instead of failing. */
   waitForName: boolean;
+  /**
+   * How long the worker's liveness lock may be gone before its jobs are recovered; null: hold
+   * no liveness lock (recovery by lease expiry only). Transports without a session ignore it.
+   */
+  livenessGraceMs: number | null;
   queues: string[];
   concurrency: number;
   leaseMs: number;
@@ -30,7 +35,11 @@ export interface AttachParams {
   wake: () => void;
   /** The worker's identity was taken while it ran (its name is held by another process). */
   onIdentityLost: (err: Error) => void;
-  /** The transport's own connection went down or came back (for outage logging). */
+  /**
+   * The transport's own session went down or came back: for outage logging and, where that
+   * session holds the worker's liveness lock, for the worker to give up its jobs before the
+   * watchdog recovers them.
+   */
   onConnection?: (state: "up" | "down", err?: unknown) => void;
 }
 
@@ -183,7 +192,7 @@ export class DatabaseTransport implements WorkerTransport {
 
   async attach(p: AttachParams): Promise<Attachment> {
     const wanted = new Set(p.queues);
-    const announce = (key: string) => ({
+    const announce = (key: string | null) => ({
       workerId: p.workerId,
       name: p.name,
       kind: "worker" as const,
@@ -194,6 +203,7 @@ export class DatabaseTransport implements WorkerTransport {
       leaseMs: p.leaseMs,
       heartbeatMs: p.heartbeatMs,
       livenessKey: key,
+      livenessGraceMs: key === null ? null : p.livenessGraceMs,
       policies: p.policies,
     });
     // One session per worker: it LISTENs, and holds the worker's liveness lock (and its name)
@@ -209,7 +219,7 @@ export class DatabaseTransport implements WorkerTransport {
       onConnect: async (client) => {
         if (p.name !== undefined && p.waitForName)
           await client.query(`SELECT pg_advisory_lock(hashtextextended('leasehold:' || current_schema() || ':name:' || $1, 0))`, [p.name]);
-        const held = await store.lockLiveness(client, { workerId: p.workerId, name: p.name });
+        const held = await store.lockLiveness(client, { workerId: p.workerId, name: p.name, liveness: p.livenessGraceMs !== null });
         if ("nameTaken" in held) throw new WorkerNameInUseError(p.name!);
         await store.announceWorker(client, announce(held.key));
       },

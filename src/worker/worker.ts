@@ -19,7 +19,7 @@ import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } 
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, type AbortReason } from "./context.js";
-import { Heartbeater, attemptKey, type InFlight } from "./heartbeat.js";
+import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
 import { createJobContext } from "./job-context.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Outage } from "./outage.js";
@@ -48,6 +48,15 @@ const RECONCILE_RETRY_MAX_MS = 16_000;
 /** A buffered job not started within this share of its lease is given back. */
 const BUFFER_MAX_LEASE_SHARE = 0.25;
 const BUFFER_MAX_AGE_MS = 10_000;
+
+/** Why a live worker gives jobs back, and the `cause` label it is counted under. */
+const RELEASE_CAUSE = {
+  shutdown: "shutdown",
+  "buffered too long": "buffer_age",
+  cancelled: "cancelled",
+  "not vouched for": "unvouched",
+  "liveness lost": "liveness_lost",
+} as const;
 
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
 export function makeWorkerId(name?: string): string {
@@ -82,6 +91,13 @@ export class Worker extends EventEmitter {
   private dispatch?: WorkerDispatch;
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
+  /** Monotonic ms at which the liveness session was lost, while it is gone. */
+  private livenessLostAt?: number;
+  private livenessTimer?: NodeJS.Timeout;
+  /** Monotonic ms of the last give-up on liveness: a claim sent before it must not start. */
+  private gaveUpAt = -Infinity;
+  /** Buffered attempts given up with the liveness session: released once it is back. */
+  private givenUp: InFlight[] = [];
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, Histogram.Internal<"task">>();
   private readonly endings = new Map<string, Counter.Internal>();
@@ -151,6 +167,7 @@ export class Worker extends EventEmitter {
       workerId: this.id,
       name: s.name,
       waitForName: s.waitForName,
+      livenessGraceMs: s.livenessGraceMs,
       queues: s.queues,
       concurrency: s.concurrency,
       leaseMs: s.leaseMs,
@@ -162,7 +179,11 @@ export class Worker extends EventEmitter {
         this.emit("identity:lost", err);
         void this.stop();
       },
-      onConnection: (state, err) => (state === "up" ? this.outage.ok() : this.outage.failed("listen", err)),
+      onConnection: (state, err) => {
+        if (state === "up") this.outage.ok();
+        else this.outage.failed("listen", err);
+        this.livenessChanged(state);
+      },
     });
     if (s.name) {
       const recovered = await this.reconcile(s.name);
@@ -184,7 +205,7 @@ export class Worker extends EventEmitter {
           tasks: this.tasks,
           logger: this.logger,
           metrics: this.metrics,
-          capacity: () => this.claimer.target() - (this.buffer.length - this.head) - this.running,
+          capacity: () => (this.livenessLostAt !== undefined ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
           deliver: (jobs, at) => this.deliver(jobs, at),
           setPolling: (on) => this.claimer.setPaused(!on),
         });
@@ -232,6 +253,7 @@ export class Worker extends EventEmitter {
     this.state = "stopping";
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
+    clearTimeout(this.livenessTimer);
     await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
     const deadline = Date.now() + timeoutMs;
@@ -260,7 +282,7 @@ export class Worker extends EventEmitter {
   }
 
   /** Gives jobs back without spending an attempt (this worker is alive and chose to). */
-  private async release(entries: InFlight[], why: "shutdown" | "buffered too long" | "cancelled"): Promise<void> {
+  private async release(entries: InFlight[], why: keyof typeof RELEASE_CAUSE): Promise<void> {
     if (entries.length === 0) return;
     for (const e of entries) this.forget(e);
     try {
@@ -269,7 +291,7 @@ export class Worker extends EventEmitter {
         jobs: entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
         reason: why === "shutdown" ? "released: worker shut down" : `released: ${why}`,
       });
-      this.metrics.released.inc({ cause: why === "shutdown" ? "shutdown" : why === "cancelled" ? "cancelled" : "buffer_age" }, released.size);
+      this.metrics.released.inc({ cause: RELEASE_CAUSE[why] }, released.size);
       if (why === "shutdown") this.logger.info({ released: released.size }, "released unfinished jobs");
     } catch (err) {
       // Their leases will expire and the watchdog will recover them.
@@ -279,6 +301,7 @@ export class Worker extends EventEmitter {
 
   private deliver(jobs: ClaimedJob[], sentAt: number): void {
     let shortestLease = Infinity;
+    const stale: InFlight[] = [];
     const perQueue = new Map<string, number>();
     for (const job of jobs) {
       const task = this.settings.tasks.get(job.task);
@@ -296,24 +319,107 @@ export class Worker extends EventEmitter {
       if (older) this.leaseLost(older, "reclaimed");
       this.inFlight.set(attemptKey(job), entry);
       this.newestAttempt.set(job.id, entry);
-      this.buffer.push(entry);
+      // Claimed before this worker gave up on its liveness: the watchdog may recover it.
+      if (sentAt <= this.gaveUpAt) stale.push(entry);
+      else this.buffer.push(entry);
       shortestLease = Math.min(shortestLease, job.leaseMs);
       perQueue.set(job.queue, (perQueue.get(job.queue) ?? 0) + 1);
     }
     for (const [queue, n] of perQueue) this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(queue) }, n);
     if (jobs.length > 0) this.heartbeater.jobsClaimed(shortestLease);
+    this.giveBack(stale);
     this.pump();
   }
 
-  /** Starts buffered jobs while slots are free. */
+  /**
+   * Starts buffered jobs while slots are free, never one whose lease this process cannot
+   * vouch for by its own clock (after a freeze, a job that waited in the buffer may already
+   * have been recovered and started elsewhere: the renewal check is a timer and may not have
+   * run yet), and none while the liveness session is gone.
+   */
   private pump(): void {
+    if (this.livenessLostAt !== undefined) return;
+    let unvouched: InFlight[] | undefined;
+    let now = performance.now();
     while (this.running < this.settings.concurrency && this.head < this.buffer.length && this.state === "started") {
       const entry = this.buffer[this.head++]!;
-      if (entry.phase === "buffered" && !entry.lostReason) this.runJob(entry);
+      if (entry.phase !== "buffered" || entry.lostReason) continue;
+      // Handlers may have started since `now` was read; a stale `now` only errs toward vouching
+      // less, so read the clock again only when the answer would be no.
+      if (!canVouchFor(entry, this.settings.heartbeatMs, now) && !canVouchFor(entry, this.settings.heartbeatMs, (now = performance.now()))) {
+        (unvouched ??= []).push(entry);
+        continue;
+      }
+      this.runJob(entry);
     }
     if (this.head > 1_024 && this.head * 2 > this.buffer.length) {
       this.buffer = this.buffer.slice(this.head);
       this.head = 0;
+    }
+    if (unvouched) {
+      this.logger.warn(
+        { jobs: unvouched.map((e) => e.job.id) },
+        "buffered jobs not started: their leases could not be vouched for (the process was paused?)",
+      );
+      this.giveBack(unvouched);
+    }
+  }
+
+  /**
+   * Attempts that must not start, given back: the release is fenced, so one the watchdog
+   * already recovered is refused, and one still held runs again without spending an attempt.
+   */
+  private giveBack(entries: InFlight[]): void {
+    if (entries.length === 0) return;
+    for (const e of entries) {
+      e.lostReason = "renewal_failed";
+      this.metrics.leasesLost.inc({ reason: "renewal_failed" });
+    }
+    void this.release(entries, "not vouched for");
+  }
+
+  /**
+   * The liveness session (which holds this worker's liveness lock) went down or came back.
+   * While it is gone nothing starts and nothing is claimed; if it is not back within half the
+   * grace the watchdog waits before recovering this worker's jobs, the worker gives them all
+   * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
+   * released once the session is back.
+   */
+  private livenessChanged(state: "up" | "down"): void {
+    const grace = this.settings.livenessGraceMs;
+    if (grace === null || this.state !== "started") return;
+    if (state === "down") {
+      if (this.livenessLostAt !== undefined) return;
+      this.livenessLostAt = performance.now();
+      this.claimer.setHeld(true);
+      this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
+      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.floor(grace / 2));
+      this.livenessTimer.unref();
+      return;
+    }
+    clearTimeout(this.livenessTimer);
+    if (this.livenessLostAt === undefined) return;
+    this.logger.info({ downMs: Math.round(performance.now() - this.livenessLostAt) }, "liveness session back");
+    this.livenessLostAt = undefined;
+    const givenUp = this.givenUp;
+    this.givenUp = [];
+    if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
+    this.claimer.setHeld(false);
+    this.dispatch?.kick();
+    this.pump();
+  }
+
+  private giveUpOnLiveness(): void {
+    if (this.livenessLostAt === undefined || this.state !== "started") return;
+    this.gaveUpAt = performance.now();
+    const entries = [...this.inFlight.values()];
+    this.logger.warn({ jobs: entries.length }, "liveness session not back within half its grace: aborting this worker's attempts");
+    for (const e of entries) {
+      if (e.lostReason || e.within) continue;
+      if (e.phase === "buffered") {
+        this.drop(e, "liveness_lost");
+        this.givenUp.push(e);
+      } else if (e.phase === "running") this.abortJob(e, "liveness_lost");
     }
   }
 

@@ -28,6 +28,8 @@ interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
   waitForName?: boolean;
   lease?: number;
   heartbeatInterval?: number;
+  livenessGrace?: number;
+  liveness: boolean;
   pollInterval?: number;
   watchdogInterval?: number;
   server?: string;
@@ -54,6 +56,12 @@ export function registerWorker(program: Command, run: Run): void {
       int("--heartbeat-interval", 100, 86_400_000),
     )
     .option(
+      "--liveness-grace <ms>",
+      "how long this worker's database session may be gone before the watchdog recovers its jobs; the worker aborts them after half of it unless the session is back (default 1000)",
+      int("--liveness-grace", 200, 86_400_000),
+    )
+    .option("--no-liveness", "no liveness session: jobs are recovered only when their leases run out (for flaky networks; slower crash recovery)")
+    .option(
       "--poll-interval <ms>",
       "how often an idle worker looks for jobs when no wake-up arrives (default 1000)",
       int("--poll-interval", 10, 3_600_000),
@@ -79,6 +87,8 @@ export function registerWorker(program: Command, run: Run): void {
         ...(opts.lease !== undefined && { leaseMs: opts.lease }),
         ...(opts.heartbeatInterval !== undefined && { heartbeatMs: opts.heartbeatInterval }),
         ...(opts.pollInterval !== undefined && { pollIntervalMs: opts.pollInterval }),
+        ...(opts.livenessGrace !== undefined && { livenessGraceMs: opts.livenessGrace }),
+        ...(!opts.liveness && { livenessGraceMs: null }),
       };
       const logger = cli.logger("info");
       const serverUrl = opts.server ?? cli.serverUrl;
