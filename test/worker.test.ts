@@ -257,7 +257,7 @@ test("a worker with a stable name recovers at start-up the jobs its dead previou
   assert.equal((await lh.getJob(other.id)).job.state, "running", "another name's job is left alone");
 });
 
-test("a worker cut off from the database aborts its handlers before their leases can run out", async (t) => {
+test("a worker cut off from the database aborts its handlers before their leases can run out (liveness recovery off)", async (t) => {
   const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
   await proxy.start();
   t.after(() => proxy.stop());
@@ -269,7 +269,9 @@ test("a worker cut off from the database aborts its handlers before their leases
     await admin.close();
   });
   const aborted: unknown[] = [];
-  const worker = lh.worker({ leaseMs: 3_000, heartbeatMs: 500, watchdog: false, handlers: { long: untilAborted(aborted) } });
+  // Without a liveness session only the lease protects the job; with one, the worker gives
+  // up sooner (liveness_lost: test/split-execution.test.ts).
+  const worker = lh.worker({ leaseMs: 3_000, heartbeatMs: 500, livenessGraceMs: null, watchdog: false, handlers: { long: untilAborted(aborted) } });
   await worker.start();
   const { id } = await admin.enqueue("long");
   await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
