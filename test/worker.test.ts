@@ -10,6 +10,9 @@ import { Registry } from "prom-client";
 import * as store from "../src/store/index.js";
 import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
+import { Heartbeater, attemptKey, type InFlight } from "../src/worker/heartbeat.js";
+import { Outage } from "../src/worker/outage.js";
+import { metricsFor } from "../src/metrics.js";
 
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
 const endOf = (worker: Worker, id: string, timeoutMs?: number) =>
@@ -424,4 +427,43 @@ test("while reports hang, a worker holds at most twice its concurrency in leases
   assert.equal(worker.inFlightCount, 6);
   const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM jobs WHERE state = 'running'");
   assert.equal(rows[0].n, 6, "no more claimed than the bound");
+});
+
+test("a beat renews only the newest attempt a worker holds of a job: an older one it still reports is not counted as renewed", async (t) => {
+  const lh = await freshLeasehold(t);
+  const transport = new DatabaseTransport(lh.pool, databaseUrl(), lh.schema);
+  const { id } = await lh.enqueue("t");
+  const workerId = "beat-keying";
+  const [claimed] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId, leaseMs: 30_000, tasks: ["t"] });
+  assert.equal(claimed!.id, id);
+  // The same worker holds an older attempt of the job too (its end still being reported after
+  // a limit, while the job was claimed again): only the newer one holds the lease.
+  const entry = (job: typeof claimed, phase: InFlight["phase"]): InFlight => ({
+    job: job!,
+    renewedAt: 0,
+    claimedAt: 0,
+    phase,
+    progressTimeoutMs: null,
+    maxRunMs: null,
+  });
+  const older = entry({ ...claimed!, attempt: claimed!.attempt - 1 }, "reporting");
+  const newer = entry(claimed, "running");
+  const inFlight = new Map([older, newer].map((e) => [attemptKey(e.job), e]));
+  const lost: InFlight[] = [];
+  const beater = new Heartbeater(
+    inFlight,
+    { lost: (e) => lost.push(e), cancelRequested: () => {}, refused: () => {}, unrenewable: () => {} },
+    transport,
+    workerId,
+    30_000,
+    10_000,
+    metricsFor(new Registry()),
+    new Outage(silent),
+    silent,
+  );
+  await beater.beatNow();
+  await beater.stop();
+  assert.ok(newer.renewedAt > 0, "the newest attempt's lease was renewed");
+  assert.equal(older.renewedAt, 0, "the older attempt has no lease to renew");
+  assert.deepEqual(lost, []);
 });
