@@ -1,7 +1,7 @@
 /**
  * Recovery the design promises, against the real server: handlers that hang while their
  * process lives, recoveries that spend the retry budget, a stable name held by one live
- * process, the watchdog's orphan scan, a retry that uses its task's own
+ * process, the watchdog's orphan scan (and its periodic run), a retry that uses its task's own
  * policy, and `ctx.recovered` after each way an attempt can end.
  */
 import { test } from "node:test";
@@ -304,6 +304,17 @@ test("a recovery run sees how the previous attempt ended, and its last error", a
   t.after(() => worker.stop(0));
   await eventually(() => finalOf(lh, id), "job ran again");
   assert.deepEqual(seen, [["lease_expired", "lease expired"]]);
+});
+
+test("the watchdog runs the orphan scan on its interval by itself: a job orphaned after a scan is found by a later one", async (t) => {
+  const lh = await freshLeasehold(t);
+  const gauge = async (kind: string) => (await lh.metrics.orphanedJobs.get()).values.find((v) => v.labels.kind === kind)?.value;
+  // Only started, never run by hand: every scan below is one the watchdog chose to run.
+  const watchdog = lh.watchdog({ intervalMs: 100, orphanScanIntervalMs: 300, orphanAfterMs: 100 }).start();
+  t.after(() => watchdog.stop());
+  await eventually(async () => (await gauge("no_worker_for_task")) === 0, "a first scan found nothing");
+  await lh.enqueue("nobody-runs-this", {}, { queue: "orphans" });
+  await eventually(async () => (await gauge("no_worker_for_task")) === 1, "a later scan found the job no worker runs");
 });
 
 /** What each attempt of a job saw: ctx.previousOutcome and ctx.recovered, by job id. */
