@@ -1,13 +1,15 @@
 /**
- * The operational metrics report what really happened: real jobs on a
+ * The operational metrics and `leasehold doctor` report what really happened: real jobs on a
  * real worker, a watchdog reaping the lease of a worker process frozen for real (SIGSTOP), a
- * worker cut off from the database by a real proxy.
+ * worker cut off from the database by a real proxy, and heartbeat delays from a worker whose
+ * event loop was really blocked.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Registry } from "prom-client";
 import { Leasehold } from "../src/client.js";
 import { databaseUrl, eventually, freshLeasehold, silent } from "./helpers/db.js";
+import { runCli } from "./helpers/cli.js";
 import { cliWorker } from "./helpers/processes.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
@@ -119,4 +121,42 @@ test("a frozen worker's lease runs out: the watchdog counts the expiry and the r
     "the woken worker's beat found its lease lost",
   );
   assert.match(await scrape(), /^leasehold_fencing_rejections_total\{kind="heartbeat",reason="finished"\} 1$/m);
+});
+
+test("leasehold doctor recommends a lease from the beat delays real workers sent: a worker whose event loop was blocked", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    leaseMs: 3_000,
+    heartbeatMs: 200,
+    watchdog: false,
+    handlers: {
+      // Blocks the event loop (a long synchronous parse, a GC pause): the beat due meanwhile waits.
+      block: () => {
+        const until = performance.now() + 1_500;
+        while (performance.now() < until) Math.sqrt(Math.random());
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("block");
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran");
+  // The late beat's delay is recorded when it returns and sent with the beats after it.
+  for (let i = 0; i < 3; i++) await worker.heartbeatNow();
+  const r = await runCli(["doctor", "--json"], { schema: lh.schema });
+  const d = JSON.parse(r.stdout) as {
+    findings: { level: string; message: string }[];
+    lease: { beats: number; p99DelayMs: number; workers: { id: string; recommendedMs: number }[] };
+  };
+  assert.ok(d.lease.beats >= 4 && d.lease.beats < 100, `${d.lease.beats} beats recorded`);
+  // Fewer than 100 beats: the 99th percentile is the worst, 1.3 to 1.5 s late (bucket 1-2.5 s).
+  assert.equal(d.lease.p99DelayMs, 2_500);
+  // max(3 x 200 ms, 200 ms + 2.5 s + 2.5 s), in whole seconds: more than its 3 s lease.
+  assert.deepEqual(d.lease.workers, [{ id: worker.id, queues: ["default"], leaseMs: 3_000, heartbeatMs: 200, recommendedMs: 6_000 }]);
+  assert.ok(
+    d.findings.some(
+      (f) => f.level === "warn" && f.message.includes(`worker ${worker.id} (queues default) has a 3000 ms lease, shorter than the 6000 ms`),
+    ),
+    JSON.stringify(d.findings),
+  );
 });
