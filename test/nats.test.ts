@@ -262,6 +262,30 @@ test("a worker killed (kill -9) after claiming: the watchdog recovers the job an
   assert.equal(await metric(lh, "natsMessages", { result: "claimed", kind: "recovery" }), 1);
 });
 
+test("a job released at a graceful shutdown comes back by a recovery message, with ctx.recovered false", async (t) => {
+  const lh = await natsLeasehold(t);
+  const seen: [string | null, boolean][] = [];
+  const handler = (_p: unknown, ctx: JobContext) => {
+    seen.push([ctx.previousOutcome, ctx.recovered]);
+    if (seen.length === 1) return new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve()));
+  };
+  const leaving = lh.worker({ handlers: { t: handler } });
+  await leaving.start();
+  t.after(() => leaving.stop(0));
+  const { id } = await lh.enqueue("t", {}, { maxAttempts: 5 });
+  await waitForEvent(leaving, "job:start", (j: { id: string }) => j.id === id);
+  await leaving.stop(0);
+  const next = lh.worker({ handlers: { t: handler } });
+  await next.start();
+  t.after(() => next.stop(0));
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran again");
+  assert.deepEqual(seen, [
+    [null, false],
+    ["released", false],
+  ]);
+  assert.equal(await metric(lh, "natsMessages", { result: "claimed", kind: "recovery" }), 1);
+});
+
 test("the CLI: enqueue --nats publishes (LEASEHOLD_NATS_URL too); a bad URL is refused in one line", async (t) => {
   const lh = await natsLeasehold(t);
   const flag = await runCli(["enqueue", "--nats", NATS_URL!, "cli", "--payload", "{}"], { schema: lh.schema });

@@ -1,7 +1,8 @@
 /**
  * Recovery the design promises, against the real server: handlers that hang while their
  * process lives, recoveries that spend the retry budget, a stable name held by one live
- * process, the watchdog's orphan scan, and a retry that uses its task's own policy.
+ * process, the watchdog's orphan scan (and its periodic run), a retry that uses its task's own
+ * policy, and `ctx.recovered` after each way an attempt can end.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -9,6 +10,7 @@ import { WorkerNameInUseError } from "../src/errors.js";
 import type { JobAbortedError, JobContext } from "../src/worker/context.js";
 import * as store from "../src/store/index.js";
 import { NO_BACKOFF, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
+import { cliWorker, workerChild } from "./helpers/processes.js";
 
 const forever = () => new Promise<never>(() => {});
 const finalOf = async (lh: Awaited<ReturnType<typeof freshLeasehold>>, id: string) => {
@@ -302,4 +304,122 @@ test("a recovery run sees how the previous attempt ended, and its last error", a
   t.after(() => worker.stop(0));
   await eventually(() => finalOf(lh, id), "job ran again");
   assert.deepEqual(seen, [["lease_expired", "lease expired"]]);
+});
+
+test("the watchdog runs the orphan scan on its interval by itself: a job orphaned after a scan is found by a later one", async (t) => {
+  const lh = await freshLeasehold(t);
+  const gauge = async (kind: string) => (await lh.metrics.orphanedJobs.get()).values.find((v) => v.labels.kind === kind)?.value;
+  // Only started, never run by hand: every scan below is one the watchdog chose to run.
+  const watchdog = lh.watchdog({ intervalMs: 100, orphanScanIntervalMs: 300, orphanAfterMs: 100 }).start();
+  t.after(() => watchdog.stop());
+  await eventually(async () => (await gauge("no_worker_for_task")) === 0, "a first scan found nothing");
+  await lh.enqueue("nobody-runs-this", {}, { queue: "orphans" });
+  await eventually(async () => (await gauge("no_worker_for_task")) === 1, "a later scan found the job no worker runs");
+});
+
+/** What each attempt of a job saw: ctx.previousOutcome and ctx.recovered, by job id. */
+function seenBy() {
+  const seen = new Map<string, { previousOutcome: string | null; recovered: boolean }[]>();
+  const record = (ctx: JobContext) => {
+    const list = seen.get(ctx.jobId) ?? [];
+    list.push({ previousOutcome: ctx.previousOutcome, recovered: ctx.recovered });
+    seen.set(ctx.jobId, list);
+    return list.length;
+  };
+  return { seen, record };
+}
+
+test("ctx.recovered after a crash: a worker process killed (-9) with the job, recovered by the watchdog", async (t) => {
+  const lh = await freshLeasehold(t);
+  const victim = await workerChild(t, lh.schema);
+  const { id } = await lh.enqueue("hold", {}, { maxAttempts: 5 });
+  await eventually(async () => victim.output().includes(`started ${id}`), "the job started in the worker process");
+  const watchdog = lh.watchdog().start();
+  t.after(() => watchdog.stop());
+  const { seen, record } = seenBy();
+  const rescuer = lh.worker({ watchdog: false, handlers: { hold: (_p: unknown, ctx: JobContext) => void record(ctx) } });
+  await rescuer.start();
+  t.after(() => rescuer.stop(0));
+  victim.child.kill("SIGKILL");
+  await eventually(() => finalOf(lh, id), "the job ran again", 20_000);
+  assert.deepEqual(seen.get(id), [{ previousOutcome: "worker_lost", recovered: true }]);
+});
+
+test("ctx.recovered after a lost lease: a worker process frozen (SIGSTOP) past its lease, the lease reaped", async (t) => {
+  const lh = await freshLeasehold(t);
+  const frozen = await cliWorker(t, lh.schema, "export default { hold: () => new Promise(() => {}) };\n", ["--lease", "1000"]);
+  const { id } = await lh.enqueue("hold", {}, { maxAttempts: 5 });
+  await eventually(async () => frozen.started(id), "the job started in the worker process");
+  frozen.child.kill("SIGSTOP"); // alive (its session and liveness lock stay), but silent
+  const watchdog = lh.watchdog({ intervalMs: 100 }).start();
+  t.after(() => watchdog.stop());
+  const { seen, record } = seenBy();
+  const rescuer = lh.worker({ watchdog: false, handlers: { hold: (_p: unknown, ctx: JobContext) => void record(ctx) } });
+  await rescuer.start();
+  t.after(() => rescuer.stop(0));
+  await eventually(() => finalOf(lh, id), "the job ran again", 20_000);
+  assert.deepEqual(seen.get(id), [{ previousOutcome: "lease_expired", recovered: true }]);
+});
+
+test("ctx.recovered after a time limit or a stall is true; after a failure the handler reported, false", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { seen, record } = seenBy();
+  const firstHangs = (_p: unknown, ctx: JobContext) => (record(ctx) === 1 ? forever() : undefined);
+  const worker = lh.worker({
+    watchdog: false,
+    pollIntervalMs: 50,
+    handlers: {
+      limited: { maxRunMs: 1_000, backoff: NO_BACKOFF, handler: firstHangs },
+      quiet: { progressTimeoutMs: 1_000, backoff: NO_BACKOFF, handler: firstHangs },
+      flaky: {
+        backoff: NO_BACKOFF,
+        handler: (_p: unknown, ctx: JobContext) => {
+          if (record(ctx) === 1) throw new Error("the first try fails");
+        },
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const jobs = { limited: "timed_out", quiet: "stalled", flaky: "failed" } as const;
+  for (const [task, outcome] of Object.entries(jobs)) {
+    const { id } = await lh.enqueue(task, {}, { maxAttempts: 2 });
+    await eventually(() => finalOf(lh, id), `job ${task} ended`, 10_000);
+    assert.deepEqual(
+      seen.get(id),
+      [
+        { previousOutcome: null, recovered: false },
+        { previousOutcome: outcome, recovered: outcome !== "failed" },
+      ],
+      task,
+    );
+  }
+});
+
+test("ctx.recovered is false after a graceful shutdown released the job: the worker was alive and gave it back", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { seen, record } = seenBy();
+  // Runs until aborted, as a well-behaved handler does when its worker shuts down.
+  const untilAborted = (_p: unknown, ctx: JobContext) => {
+    if (record(ctx) > 1) return;
+    return new Promise<void>((resolve) => ctx.signal.addEventListener("abort", () => resolve()));
+  };
+  const leaving = lh.worker({ watchdog: false, handlers: { t: untilAborted } });
+  await leaving.start();
+  t.after(() => leaving.stop(0));
+  const { id } = await lh.enqueue("t", {}, { maxAttempts: 5 });
+  await waitForEvent(leaving, "job:start", (j: { id: string }) => j.id === id);
+  await leaving.stop(0); // past its deadline at once: the handler is aborted and the job released
+  const next = lh.worker({ watchdog: false, handlers: { t: untilAborted } });
+  await next.start();
+  t.after(() => next.stop(0));
+  await eventually(() => finalOf(lh, id), "the job ran again");
+  assert.deepEqual(
+    (await lh.getJob(id)).attempts.map((a) => a.outcome),
+    ["released", "succeeded"],
+  );
+  assert.deepEqual(seen.get(id), [
+    { previousOutcome: null, recovered: false },
+    { previousOutcome: "released", recovered: false },
+  ]);
 });

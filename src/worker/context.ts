@@ -31,12 +31,16 @@ export interface JobContext {
   maxAttempts: number;
   /**
    * How the previous attempt ended (null on the first): a recovery run sees `lease_expired`,
-   * `worker_lost`, `stalled`, `timed_out` or `released`; a plain retry `failed`.
+   * `worker_lost`, `stalled` or `timed_out`; a plain retry `failed`; a job a live worker gave
+   * back (at a graceful shutdown, or claimed ahead and not started in time) `released`.
    */
   previousOutcome: AttemptOutcome | null;
-  /** The last error recorded for the job: the previous failure, or why a recovery ended it. */
-  /** The previous attempt was ended by recovery or a release (a crash, a lost lease, a limit, a shutdown), not by its handler. */
+  /**
+   * The previous attempt was ended by recovery (a crash, a lost lease, a stall or time limit),
+   * not by its handler; false after a failure and after a graceful release (`released`).
+   */
   readonly recovered: boolean;
+  /** The last error recorded for the job: the previous failure, or why a recovery ended it. */
   lastError: string | null;
   /** Fires when this attempt must stop: lease lost, job cancelled, stalled, timed out, or shutdown. */
   signal: AbortSignal;

@@ -20,6 +20,12 @@ export interface ContextHost {
   abort(entry: InFlight, reason: AbortReason): void;
 }
 
+/**
+ * How an attempt ends when recovery, not its handler, ends it. A list of what counts rather
+ * than of what does not, so an outcome added later is not taken for a recovery by default.
+ */
+const RECOVERY_OUTCOMES: ReadonlySet<AttemptOutcome> = new Set<AttemptOutcome>(["lease_expired", "worker_lost", "stalled", "timed_out"]);
+
 class AttemptContext implements JobContext {
   private childLogger?: Logger;
 
@@ -53,13 +59,13 @@ class AttemptContext implements JobContext {
     return this.entry.job.previousOutcome;
   }
   /**
-   * This attempt follows one that recovery (the watchdog, a restarted worker's reconciliation)
-   * or a release ended, not its handler: the job is back after a crash, a lost lease, a limit
-   * or a shutdown. With NATS dispatch it arrived by a recovery message (docs/nats.md).
+   * This attempt follows one that recovery ended, not its handler: the job is back after a
+   * crash, a lost lease or a limit. Not after a graceful release: that worker was alive and
+   * gave the job back without running it to an end (previousOutcome says `released`).
    */
   get recovered(): boolean {
     const p = this.entry.job.previousOutcome;
-    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled";
+    return p !== null && RECOVERY_OUTCOMES.has(p);
   }
   get lastError(): string | null {
     return this.entry.job.lastError;
