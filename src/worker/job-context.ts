@@ -59,7 +59,7 @@ class AttemptContext implements JobContext {
    */
   get recovered(): boolean {
     const p = this.entry.job.previousOutcome;
-    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled";
+    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled" && p !== "superseded";
   }
   get lastError(): string | null {
     return this.entry.job.lastError;
@@ -93,9 +93,15 @@ class AttemptContext implements JobContext {
     db: FencedWriteDb,
     write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
   ): Promise<boolean> {
-    const accepted = await fencedWrite(db, { ...write, token: this.entry.job.fence });
+    const { job } = this.entry;
+    const accepted = await fencedWrite(db, { ...write, token: job.fence });
     if (!accepted) {
       this.host.metrics.fencingRejections.inc({ kind: "downstream", reason: "newer_token" });
+      // Marked before the abort: whatever the handler does next, its end is reported as
+      // superseded (the first refused write names it).
+      this.entry.superseded ??=
+        `superseded: a newer claim already wrote ${write.table} (this attempt's fenced write, fence ${job.fence}, was refused); ` +
+        "the job is not retried";
       this.host.abort(this.entry, "fence_refused");
     }
     return accepted;
