@@ -59,7 +59,7 @@ class AttemptContext implements JobContext {
    */
   get recovered(): boolean {
     const p = this.entry.job.previousOutcome;
-    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled" && p !== "superseded";
+    return p !== null && p !== "failed" && p !== "succeeded" && p !== "cancelled";
   }
   get lastError(): string | null {
     return this.entry.job.lastError;
