@@ -72,7 +72,7 @@ export interface CheckResult {
   attempts: number;
   /** Jobs whose handler ran again after an execution whose lease was reaped or released. */
   duplicates: { total: number; afterLeaseExpired: number; afterWorkerLost: number; afterLimit: number; afterRelease: number; overlapping: number };
-  staleRefused: { claim: number; heartbeat: number; complete: number; fail: number; release: number; downstream: number };
+  staleRefused: { claim: number; heartbeat: number; complete: number; fail: number; release: number; supersede: number; downstream: number };
   /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
   lateWritesOverwritten: number;
   recovery: Record<"kill" | "zombie" | "partition", Recovery>;
@@ -175,11 +175,12 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   }
 
   // 3. Every report the database accepted came from the attempt that held the lease then.
-  const staleRefused = { claim: 0, heartbeat: 0, complete: 0, fail: 0, release: 0, downstream: 0 };
+  const staleRefused = { claim: 0, heartbeat: 0, complete: 0, fail: 0, release: 0, supersede: 0, downstream: 0 };
   const landedAs: Record<string, string[]> = {
     complete: ["succeeded", "cancelled"],
     fail: ["failed", "stalled", "timed_out", "cancelled"],
     release: ["released", "cancelled"],
+    supersede: ["superseded", "cancelled"],
   };
   for (const line of input.logs) {
     if (line.ev !== "report" || line.kind === "claim" || line.accepted === null) continue;

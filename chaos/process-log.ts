@@ -11,7 +11,7 @@ export type LogLine =
   | {
       ev: "report";
       /** A claim sends no attempts; its accepted ids are the jobs it got. */
-      kind: "claim" | "heartbeat" | "complete" | "fail" | "release";
+      kind: "claim" | "heartbeat" | "complete" | "fail" | "release" | "supersede";
       t: number;
       /** When the request was sent (ms since epoch): the report cannot have landed earlier. */
       sentAt: number;

@@ -16,7 +16,7 @@ export class RecordingTransport implements WorkerTransport {
   ) {}
 
   private async record<R>(
-    kind: "claim" | "heartbeat" | "complete" | "fail" | "release",
+    kind: "claim" | "heartbeat" | "complete" | "fail" | "release" | "supersede",
     sent: store.AttemptRef[],
     call: () => Promise<R>,
     acceptedOf: (r: R) => string[],
@@ -76,6 +76,14 @@ export class RecordingTransport implements WorkerTransport {
       "fail",
       p.failures,
       () => this.inner.fail(p),
+      (r) => [...r.keys()],
+    );
+  }
+  supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
+    return this.record(
+      "supersede",
+      p.jobs,
+      () => this.inner.supersede(p),
       (r) => [...r.keys()],
     );
   }

@@ -14,7 +14,7 @@ export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.
 export type { NatsOptions } from "./dispatch/options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
-export { JobAbortedError, PermanentJobError } from "./worker/context.js";
+export { JobAbortedError, PermanentJobError, RetrySupersededError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";
 export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";

@@ -117,7 +117,7 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
     }),
     fencingRejections: new Counter({
       name: "leasehold_fencing_rejections_total",
-      help: "Writes refused by a fence because the attempt no longer held its lease (heartbeat, complete, fail, release) or a newer claim had written first (downstream, from ctx.fencedWrite).",
+      help: "Writes refused by a fence because the attempt no longer held its lease (heartbeat, complete, fail, release, supersede) or a newer claim had written first (downstream, from ctx.fencedWrite).",
       labelNames: ["kind", "reason"],
       registers,
     }),
@@ -144,7 +144,7 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
     jobsClaimed: new Counter({ name: "leasehold_jobs_claimed_total", help: "Jobs claimed (leases granted).", labelNames: ["queue"], registers }),
     jobsEnded: new Counter({
       name: "leasehold_job_attempts_ended_total",
-      help: "Attempts ended by this process, by outcome: succeeded, retry, dead, cancelled.",
+      help: "Attempts ended by this process, by outcome: succeeded, retry, dead, cancelled, superseded (a ctx.fencedWrite a newer claim overtook: finished, not retried).",
       labelNames: ["queue", "outcome"],
       registers,
     }),

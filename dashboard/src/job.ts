@@ -18,6 +18,7 @@ const OUTCOME_TEXT: Record<string, string> = {
   timed_out: "timed out",
   released: "released",
   cancelled: "cancelled",
+  superseded: "superseded (a newer job wrote first)",
   running: "running now",
 };
 

@@ -40,6 +40,8 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
         return print(`✖ ${name} failed and is dead (no attempts left); \`leasehold jobs retry ${job.id}\` runs it again`);
       case "cancelled":
         return print(`■ ${name} cancelled`);
+      case "superseded":
+        return print(`⤼ ${name} superseded after ${took}s: a newer job wrote first; finished without a retry`);
       case "stale":
         return print(`! ${name}: report refused, the lease was lost (${outcome.error.reason})`);
       case "lost":

@@ -10,10 +10,12 @@ export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded
  * How an attempt ended: its handler returned (succeeded) or threw (failed); its lease ran out
  * (lease_expired); its worker's process was found gone (worker_lost: crashed, killed, or
  * restarted and reconciled); it made no progress for its progress timeout (stalled) or ran
- * past its maximum run time (timed_out); it was given back by a live worker (released); or
- * the job was cancelled.
+ * past its maximum run time (timed_out); it was given back by a live worker (released); the
+ * job was cancelled; or its `ctx.fencedWrite` was refused because a newer claim of another
+ * job wrote first (superseded: the job finished as succeeded, not retried, no budget spent).
  */
-export type AttemptOutcome = "succeeded" | "failed" | "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "cancelled";
+export type AttemptOutcome =
+  "succeeded" | "failed" | "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "cancelled" | "superseded";
 
 export interface EnqueueOptions {
   /** Queue name; default "default". */

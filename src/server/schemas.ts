@@ -21,7 +21,7 @@ const BACKOFF = (): Record<string, unknown> =>
     },
     ["baseMs", "factor", "maxMs", "jitter"],
   );
-const OUTCOMES = ["succeeded", "failed", "lease_expired", "worker_lost", "stalled", "timed_out", "released", "cancelled"];
+const OUTCOMES = ["succeeded", "failed", "lease_expired", "worker_lost", "stalled", "timed_out", "released", "cancelled", "superseded"];
 /** Most attempts one worker request may carry (a worker holds at most its concurrency). */
 const MAX_BATCH = 10_000;
 /** Most jobs one enqueue request may carry; larger imports go in several requests. */
@@ -301,6 +301,33 @@ export const routes = {
         },
       },
       ["workerId", "failures"],
+    ),
+    response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
+  },
+  supersede: {
+    ...secured,
+    tags: ["worker"],
+    summary:
+      "Report attempts whose fenced write a newer claim overtook: each job finishes as succeeded with outcome superseded, spending no retry budget and not retried (fenced: a stale attempt is refused)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        jobs: {
+          type: "array",
+          minItems: 1,
+          maxItems: MAX_BATCH,
+          items: object(
+            {
+              id: JOB_ID,
+              attempt: ATTEMPT,
+              receipt: RECEIPT,
+              reason: { type: "string", minLength: 1, maxLength: 2000, description: "which write was refused; kept as the job's last error" },
+            },
+            ["id", "attempt", "reason"],
+          ),
+        },
+      },
+      ["workerId", "jobs"],
     ),
     response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
   },

@@ -155,6 +155,21 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     },
   );
 
+  app.post<{ Body: { workerId: string; jobs: (ReceiptRef & { reason: string })[] } }>(
+    "/v1/worker/supersede",
+    { schema: routes.supersede, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs } = request.body;
+      const { valid, invalid } = checked("supersede", jobs, workerId);
+      const applied = await store.supersedeJobs(pool, {
+        workerId,
+        // A client's text may hold what PostgreSQL refuses (NUL, lone surrogates).
+        jobs: valid.map((j) => ({ id: j.id, attempt: j.attempt, reason: sanitizeText(j.reason, 2_000) })),
+      });
+      return answerReport(reply, "supersede", workerId, valid, invalid, applied, lh);
+    },
+  );
+
   app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>(
     "/v1/worker/release",
     { schema: routes.release, config: worker },

@@ -50,6 +50,50 @@ export async function completeJobs(db: Queryable, p: { workerId: string; jobs: A
 }
 
 /**
+ * Superseded attempts (docs/fencing.md): a handler's fenced write was refused because a newer
+ * claim of another job already wrote the row, so this job has nothing left to do, and a
+ * retry (with a newer fence) would overwrite the newer value. Like a completion: fenced by
+ * (id, attempt, worker), the job leaves the hot table for job_history in one statement, its
+ * retry budget untouched. It finishes as succeeded with its final attempt's outcome
+ * `superseded` and `last_error` saying which write was refused: a state every reader knows,
+ * and one that is neither retried, nor dead, nor counted against the job. A cancel requested
+ * meanwhile wins, as over a success. A row that matches nothing is a stale report.
+ */
+const SUPERSEDE_JOBS = statement(
+  "supersedeJobs",
+  `
+WITH done AS (
+  DELETE FROM jobs AS j
+   USING unnest($1::bigint[], $2::int[], $3::text[]) AS s(id, attempt, reason)
+   WHERE j.id = ANY($1::bigint[]) AND j.id = s.id AND j.attempt = s.attempt AND j.locked_by = $4
+  RETURNING j.*, s.reason,
+            CASE WHEN j.cancel_requested_at IS NULL THEN 'superseded' ELSE 'cancelled' END AS final_outcome
+), history AS (
+  INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+                           lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
+  SELECT id, queue, task, payload, priority, CASE WHEN final_outcome = 'superseded' THEN 'succeeded' ELSE 'cancelled' END,
+         attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, reason, unique_key, created_at, started_at,
+         locked_by, final_outcome, fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
+    FROM done
+)
+SELECT id, final_outcome AS state FROM done`,
+  { id: "int8", state: "text" },
+);
+
+export interface Supersession extends AttemptRef {
+  /** Why: which write was refused (kept as the job's last_error and the attempt's error). */
+  reason: string;
+}
+
+/** Per job: "superseded", "cancelled" (a cancel won), or absent from the map: stale. */
+export async function supersedeJobs(db: Queryable, p: { workerId: string; jobs: Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
+  if (p.jobs.length === 0) return new Map();
+  const rows = await run(db, SUPERSEDE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => j.attempt), p.jobs.map((j) => j.reason), p.workerId]);
+  return new Map(rows.map((r) => [r.id, r.state as "superseded" | "cancelled"]));
+}
+
+/**
  * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's
  * own writes and this statement commit together or not at all. Fenced like any completion,
  * and also refused when a cancel was requested: the caller then rolls everything back, so a

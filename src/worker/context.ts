@@ -52,9 +52,12 @@ export interface JobContext {
   checkpoint(data: JsonValue): void;
   /**
    * Writes a row of your own table unless a later claim (of any job) already wrote it, using
-   * `ctx.fence` as the token (see docs/fencing.md). False means the write was refused as
-   * stale: this attempt has lost to a newer one, so its signal is aborted (reason
-   * `fence_refused`) and the refusal is counted.
+   * `ctx.fence` as the token (see docs/fencing.md). False means the write was refused: a
+   * newer claim owns the row, so this attempt is superseded. Its signal is aborted (reason
+   * `fence_refused`), the refusal is counted, and however the handler then ends (returns or
+   * throws) the attempt ends as superseded: the job finishes without spending its retry
+   * budget and is not retried, since a retry would overwrite the newer value. To be retried
+   * anyway, throw a `RetrySupersededError`.
    */
   fencedWrite(
     db: FencedWriteDb,
@@ -130,7 +133,21 @@ function describeAbort(reason: AbortReason): string {
     case "timed_out":
       return "it ran past its maximum run time; the attempt fails as timed out";
     case "fence_refused":
-      return "a fenced write was refused: a newer claim wrote first";
+      return "a fenced write was refused: a newer claim wrote first, so the attempt ends as superseded";
+  }
+}
+
+/**
+ * Throw from a handler whose `ctx.fencedWrite` was refused to have the job retried anyway: the
+ * attempt then ends as an ordinary failure (it spends its retry budget, and the retry runs
+ * after the task's backoff with a newer fence) instead of as superseded. Use it when this
+ * job's write must land even after a newer claim's, say when it adds to the row rather than
+ * replacing it. Thrown without a refused write, it is an ordinary failure too.
+ */
+export class RetrySupersededError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "RetrySupersededError";
   }
 }
 

@@ -50,6 +50,8 @@ export interface InFlight {
   checkpointJson?: string;
   /** Set when the database refused this attempt's progress or checkpoint: it ends as a failure. */
   refusedValue?: string;
+  /** Set when ctx.fencedWrite was refused (a newer claim wrote first): it ends as superseded. */
+  superseded?: string;
   /**
    * ctx.transaction: "committing" while its completion runs (a beat that then misses the job
    * is not a lost lease: the job is being finished), "committed" once it is finished.

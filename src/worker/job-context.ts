@@ -99,9 +99,15 @@ class AttemptContext implements JobContext {
     db: FencedWriteDb,
     write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
   ): Promise<boolean> {
-    const accepted = await fencedWrite(db, { ...write, token: this.entry.job.fence });
+    const { job } = this.entry;
+    const accepted = await fencedWrite(db, { ...write, token: job.fence });
     if (!accepted) {
       this.host.metrics.fencingRejections.inc({ kind: "downstream", reason: "newer_token" });
+      // Marked before the abort: whatever the handler does next, its end is reported as
+      // superseded (the first refused write names it).
+      this.entry.superseded ??=
+        `superseded: a newer claim already wrote ${write.table} (this attempt's fenced write, fence ${job.fence}, was refused); ` +
+        "the job is not retried";
       this.host.abort(this.entry, "fence_refused");
     }
     return accepted;

@@ -29,6 +29,8 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
  * recently used go first, so receipts of attempts the worker no longer mentions age out.
  */
 const MAX_RECEIPTS = 100_000;
+/** The longest reason a superseded report may carry (the server's schema). */
+const SUPERSEDED_REASON_MAX = 2_000;
 
 export interface RemoteTransportOptions {
   /** e.g. http://127.0.0.1:7070 */
@@ -214,6 +216,11 @@ export class RemoteTransport implements WorkerTransport {
       giveUp: f.giveUp ?? false,
     }));
     return this.report("/v1/worker/fail", { workerId: p.workerId, failures }, p.failures);
+  }
+
+  supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
+    const jobs = p.jobs.map((j) => ({ ...this.withReceipt(j), reason: j.reason.slice(0, SUPERSEDED_REASON_MAX) }));
+    return this.report("/v1/worker/supersede", { workerId: p.workerId, jobs }, p.jobs);
   }
 
   async release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {

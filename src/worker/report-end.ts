@@ -1,15 +1,15 @@
-/** Reports how an attempt ended (success, failure, a limit) and turns the answer into its outcome. */
+/** Reports how an attempt ended (success, failure, a limit, superseded) and turns the answer into its outcome. */
 import { StaleLeaseError } from "../errors.js";
 import { sanitizeText } from "../jobs/validate.js";
 import type { Failure } from "../store/index.js";
-import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
+import { JobAbortedError, PermanentJobError, RetrySupersededError, type AbortReason } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
 import type { ReportOutcome } from "./reporter.js";
 import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
 
 export type JobOutcome =
-  | { state: "succeeded" | "cancelled" | "waiting" | "dead" }
+  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" | "dead" }
   | { state: "stale"; error: StaleLeaseError }
   | { state: "lost"; reason: AbortReason }
   | { state: "report_failed"; error: unknown };
@@ -24,6 +24,14 @@ export async function reportEnd(
   limitMessage?: string,
 ): Promise<JobOutcome> {
   const { job } = entry;
+  // A refused ctx.fencedWrite decides the end, whatever the handler did next (returned,
+  // threw because its signal aborted, hit a limit): the job finishes as superseded, with no
+  // retry to overwrite the newer claim's value. Only an explicit request retries it.
+  if (entry.superseded !== undefined && !(err instanceof RetrySupersededError)) {
+    const outcome = await worker.reporter.supersede({ id: job.id, attempt: job.attempt, reason: entry.superseded });
+    if (outcome.applied) worker.logger.info({ jobId: job.id, attempt: job.attempt }, "job superseded by a newer claim's write; not retried");
+    return answered(worker, entry, outcome, "supersede");
+  }
   // A handler that returns after its progress was refused still fails: the job's recorded
   // state would otherwise miss what the handler reported.
   if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
@@ -42,13 +50,18 @@ export async function reportEnd(
     outcome = await worker.reporter.fail(failure);
     if (!(err instanceof JobAbortedError)) worker.logger.warn({ jobId: job.id, attempt: job.attempt, err: failure.error }, "job failed");
   }
+  return answered(worker, entry, outcome, err === undefined ? "complete" : "fail");
+}
+
+/** Turns the reporter's answer into the attempt's outcome: counted, and a refusal recorded. */
+function answered(worker: Worker, entry: InFlight, outcome: ReportOutcome, kind: "complete" | "fail" | "supersede"): JobOutcome {
+  const { job } = entry;
   if (outcome.applied) {
     worker.countEnded(job.queue, outcome.state === "waiting" ? "retry" : outcome.state);
     return { state: outcome.state };
   }
   if ("reason" in outcome) {
     const stale = new StaleLeaseError(job.id, job.attempt, outcome.reason);
-    const kind = err === undefined ? "complete" : "fail";
     worker.metrics.fencingRejections.inc({ kind, reason: outcome.reason });
     recordRefusals(worker.transport, [{ jobId: job.id, attempt: job.attempt, workerId: worker.id, kind, reason: outcome.reason }]);
     worker.logger.warn({ jobId: job.id, attempt: job.attempt, reason: outcome.reason }, "report refused: stale lease");

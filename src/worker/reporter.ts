@@ -8,13 +8,15 @@
  * row says whether the first try landed ("succeeded by my attempt" is success); anything
  * else is a stale lease: an ambiguous commit is not a stale report.
  */
-import type { AttemptRef, EndState, Failure, LostLease } from "../store/index.js";
+import type { AttemptRef, EndState, Failure, LostLease, Supersession } from "../store/index.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { Outage } from "./outage.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
 
-export type ReportOutcome =
-  { applied: true; state: "succeeded" | "cancelled" | EndState } | { applied: false; reason: LostLeaseReason } | { applied: false; error: unknown };
+/** How a reported attempt's job ended: a success or a supersession finishes it; a failure may retry it. */
+export type EndedAs = "succeeded" | "superseded" | "cancelled" | EndState;
+
+export type ReportOutcome = { applied: true; state: EndedAs } | { applied: false; reason: LostLeaseReason } | { applied: false; error: unknown };
 
 interface Pending<T> {
   item: T;
@@ -35,6 +37,7 @@ const MIN_EXTRA_BATCH = 100;
 export class Reporter {
   private successes: Pending<AttemptRef>[] = [];
   private failures: Pending<Failure>[] = [];
+  private supersessions: Pending<Supersession>[] = [];
   private inFlight = 0;
   private drained: (() => void)[] = [];
   /** After this moment (Date.now()), connection errors are no longer retried. */
@@ -60,19 +63,32 @@ export class Reporter {
     });
   }
 
+  /** An attempt whose fenced write a newer claim overtook: its job finishes, not retried. */
+  supersede(s: Supersession): Promise<ReportOutcome> {
+    return new Promise((resolve) => {
+      this.supersessions.push({ item: s, resolve });
+      this.kick();
+    });
+  }
+
+  private pending(): number {
+    return this.successes.length + this.failures.length + this.supersessions.length;
+  }
+
   /** Resolves when everything handed in so far has been reported. */
   drain(): Promise<void> {
-    if (this.inFlight === 0 && this.successes.length + this.failures.length === 0) return Promise.resolve();
+    if (this.inFlight === 0 && this.pending() === 0) return Promise.resolve();
     return new Promise((resolve) => this.drained.push(resolve));
   }
 
   private kick(): void {
     for (;;) {
-      const pending = this.successes.length + this.failures.length;
+      const pending = this.pending();
       if (pending === 0 || this.inFlight >= MAX_REPORTS_IN_FLIGHT) break;
       if (this.inFlight > 0 && pending < MIN_EXTRA_BATCH) break;
       const successes = takeOnePerJob(this.successes);
       const failures = takeOnePerJob(this.failures);
+      const supersessions = takeOnePerJob(this.supersessions);
       this.inFlight++;
       void Promise.all([
         successes.length &&
@@ -84,10 +100,12 @@ export class Reporter {
             "timed_out",
             "cancelled",
           ]),
+        supersessions.length &&
+          this.send(supersessions, (items) => this.transport.supersede({ workerId: this.workerId, jobs: items }), ["superseded", "cancelled"]),
       ]).finally(() => {
         this.inFlight--;
         this.kick();
-        if (this.inFlight === 0 && this.successes.length + this.failures.length === 0) {
+        if (this.inFlight === 0 && this.pending() === 0) {
           for (const resolve of this.drained.splice(0)) resolve();
         }
       });
@@ -96,12 +114,12 @@ export class Reporter {
 
   private async send<T extends AttemptRef>(
     batch: Pending<T>[],
-    write: (items: T[]) => Promise<Map<string, "succeeded" | "cancelled" | EndState>>,
+    write: (items: T[]) => Promise<Map<string, EndedAs>>,
     landedAs: string[],
   ): Promise<void> {
     const items = batch.map((p) => p.item);
     let ambiguous = false;
-    let applied: Map<string, "succeeded" | "cancelled" | EndState>;
+    let applied: Map<string, EndedAs>;
     for (let delay = RETRY_MIN_MS; ; delay = Math.min(delay * 2, RETRY_MAX_MS)) {
       try {
         applied = await write(items);
@@ -132,7 +150,9 @@ export class Reporter {
       if (ambiguous && l?.endedAs && landedAs.includes(l.endedAs)) {
         // Our first try committed before the connection dropped.
         const state =
-          l.endedAs === "succeeded" || l.endedAs === "cancelled" ? l.endedAs : ((l.finishedState as EndState | null | undefined) ?? "waiting");
+          l.endedAs === "succeeded" || l.endedAs === "superseded" || l.endedAs === "cancelled"
+            ? l.endedAs
+            : ((l.finishedState as EndState | null | undefined) ?? "waiting");
         p.resolve({ applied: true, state });
       } else {
         p.resolve({ applied: false, reason: l?.reason ?? "missing" });

@@ -59,6 +59,11 @@ export interface WorkerTransport {
   heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult>;
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
+  /**
+   * Attempts whose `ctx.fencedWrite` a newer claim overtook: each job finishes (outcome
+   * superseded) without spending its retry budget. Fenced like a completion.
+   */
+  supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">>;
   /** A graceful release by this live worker: no retry budget is spent. */
   release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>>;
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>>;
@@ -265,6 +270,9 @@ export class DatabaseTransport implements WorkerTransport {
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
     return store.failJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
+  }
+  supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
+    return store.supersedeJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
     return store.releaseJobs(this.pool, { ...p, spend: false, backoff: DEFAULT_BACKOFF });
