@@ -4,6 +4,7 @@ export const FAULT_KINDS = [
   "kill", // kill -9 of a worker mid-job, restarted by the supervisor
   "zombie", // SIGSTOP of a worker for longer than the lease, then SIGCONT
   "partition", // a worker's connections cut or stalled at its proxy, then restored
+  "reset", // a connection blip: every connection of a worker reset, none accepted for 2-5 s, then healed
   "pg_restart", // fast shutdown and start of PostgreSQL
   "terminate_storm", // pg_terminate_backend against the workers' connections
   "watchdog_kill", // kill -9 of a watchdog-only process, restarted

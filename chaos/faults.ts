@@ -1,7 +1,7 @@
 /**
  * The fault injectors. Each one acts on real processes, real connections or the real server,
  * and returns a record of what it did; for faults that take a worker away (kill, zombie,
- * partition) the record lists the attempts that worker held at that moment, so the report
+ * partition, reset) the record lists the attempts that worker held at that moment, so the report
  * can measure how long each job took to run again.
  */
 import pg from "pg";
@@ -20,10 +20,14 @@ export interface HeldAttempt {
 export interface FaultRecord {
   kind: FaultKind;
   target?: string;
-  /** When the fault hit (ms since epoch). */
+  /** The target process (kill, zombie, partition, reset), as its JSONL log's hello line names it. */
+  pid?: number;
+  /** When the fault hit (ms since epoch, wall clock like every process log). */
   at: number;
   /** How long the fault lasted (stop to continue, cut to restore, down to up), when it has a length. */
   durationMs?: number;
+  /** When it was lifted (SIGCONT sent, proxy restored), for faults that act on one process over a window. */
+  endedAt?: number;
   detail?: string;
   held: HeldAttempt[];
   skipped?: string;
@@ -87,10 +91,11 @@ async function kill(ctx: FaultContext): Promise<FaultRecord> {
   const w = pickFree(ctx, ctx.workers);
   if (!w) return { kind: "kill", at: Date.now(), held: [], skipped: "no worker free" };
   const restartAfter = between(ctx.random, 300, 3_000);
+  const pid = w.pid;
   const at = Date.now();
   const workerId = w.workerId;
   w.kill9(restartAfter);
-  return { kind: "kill", target: w.spec.name, at, detail: `restart after ${restartAfter} ms`, held: await heldBy(ctx, workerId) };
+  return { kind: "kill", target: w.spec.name, pid, at, detail: `restart after ${restartAfter} ms`, held: await heldBy(ctx, workerId) };
 }
 
 async function zombie(ctx: FaultContext): Promise<FaultRecord> {
@@ -98,16 +103,18 @@ async function zombie(ctx: FaultContext): Promise<FaultRecord> {
   if (!w) return { kind: "zombie", at: Date.now(), held: [], skipped: "no worker free" };
   const durationMs = pastTheLease(ctx);
   w.busy = true;
+  const pid = w.pid;
   const at = Date.now();
   w.signal("SIGSTOP");
-  const held = await heldBy(ctx, w.workerId);
+  const record: FaultRecord = { kind: "zombie", target: w.spec.name, pid, at, durationMs, held: await heldBy(ctx, w.workerId) };
   ctx.pending.push(
     sleep(durationMs).then(() => {
       w.signal("SIGCONT");
+      record.endedAt = Date.now();
       w.busy = false;
     }),
   );
-  return { kind: "zombie", target: w.spec.name, at, durationMs, held };
+  return record;
 }
 
 async function partition(ctx: FaultContext): Promise<FaultRecord> {
@@ -118,18 +125,47 @@ async function partition(ctx: FaultContext): Promise<FaultRecord> {
   const modes = ["cut", "stall", "half_open"] as const;
   const mode = modes[Math.floor(ctx.random() * modes.length)]!;
   w.busy = true;
+  const pid = w.pid;
   const at = Date.now();
   if (mode === "cut") proxy.cut();
   else if (mode === "stall") proxy.stall();
   else proxy.stallExisting();
-  const held = await heldBy(ctx, w.workerId);
+  const record: FaultRecord = { kind: "partition", target: w.spec.name, pid, at, durationMs, detail: mode, held: await heldBy(ctx, w.workerId) };
   ctx.pending.push(
     sleep(durationMs).then(() => {
       proxy.restore();
+      record.endedAt = Date.now();
       w.busy = false;
     }),
   );
-  return { kind: "partition", target: w.spec.name, at, durationMs, detail: mode, held };
+  return record;
+}
+
+/**
+ * A connection blip: every connection the worker has (its pool, its listener and liveness
+ * session, and its NATS connection with --dispatch nats) is reset, and none is accepted for
+ * 2-5 s, then the network heals. Shorter than a partition: the watchdog sees the liveness
+ * session end and recovers the worker's jobs after its grace, often before the lease would
+ * run out, while the worker is alive and may still be running them.
+ */
+async function reset(ctx: FaultContext): Promise<FaultRecord> {
+  const w = pickFree(ctx, ctx.workers);
+  if (!w) return { kind: "reset", at: Date.now(), held: [], skipped: "no worker free" };
+  const proxies = [ctx.proxies.get(w.spec.name), ctx.natsProxies.get(w.spec.name)].filter((p): p is TcpProxy => !!p);
+  const durationMs = between(ctx.random, 2_000, 5_000);
+  w.busy = true;
+  const pid = w.pid;
+  const at = Date.now();
+  for (const p of proxies) p.cut();
+  const record: FaultRecord = { kind: "reset", target: w.spec.name, pid, at, durationMs, held: await heldBy(ctx, w.workerId) };
+  ctx.pending.push(
+    sleep(Math.max(0, at + durationMs - Date.now())).then(() => {
+      for (const p of proxies) p.restore();
+      record.endedAt = Date.now();
+      w.busy = false;
+    }),
+  );
+  return record;
 }
 
 async function pgRestart(ctx: FaultContext): Promise<FaultRecord> {
@@ -254,6 +290,7 @@ export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRe
   kill,
   zombie,
   partition,
+  reset,
   pg_restart: pgRestart,
   terminate_storm: terminateStorm,
   watchdog_kill: watchdogKill,
@@ -267,6 +304,7 @@ const MIX: Record<FaultKind, number> = {
   kill: 4,
   zombie: 4,
   partition: 4,
+  reset: 4,
   pg_restart: 2,
   terminate_storm: 3,
   watchdog_kill: 3,

@@ -200,7 +200,15 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     await Promise.all(children.map((c) => c.stop()));
     say(`drained in ${(drainMs / 1000).toFixed(1)} s; processes stopped`);
 
-    const check = await checkInvariants({ admin, jobs: options.jobs, logs: readLogs(logDir), faults, unexpectedExits: exits, options });
+    const check = await checkInvariants({
+      admin,
+      jobs: options.jobs,
+      logs: readLogs(logDir),
+      faults,
+      unexpectedExits: exits,
+      processEnds: workers.flatMap((w) => w.ends),
+      options,
+    });
     const pressure = await idleTxnThroughput(admin, faults, startedAt);
     if (pressure.idleTxnThroughputPerS === 0) {
       check.violations.push({ invariant: "the queue keeps working under pressure", detail: "no job finished while an idle transaction was open" });

@@ -9,7 +9,8 @@ import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "./config.js";
 import type { ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import type { LogLine } from "./process-log.js";
-import type { UnexpectedExit } from "./supervisor.js";
+import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
+import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
 
 export interface Violation {
   invariant: string;
@@ -44,6 +45,8 @@ export interface CheckInput {
   logs: LogLine[];
   faults: FaultRecord[];
   unexpectedExits: UnexpectedExit[];
+  /** When each worker process ended (killed, crashed, stopped): its attempts end there. */
+  processEnds?: ProcessEnd[];
   /** The run's timings, for the hang invariant (a hung handler ends within its progress timeout and a watchdog tick). */
   options?: Pick<ChaosOptions, "progressTimeoutMs" | "watchdogIntervalMs" | "leaseMs">;
 }
@@ -75,7 +78,7 @@ export interface CheckResult {
   staleRefused: { claim: number; heartbeat: number; complete: number; fail: number; release: number; supersede: number; downstream: number };
   /** Writes that came after their attempt had ended, accepted only because no newer attempt had written yet; all overwritten later. */
   lateWritesOverwritten: number;
-  recovery: Record<"kill" | "zombie" | "partition", Recovery>;
+  recovery: Record<"kill" | "zombie" | "partition" | "reset", Recovery>;
   /**
    * Half-open partitions (open connections silent, new ones fine): how long until the worker
    * next got an answer from the database, next to how long the fault lasted. Equal means the
@@ -85,6 +88,15 @@ export interface CheckResult {
   producerDuplicates: number;
   /** Hung handlers (the hang fault), and how long after they stopped making progress their attempts ended. */
   hangs: { n: number; endedAfter: Percentiles };
+  /** Attempts of a job running at once, unsignalled (invariant 9 in docs/chaos.md, overlaps.ts). */
+  overlaps: {
+    avoidable: number;
+    /** By cause: frozen (SIGSTOP over the window), killed (its process had ended: not running in fact). */
+    unavoidable: { frozen: number; killed: number };
+    /** Avoidable ones by the faults on the older attempt's worker around them ("none"). */
+    avoidableAround: Record<string, number>;
+    timeline: OverlapResult["timeline"];
+  };
 }
 
 /** Clocks: worker and database run on one machine; this absorbs statement-start vs commit order. */
@@ -328,6 +340,18 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       add("hung handlers end", `attempt ${h.attempt} hung and ended ${a.outcome} after ${Math.round(took)} ms (bound ${bound} ms)`, h.job);
   }
 
+  // 9. No attempt starts while another attempt of its job runs with its signal not fired,
+  //    unless its worker could not have known (frozen) or was not running it (killed).
+  const split = findOverlaps(input.logs, input.faults, input.processEnds ?? []);
+  const avoidable = split.overlaps.filter((o) => o.cause === "avoidable");
+  for (const o of avoidable.slice(0, MAX_OVERLAPS_LISTED)) add(NO_OVERLAP, describeOverlap(o), o.job);
+  if (avoidable.length > MAX_OVERLAPS_LISTED) add(NO_OVERLAP, `${avoidable.length} avoidable overlaps in all`);
+  const avoidableAround: Record<string, number> = {};
+  for (const o of avoidable) {
+    const kinds = new Set(o.faults.map((f) => f.kind));
+    for (const k of kinds.size ? kinds : ["none"]) avoidableAround[k] = (avoidableAround[k] ?? 0) + 1;
+  }
+
   // 7. Workers survive what they can survive.
   for (const e of input.unexpectedExits) {
     if (e.duringStartup) continue;
@@ -346,11 +370,29 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       kill: recoveryFor(input.faults, "kill", attemptOf),
       zombie: recoveryFor(input.faults, "zombie", attemptOf),
       partition: recoveryFor(input.faults, "partition", attemptOf),
+      reset: recoveryFor(input.faults, "reset", attemptOf),
     },
     producerDuplicates,
     hangs: { n: hangs.length, endedAfter: percentiles(hangTimes) },
     halfOpen: halfOpenLiveness(input.faults, input.logs),
+    overlaps: {
+      avoidable: split.counts.avoidable,
+      unavoidable: { frozen: split.counts.frozen, killed: split.counts.killed },
+      avoidableAround,
+      timeline: split.timeline,
+    },
   };
+}
+
+const NO_OVERLAP = "no attempt starts while another runs unsignalled";
+const MAX_OVERLAPS_LISTED = 100;
+
+function describeOverlap(o: Overlap): string {
+  const r = o.running;
+  const who = `attempt ${o.started.attempt} (${o.started.w}) started ${o.started.t - r.t} ms after attempt ${r.attempt} (${r.w})`;
+  const what = o.order === "stale" ? "a stale start: the newer attempt was running" : "whose signal had not fired";
+  const after = r.until === null ? "it was never seen to stop" : `it stopped ${r.until - o.started.t} ms later by ${r.by}`;
+  return `${who}, ${what}; ${after}; faults on the older attempt's worker meanwhile (from its start): ${o.faults.map((f) => f.text).join(", ") || "none"}`;
 }
 
 function halfOpenLiveness(faults: FaultRecord[], logs: LogLine[]): CheckResult["halfOpen"] {

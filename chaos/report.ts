@@ -28,6 +28,7 @@ export interface ChaosReport {
   producerRetries: number;
   producerDuplicates: number;
   hangs: CheckResult["hangs"];
+  overlaps: CheckResult["overlaps"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
   /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
   nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
@@ -71,6 +72,7 @@ export function buildReport(p: {
     producerRetries: p.producerRetries,
     producerDuplicates: p.check.producerDuplicates,
     hangs: p.check.hangs,
+    overlaps: p.check.overlaps,
     pressure: p.pressure,
     ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
@@ -98,6 +100,15 @@ export function toMarkdown(r: ChaosReport): string {
     `| faults skipped (no free target) | ${r.faultsSkipped} |`,
     `| duplicate executions (at-least-once) | ${r.duplicates.total} (after lease expired ${r.duplicates.afterLeaseExpired}, after worker lost ${r.duplicates.afterWorkerLost}, after a stall or time-out ${r.duplicates.afterLimit}, after release ${r.duplicates.afterRelease}; overlapping in time ${r.duplicates.overlapping}) |`,
     `| stale reports refused: heartbeat / complete / fail / release | ${r.staleRefused.heartbeat} / ${r.staleRefused.complete} / ${r.staleRefused.fail} / ${r.staleRefused.release} |`,
+    `| overlaps (an attempt started while another of its job ran, its signal not fired): avoidable (must be 0) | ${r.overlaps.avoidable}${
+      r.overlaps.avoidable
+        ? ` (faults on the older attempt's worker around them: ${Object.entries(r.overlaps.avoidableAround)
+            .map(([k, n]) => `${k} ${n}`)
+            .join(", ")})`
+        : ""
+    } |`,
+    `| overlaps unavoidable: frozen (SIGSTOP over the window) / killed (its process had ended: not running in fact) | ${r.overlaps.unavoidable.frozen} / ${r.overlaps.unavoidable.killed} |`,
+    `| attempt timelines: handlers started / signals fired / handlers settled | ${r.overlaps.timeline.started} / ${r.overlaps.timeline.aborted} / ${r.overlaps.timeline.settled} |`,
     `| stale downstream writes refused by the fence | ${r.staleRefused.downstream} |`,
     `| late downstream writes accepted before the newer attempt wrote (all overwritten) | ${r.lateWritesOverwritten} |`,
     `| process restarts (supervisor) / failed start-ups | ${r.processRestarts} / ${r.startupFailures} |`,
@@ -109,12 +120,12 @@ export function toMarkdown(r: ChaosReport): string {
       : []),
     `| throughput during idle transaction / otherwise | ${fmtRate(r.pressure.idleTxnThroughputPerS)} / ${fmtRate(r.pressure.otherThroughputPerS)} |`,
     "",
-    "Time from worker death (kill, SIGSTOP, partition) to the job running again, and to its lease being given back " +
+    "Time from worker death (kill, SIGSTOP, partition, connection reset) to the job running again, and to its lease being given back " +
       "(reaped by a watchdog or released by the restarted worker); running again adds retry backoff and any backlog:",
     "",
     "| fault | jobs measured | running again p50 | p99 | max | lease given back p50 | p99 | max | not recovered by a new claim (report landed, or dead) |",
     "|---|---|---|---|---|---|---|---|---|",
-    ...(["kill", "zombie", "partition"] as const).map((k) => {
+    ...(["kill", "zombie", "partition", "reset"] as const).map((k) => {
       const x = r.recoveryMs[k];
       const a = x.toRunningAgain;
       const b = x.toLeaseEnded;

@@ -31,6 +31,13 @@ export interface UnexpectedExit {
 
 const STDERR_TAIL = 2_000;
 
+/** When a process stopped running: its attempts end there, whatever it last logged (the overlap invariant). */
+export interface ProcessEnd {
+  pid: number;
+  /** ms since epoch: when the harness sent SIGKILL, else when the exit was seen. */
+  at: number;
+}
+
 export class Supervised {
   child?: ChildProcess;
   workerId?: string;
@@ -38,7 +45,11 @@ export class Supervised {
   /** SIGSTOPped, partitioned or killed: not chosen for another fault until it is back. */
   busy = false;
   starts = 0;
+  /** Every process of this slot that ended, in order. */
+  readonly ends: ProcessEnd[] = [];
   private expectedExit = false;
+  /** When the harness sent the current process SIGKILL. */
+  private killSentAt?: number;
   private restartDelayMs = 0;
   private stderrTail = "";
   private readyWaiters: (() => void)[] = [];
@@ -56,6 +67,7 @@ export class Supervised {
       stdio: ["ignore", "ignore", "pipe", "ipc"],
     });
     this.child = child;
+    this.killSentAt = undefined;
     this.ready = false;
     this.workerId = undefined;
     this.starts++;
@@ -70,6 +82,7 @@ export class Supervised {
       for (const w of this.readyWaiters.splice(0)) w();
     });
     child.on("exit", (code, signal) => {
+      if (child.pid !== undefined) this.ends.push({ pid: child.pid, at: this.child === child ? (this.killSentAt ?? Date.now()) : Date.now() });
       if (this.child !== child) return;
       this.ready = false;
       if (this.isShuttingDown()) return;
@@ -116,6 +129,8 @@ export class Supervised {
     this.expectedExit = true;
     this.restartDelayMs = restartAfterMs;
     this.busy = true;
+    // SIGKILL cannot be caught: the process runs nothing more of its own from this moment.
+    this.killSentAt = Date.now();
     this.child?.kill("SIGKILL");
   }
 

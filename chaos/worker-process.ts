@@ -1,7 +1,8 @@
 /**
  * One chaos worker: a separate OS process running the library as users do
  * (Leasehold.connect + a Worker), reaching PostgreSQL through the harness's proxy.
- * Every report it sends and every downstream write is logged (process-log.ts).
+ * Every report it sends and every downstream write is logged (process-log.ts), and so is
+ * each attempt's timeline: its handler's start, its signal firing, its settling (withTimeline).
  *
  * Environment: CHAOS_DATABASE_URL, CHAOS_SCHEMA, CHAOS_NAME, CHAOS_LOG, CHAOS_LEASE_MS,
  * CHAOS_HEARTBEAT_MS, CHAOS_PROGRESS_TIMEOUT_MS, CHAOS_CONCURRENCY, CHAOS_NATS_URL (NATS dispatch, through its proxy). Sends {type: "ready", workerId} over
@@ -11,7 +12,7 @@
 import pino from "pino";
 import { Leasehold, Worker } from "../src/index.js";
 import { DatabaseTransport, isConnectionError } from "../src/worker/transport.js";
-import { ProcessLog } from "./process-log.js";
+import { ProcessLog, withTimeline } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
 import { QUEUE, TASK, chaosHandler, type HandlerFaults } from "./workload.js";
@@ -48,7 +49,11 @@ const worker = new Worker({
   backoff: CHAOS_BACKOFF,
   handlers: {
     [TASK]: {
-      handler: chaosHandler(lh.pool, log, () => workerId, faults, `"${lh.schema}".${TX_EFFECTS_TABLE}`),
+      handler: withTimeline(
+        chaosHandler(lh.pool, log, () => workerId, faults, `"${lh.schema}".${TX_EFFECTS_TABLE}`),
+        log,
+        () => workerId,
+      ),
       progressTimeoutMs: Number(env("CHAOS_PROGRESS_TIMEOUT_MS")),
     },
   },

@@ -86,8 +86,8 @@ export function chaosHandler(
   effectsTable?: string,
 ) {
   return async (p: ChaosPayload, ctx: JobContext): Promise<void> => {
+    // Its start, abort and settling are logged by the wrapper (withTimeline, process-log.ts).
     const w = workerId();
-    log.write({ ev: "start", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
     if (faults.hangNext > 0) {
       faults.hangNext--;
       log.write({ ev: "hang", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });

@@ -10,6 +10,9 @@ import { fencedWrite } from "../src/index.js";
 import { DOWNSTREAM_SQL } from "../chaos/downstream.js";
 import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "../chaos/config.js";
 import { checkInvariants } from "../chaos/invariants.js";
+import type { FaultRecord } from "../chaos/faults.js";
+import { WAKE_MS } from "../chaos/overlaps.js";
+import type { ProcessEnd } from "../chaos/supervisor.js";
 import type { LogLine } from "../chaos/process-log.js";
 import { freshLeasehold } from "./helpers/db.js";
 
@@ -100,8 +103,11 @@ test("the checker explains a duplicate execution by the reaped lease before it, 
   await store.reapExpiredLeases(lh.pool, { limit: 10, backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } });
   const [second] = await claim("w2");
   await store.completeJobs(lh.pool, { workerId: "w2", jobs: [{ id, attempt: second!.attempt }] });
+  // Attempt 1's handler ignores its signal and runs on past attempt 2's start: a duplicate
+  // overlapping in time, but signalled first, so not a split execution.
   const logs: LogLine[] = [
     { ev: "start", t: Date.now() - 100, w: "w1", job: id, attempt: first!.attempt },
+    { ev: "abort", t: Date.now() - 60, w: "w1", job: id, attempt: first!.attempt, reason: "lease_expired" },
     { ev: "start", t: Date.now() - 50, w: "w2", job: id, attempt: second!.attempt },
     { ev: "end", t: Date.now(), w: "w1", job: id, attempt: first!.attempt, outcome: "stale" },
   ];
@@ -136,5 +142,124 @@ test("the checker reports transactional writes that are missing, doubled or left
   const tx = r.violations.filter((v) => v.invariant === "transactional writes exactly once");
   assert.deepEqual(tx.map((v) => v.job).sort(), [missing, doubled, dead].sort(), JSON.stringify(tx));
   assert.equal(r.transactional, 4);
+  await lh.dispose();
+});
+
+/**
+ * The overlap invariant, on crafted timelines over a real history: job J's attempt 1 ran on
+ * w1 (pid 101) and was reaped; attempt 2 ran on w2 (pid 102) and succeeded. Only the
+ * timeline, the faults and the process ends differ between the cases.
+ */
+async function twoAttempts() {
+  const lh = await freshLeasehold();
+  await lh.pool.query(DOWNSTREAM_SQL);
+  const { id } = await lh.enqueue("chaos", { seq: 0 });
+  const claim = (w: string) => store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: w, leaseMs: LEASE, tasks: ["chaos"] });
+  await claim("w1");
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms'");
+  await store.reapExpiredLeases(lh.pool, { limit: 10, backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } });
+  await claim("w2");
+  await store.completeJobs(lh.pool, { workerId: "w2", jobs: [{ id, attempt: 2 }] });
+  const T = Date.now();
+  const at = (w: "w1" | "w2", attempt: number) => ({ w, job: id, attempt });
+  const base: LogLine[] = [
+    { ev: "hello", t: T - 5_000, w: "w1", pid: 101 },
+    { ev: "hello", t: T - 5_000, w: "w2", pid: 102 },
+  ];
+  const check = (logs: LogLine[], faults: FaultRecord[] = [], processEnds: ProcessEnd[] = []) =>
+    checkInvariants({ admin: lh.pool, jobs: 1, logs: [...base, ...logs], faults, unexpectedExits: [], processEnds });
+  return { lh, id, T, at, check };
+}
+
+const OVERLAP = "no attempt starts while another runs unsignalled";
+
+test("overlap avoided: the older attempt's signal fired before the newer one started (its handler ran on, ignoring it)", async () => {
+  const { lh, T, at, check } = await twoAttempts();
+  const r = await check([
+    { ev: "start", t: T, ...at("w1", 1) },
+    { ev: "abort", t: T + 900, ...at("w1", 1), reason: "lease_expired" },
+    { ev: "start", t: T + 1_000, ...at("w2", 2) },
+    { ev: "settled", t: T + 1_200, ...at("w2", 2), ok: true },
+    { ev: "settled", t: T + 1_500, ...at("w1", 1), ok: true },
+  ]);
+  assert.deepEqual(r.violations, []);
+  assert.deepEqual(r.overlaps.unavoidable, { frozen: 0, killed: 0 });
+  assert.equal(r.overlaps.avoidable, 0);
+  assert.deepEqual(r.overlaps.timeline, { started: 2, aborted: 1, settled: 2 });
+  await lh.dispose();
+});
+
+test("an avoidable overlap breaks the run: the newer attempt started while the older one ran unsignalled", async () => {
+  const { lh, id, T, at, check } = await twoAttempts();
+  const timeline: LogLine[] = [
+    { ev: "start", t: T, ...at("w1", 1) },
+    { ev: "start", t: T + 1_000, ...at("w2", 2) },
+    { ev: "abort", t: T + 1_500, ...at("w1", 1), reason: "renewal_failed" },
+  ];
+  // A connection reset on w1 (not a freeze): the worker was running and could have aborted.
+  const reset: FaultRecord = { kind: "reset", target: "w1", pid: 101, at: T + 100, durationMs: 3_000, endedAt: T + 3_100, held: [] };
+  const r = await check(timeline, [reset]);
+  assert.equal(r.overlaps.avoidable, 1);
+  assert.deepEqual(r.overlaps.avoidableAround, { reset: 1 });
+  assert.deepEqual(
+    r.violations.map((v) => [v.invariant, v.job]),
+    [[OVERLAP, id]],
+  );
+  assert.match(
+    r.violations[0]!.detail,
+    /attempt 2 \(w2\) started 1000 ms after attempt 1 \(w1\).*stopped 500 ms later by signal \(renewal_failed\).*reset at \+100 ms/,
+  );
+  // An older attempt starting while a newer one runs (a stale start) is avoidable too.
+  const stale = await check([
+    { ev: "start", t: T, ...at("w2", 2) },
+    { ev: "start", t: T + 300, ...at("w1", 1) },
+  ]);
+  assert.equal(stale.overlaps.avoidable, 1);
+  assert.match(
+    stale.violations.find((v) => v.invariant === OVERLAP)?.detail ?? "",
+    /attempt 1 \(w1\) started 300 ms after attempt 2 \(w2\), a stale start/,
+  );
+  await lh.dispose();
+});
+
+test("an overlap while the older attempt's process was frozen (SIGSTOP) is unavoidable, if it reacted on waking", async () => {
+  const { lh, T, at, check } = await twoAttempts();
+  const zombie: FaultRecord = { kind: "zombie", target: "w1", pid: 101, at: T + 200, durationMs: 1_250, endedAt: T + 1_450, held: [] };
+  const abortAt = (t: number): LogLine[] => [
+    { ev: "start", t: T, ...at("w1", 1) },
+    { ev: "start", t: T + 1_000, ...at("w2", 2) },
+    { ev: "abort", t, ...at("w1", 1), reason: "renewal_failed" },
+  ];
+  const r = await check(abortAt(T + 1_450 + WAKE_MS), [zombie]);
+  assert.deepEqual(r.violations, []);
+  assert.deepEqual(r.overlaps.unavoidable, { frozen: 1, killed: 0 });
+  assert.equal(r.overlaps.avoidable, 0);
+  // Awake for longer than WAKE_MS before firing the signal: it could have aborted sooner.
+  const slow = await check(abortAt(T + 1_450 + WAKE_MS + 1), [zombie]);
+  assert.equal(slow.overlaps.avoidable, 1);
+  assert.equal(slow.overlaps.unavoidable.frozen, 0);
+  // The freeze of another process explains nothing.
+  const other = await check(abortAt(T + 1_450), [{ ...zombie, pid: 102 }]);
+  assert.equal(other.overlaps.avoidable, 1);
+  await lh.dispose();
+});
+
+test("a killed process's attempt ends at its death, whatever it last logged", async () => {
+  const { lh, T, at, check } = await twoAttempts();
+  // Attempt 1 never logged a signal or a settle: its process was killed.
+  const timeline: LogLine[] = [
+    { ev: "start", t: T, ...at("w1", 1) },
+    { ev: "start", t: T + 1_000, ...at("w2", 2) },
+  ];
+  const r = await check(timeline, [], [{ pid: 101, at: T + 800 }]);
+  assert.deepEqual(r.violations, []);
+  assert.deepEqual(r.overlaps.unavoidable, { frozen: 0, killed: 1 });
+  // Killed only after attempt 2 started: both ran at once.
+  const late = await check(timeline, [], [{ pid: 101, at: T + 1_200 }]);
+  assert.equal(late.overlaps.avoidable, 1);
+  assert.match(late.violations.find((v) => v.invariant === OVERLAP)?.detail ?? "", /stopped 200 ms later by process ended/);
+  // An end before the process said hello belongs to an earlier process with the same pid.
+  const earlier = await check(timeline, [], [{ pid: 101, at: T - 6_000 }]);
+  assert.equal(earlier.overlaps.avoidable, 1);
   await lh.dispose();
 });

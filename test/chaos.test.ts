@@ -10,7 +10,7 @@ import { optionsFor, faultKindsFor } from "../chaos/config.js";
 import { runChaos } from "../chaos/harness.js";
 import { REPO_ROOT } from "../chaos/supervisor.js";
 
-test("under kills, zombies, partitions, restarts and storms no job is lost and no stale report lands", async (t) => {
+test("under kills, zombies, partitions, connection resets, restarts and storms no job is lost, no stale report lands and no attempt starts while another runs unsignalled", async (t) => {
   const options = optionsFor({
     outDir: path.join(REPO_ROOT, "chaos", "results"),
     jobs: 2_000,
@@ -27,7 +27,7 @@ test("under kills, zombies, partitions, restarts and storms no job is lost and n
   assert.deepEqual(report.violations, [], `invariants broke; see ${files.markdown}`);
   assert.equal((report.finished.succeeded ?? 0) + (report.finished.dead ?? 0), options.jobs);
   for (const kind of faultKindsFor(options.dispatch)) assert.ok(report.faults[kind]! >= 1, `fault ${kind} was never injected`);
-  for (const kind of ["kill", "zombie", "partition"] as const) {
+  for (const kind of ["kill", "zombie", "partition", "reset"] as const) {
     assert.ok(report.faults[kind]! >= 2, `fault ${kind} injected only ${report.faults[kind]} times`);
   }
   // The faults must have bitten: leases were lost and recovered, and zombies were refused.
@@ -36,4 +36,7 @@ test("under kills, zombies, partitions, restarts and storms no job is lost and n
   assert.ok(report.duplicates.total > 0, "no duplicate execution: no lease was ever taken away from a live handler");
   const refused = report.staleRefused.heartbeat + report.staleRefused.complete + report.staleRefused.fail;
   assert.ok(refused > 0, "no stale report was refused: the zombies never came back to report");
+  // The overlap invariant had timelines to read: handlers started, signals fired, handlers settled.
+  const { timeline } = report.overlaps;
+  assert.ok(timeline.started > 0 && timeline.aborted > 0 && timeline.settled > 0, `attempt timelines missing: ${JSON.stringify(timeline)}`);
 });
