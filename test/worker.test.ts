@@ -467,3 +467,45 @@ test("a beat renews only the newest attempt a worker holds of a job: an older on
   assert.equal(older.renewedAt, 0, "the older attempt has no lease to renew");
   assert.deepEqual(lost, []);
 });
+
+test("a buffered job given back after waiting too long is never started from the buffer afterwards", async (t) => {
+  const lh = await freshLeasehold(t);
+  // Quick jobs first, so the worker claims ahead; the victim is claimed into the buffer behind
+  // the slow job, waits there past its share of the lease (a quarter of 4 s), and is released.
+  await lh.enqueueMany(Array.from({ length: 300 }, () => ({ task: "quick", priority: 0 })));
+  const victim = await lh.enqueue("victim", {}, { priority: 2 });
+  await lh.enqueue("slow", {}, { priority: 1 });
+  const starts: number[] = [];
+  const worker: Worker = lh.worker({
+    concurrency: 1,
+    leaseMs: 4_000,
+    heartbeatMs: 1_000,
+    watchdog: false,
+    handlers: {
+      quick: () => undefined,
+      victim: (_p: unknown, ctx: JobContext) => void starts.push(ctx.attempt),
+      slow: async () => {
+        await eventually(
+          async () => (await lh.pool.query("SELECT 1 FROM jobs WHERE id = $1 AND locked_by = $2", [victim.id, worker.id])).rowCount === 1,
+          "the victim claimed behind the slow job",
+        );
+        const claimedAttempt = (await lh.getJob(victim.id)).job.attempt;
+        await eventually(
+          async () => (await lh.getJob(victim.id)).attempts.some((a) => a.attempt === claimedAttempt && a.outcome === "released"),
+          "the victim released from the buffer",
+        );
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await eventually(async () => (await lh.getJob(victim.id)).job.state === "succeeded", "the victim ran", 20_000);
+  const { attempts } = await lh.getJob(victim.id);
+  const released = attempts.filter((a) => a.outcome === "released").map((a) => a.attempt);
+  assert.ok(released.length > 0);
+  assert.deepEqual(
+    starts.filter((n) => released.includes(n)),
+    [],
+    `released attempt(s) ${released} started from the buffer`,
+  );
+});

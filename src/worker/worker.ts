@@ -343,7 +343,7 @@ export class Worker extends EventEmitter {
     let now = performance.now();
     while (this.running < this.settings.concurrency && this.head < this.buffer.length && this.state === "started") {
       const entry = this.buffer[this.head++]!;
-      if (entry.phase !== "buffered" || entry.lostReason) continue;
+      if (!this.waiting(entry)) continue;
       // Handlers may have started since `now` was read; a stale `now` only errs toward vouching
       // less, so read the clock again only when the answer would be no.
       if (!canVouchFor(entry, this.settings.heartbeatMs, now) && !canVouchFor(entry, this.settings.heartbeatMs, (now = performance.now()))) {
@@ -423,9 +423,17 @@ export class Worker extends EventEmitter {
     }
   }
 
+  /**
+   * Whether a buffered entry may still start: not dropped, and still held (not given back by
+   * a release: one that waited too long, or was cancelled, stays in the buffer array).
+   */
+  private waiting(e: InFlight): boolean {
+    return e.phase === "buffered" && !e.lostReason && this.newestAttempt.get(e.job.id) === e;
+  }
+
   /** Takes every job still buffered (not started), in order. */
   private takeBuffered(): InFlight[] {
-    const rest = this.buffer.slice(this.head).filter((e) => e.phase === "buffered" && !e.lostReason);
+    const rest = this.buffer.slice(this.head).filter((e) => this.waiting(e));
     this.buffer = [];
     this.head = 0;
     return rest;
@@ -436,7 +444,7 @@ export class Worker extends EventEmitter {
     const now = performance.now();
     const stale = this.buffer.slice(this.head).filter((e) => {
       const maxAge = Math.min(BUFFER_MAX_AGE_MS, e.job.leaseMs * BUFFER_MAX_LEASE_SHARE);
-      return e.phase === "buffered" && !e.lostReason && now - e.claimedAt > maxAge;
+      return this.waiting(e) && now - e.claimedAt > maxAge;
     });
     if (stale.length > 0) void this.release(stale, "buffered too long");
   }
