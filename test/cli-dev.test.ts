@@ -99,6 +99,7 @@ test(
         /^leasehold: embedded PostgreSQL: .*cannot reach .*state\/pgdata because .* is closed to other users; choose a data directory/,
       );
       assert.doesNotMatch(refused.stderr, /^\s+at /m, "no stack trace");
+      assert.doesNotMatch(lastLine, /relocateIfUnreachable/, "no library option in the CLI's advice");
       assert.equal(fs.existsSync(path.join(dir, "state")), false, "nothing left behind");
 
       const moved = await runCli(["stats", "--json"], opts);

@@ -89,6 +89,7 @@ export class Cli {
       embedded: {
         dataDir: path.join(this.dataDir, "pgdata"),
         relocateIfUnreachable: this.dataDirIsDefault,
+        unreachableHint: "",
         ownProcessGroup: options.graceful ?? false,
         onRelocate: (to, from) => {
           this.embeddedDataDir = to;

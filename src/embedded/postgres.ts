@@ -23,7 +23,7 @@ import os from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { EmbeddedPostgresError } from "../errors.js";
-import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
+import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, relocatedDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
 import { findBinaries, type BinarySet } from "./binaries.js";
 import {
   LEGACY_PASSWORD,
@@ -51,9 +51,12 @@ export interface EmbeddedPostgresOptions {
   /**
    * As root, when the `postgres` user cannot reach `dataDir` (a parent is closed to other
    * users), keep the cluster in /var/lib/leasehold/data-<hash of dataDir> instead of
-   * refusing. Default false; the CLI sets it only for its default data directory.
+   * refusing. Default: true for the default data directory (no `dataDir` given), false for
+   * one you chose. The CLI sets it only for its default data directory.
    */
   relocateIfUnreachable?: boolean;
+  /** What the refusal of an unreachable `dataDir` tells to do instead; default: names `relocateIfUnreachable`. */
+  unreachableHint?: string;
   /** Told when the cluster is relocated; default: one line on stderr. */
   onRelocate?: (dataDir: string, requested: string) => void;
   /**
@@ -81,6 +84,7 @@ export class EmbeddedPostgres {
   private readonly onLog?: (line: string) => void;
   private readonly onRelocate?: (dataDir: string, requested: string) => void;
   private readonly ownProcessGroup: boolean;
+  private readonly unreachableHint: string;
   /** The server's last lines, for saying why a start failed. */
   private recentLog: string[] = [];
   binaries?: BinarySet;
@@ -92,7 +96,9 @@ export class EmbeddedPostgres {
     this.settings = options.settings ?? {};
     this.onLog = options.onLog;
     this.ownProcessGroup = options.ownProcessGroup ?? false;
-    if (options.relocateIfUnreachable) {
+    this.unreachableHint =
+      options.unreachableHint ?? `, or pass relocateIfUnreachable: true to keep the cluster in ${relocatedDataDir(this.requestedDataDir)}`;
+    if (options.relocateIfUnreachable ?? options.dataDir === undefined) {
       this.onRelocate = options.onRelocate ?? ((to, from) => process.stderr.write(relocationNotice(to, from) + "\n"));
     }
   }
@@ -116,7 +122,7 @@ export class EmbeddedPostgres {
   async start(): Promise<string> {
     const runAs = ensureRunAsUser();
     this.binaries = await findBinaries(runAs);
-    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate);
+    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate, this.unreachableHint);
     this.currentDataDir = placed.dataDir;
     try {
       const candidates = this.passwordCandidates(runAs);
