@@ -126,9 +126,12 @@ function makeDataDir(dataDir: string): string[] {
       // The server user passes through them; a umask of 077 would have closed them.
       for (const d of created) fs.chmodSync(d, 0o755);
     }
-    if (!fs.existsSync(dataDir)) {
+    try {
       fs.mkdirSync(dataDir, { mode: 0o700 });
       created.push(dataDir);
+    } catch (err) {
+      // Already there (maybe made this instant by another process starting on it): not ours to remove.
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
     }
     return created;
   } catch (err) {
