@@ -36,7 +36,9 @@ export interface LeaseholdOptions {
   schema?: string;
   /**
    * With no database URL, start a local PostgreSQL for development (`true`, or its options);
-   * `close()` stops it. Never implied: without a URL and without this, `connect()` fails.
+   * `close()` stops it. If another process (`leasehold dev`, `serve`, another app) already
+   * runs it on the same data directory, that server is used and left running. Never implied:
+   * without a URL and without this, `connect()` fails.
    */
   embedded?: boolean | EmbeddedPostgresOptions;
   /** Apply pending migrations on connect; default true. */
@@ -109,7 +111,12 @@ export class Leasehold {
       const { EmbeddedPostgres } = await import("./embedded/postgres.js");
       embedded = new EmbeddedPostgres(options.embedded === true ? {} : options.embedded);
       url = await embedded.start();
-      logger.info({ dataDir: embedded.dataDir, port: new URL(url).port }, "started embedded PostgreSQL");
+      const { owner } = embedded;
+      if (owner) {
+        logger.info({ dataDir: embedded.dataDir, port: new URL(url).port, owner }, "using the embedded PostgreSQL another process runs");
+      } else {
+        logger.info({ dataDir: embedded.dataDir, port: new URL(url).port }, "started embedded PostgreSQL");
+      }
     } else {
       throw new ConfigError(
         "Leasehold.connect needs a database: pass databaseUrl or set DATABASE_URL " +

@@ -9,23 +9,51 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { eventually } from "./helpers/db.js";
-import { runCli, startCli } from "./helpers/cli.js";
+import { CLI, runCli, startCli, type CliResult } from "./helpers/cli.js";
+import { collect } from "./helpers/cli.js";
+import { spawn } from "node:child_process";
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
 import { relocatedDataDir } from "../src/embedded/postgres.js";
 
 // Nothing points at the test database: dev and the commands must find their own.
 const NO_DATABASE = { DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined, LEASEHOLD_DATA_DIR: undefined, LEASEHOLD_TOKEN: undefined };
 
+/**
+ * An app in `cwd` that connects with `embedded: true` (the built library), enqueues a job of
+ * `task` and closes; `owner` is the process whose server it used, from its log (none: it
+ * started the server itself).
+ */
+async function libraryEmbedded(cwd: string, task: string, payload: unknown): Promise<CliResult & { owner?: { pid: number; command: string } }> {
+  const index = path.resolve(path.dirname(CLI), "..", "index.js");
+  const script = `
+    const { Leasehold } = await import(${JSON.stringify(index)});
+    const { default: pino } = await import(${JSON.stringify(pathToFileURL(createRequire(import.meta.url).resolve("pino")).href)});
+    const lh = await Leasehold.connect({ embedded: true, logger: pino({ level: "info" }, pino.destination({ fd: 1, sync: true })) });
+    await lh.enqueue(${JSON.stringify(task)}, ${JSON.stringify(payload)});
+    await lh.close();`;
+  const env: NodeJS.ProcessEnv = { ...process.env, DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined };
+  const child = spawn(process.execPath, ["--input-type=module", "-e", script], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
+  const result = await collect(child, 120_000);
+  const lines = result.stdout
+    .split("\n")
+    .filter(Boolean)
+    .map((l) => JSON.parse(l) as { msg: string; owner?: { pid: number; command: string } });
+  return { ...result, owner: lines.find((l) => l.msg === "using the embedded PostgreSQL another process runs")?.owner };
+}
+
 test("leasehold dev runs the examples on the embedded database; other commands reach it; Ctrl-C stops it cleanly", { timeout: 180_000 }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-dev-"));
   fs.chmodSync(dir, 0o755); // as root, the embedded server runs as `postgres` and must enter it
   const opts = { schema: "unused", env: NO_DATABASE, cwd: dir };
+  let running: Awaited<ReturnType<typeof startCli>> | undefined;
   try {
-    const dev = await startCli(["dev", "--port", "0"], {
+    const dev = (running = await startCli(["dev", "--port", "0"], {
       ...opts,
       ready: /✔ job \d+ example\.progress succeeded/,
       timeoutMs: 120_000,
       asTerminal: true,
-    });
+    }));
     const out = dev.output();
     assert.match(out, /Leasehold dev is running/);
     assert.match(out, /enqueued 3 example jobs so you can watch them run/);
@@ -42,6 +70,14 @@ test("leasehold dev runs the examples on the embedded database; other commands r
     assert.equal(listed.code, 0, listed.stderr);
     const tasks = (JSON.parse(listed.stdout) as { task: string }[]).map((j) => j.task).sort();
     assert.deepEqual(tasks, ["example.flaky", "example.long", "example.progress"]);
+
+    // An app on the same data directory uses dev's database (it has no dev.json rule) and leaves it running.
+    const app = await libraryEmbedded(dir, "example.progress", { steps: 1 });
+    assert.equal(app.code, 0, app.stderr);
+    const devStats = await fetch(`${apiUrl}/v1/stats`, { headers: { authorization: `Bearer ${state.token}` } });
+    assert.equal(devStats.status, 200, "dev still has its database after the app closed");
+    assert.equal(app.owner?.pid, dev.child.pid, "the app used dev's server");
+    assert.match(app.owner!.command, / dev --port 0$/);
 
     const enq = await runCli(["enqueue", "example.progress", "--payload", '{"steps":1}', "--json"], opts);
     assert.equal(enq.code, 0, enq.stderr);
@@ -79,6 +115,7 @@ test("leasehold dev runs the examples on the embedded database; other commands r
     assert.equal(after.code, 0, after.stderr);
     assert.equal((JSON.parse(after.stdout) as { job: { state: string } }).job.state, "succeeded");
   } finally {
+    await running?.stop(); // after a failure: not left running
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
@@ -99,6 +136,7 @@ test(
         /^leasehold: embedded PostgreSQL: .*cannot reach .*state\/pgdata because .* is closed to other users; choose a data directory/,
       );
       assert.doesNotMatch(refused.stderr, /^\s+at /m, "no stack trace");
+      assert.doesNotMatch(lastLine, /relocateIfUnreachable/, "no library option in the CLI's advice");
       assert.equal(fs.existsSync(path.join(dir, "state")), false, "nothing left behind");
 
       const moved = await runCli(["stats", "--json"], opts);
@@ -112,3 +150,69 @@ test(
     }
   },
 );
+
+test(
+  "serve on the embedded database: jobs list and an app on the same folder use its server and leave it running; after serve is killed (-9), the next command takes over",
+  { timeout: 180_000 },
+  async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-serve-"));
+    // As root the folder stays private (0700): the library must move the cluster out as the CLI does.
+    if (process.getuid?.() !== 0) fs.chmodSync(dir, 0o755);
+    const pgdata = path.join(dir, ".leasehold", "pgdata");
+    const dataDir = process.getuid?.() === 0 ? relocatedDataDir(pgdata) : pgdata;
+    const token = "serve-token-0123456789";
+    const opts = { schema: "unused", env: { ...NO_DATABASE, LEASEHOLD_TOKEN: token }, cwd: dir };
+    const stats = (url: string) => fetch(`${url}/v1/stats`, { headers: { authorization: `Bearer ${token}` } });
+    let running: Awaited<ReturnType<typeof startCli>> | undefined;
+    try {
+      const serve = (running = await startCli(["serve", "--port", "0"], {
+        ...opts,
+        ready: /listening on (http:\/\/127\.0\.0\.1:\d+)/,
+        timeoutMs: 120_000,
+      }));
+      const apiUrl = serve.match[1]!;
+      const owner = JSON.parse(fs.readFileSync(`${dataDir}.owner`, "utf8")) as { pid: number; postmasterPid: number };
+      assert.equal(owner.pid, serve.child.pid, "serve holds the data directory");
+
+      const listed = await runCli(["jobs", "list", "--json"], opts);
+      assert.equal(listed.code, 0, listed.stderr);
+      assert.equal((await stats(apiUrl)).status, 200, "serve still has its database after jobs list");
+
+      const app = await libraryEmbedded(dir, "app.task", { n: 1 });
+      assert.equal(app.code, 0, app.stderr);
+      const after = await stats(apiUrl);
+      assert.equal(after.status, 200, "serve still has its database after the app closed");
+      assert.match(await after.text(), /"state":"waiting","count":1/, "and sees the app's job");
+      assert.equal(app.owner?.pid, serve.child.pid, "the app used serve's server");
+
+      // serve dies without cleaning up; its server lives on, an orphan the next command takes over.
+      serve.child.kill("SIGKILL");
+      await serve.stop();
+      assert.ok(isAlive(owner.postmasterPid), "the orphaned server still runs");
+      const recovered = await runCli(["jobs", "list", "--json"], opts);
+      assert.equal(recovered.code, 0, recovered.stderr);
+      assert.deepEqual(
+        (JSON.parse(recovered.stdout) as { task: string }[]).map((j) => j.task),
+        ["app.task"],
+      );
+      assert.equal(isAlive(owner.postmasterPid), false, "the orphan was stopped");
+      assert.equal(fs.existsSync(`${dataDir}.owner`), false, "and the command gave the directory up when done");
+    } finally {
+      await running?.stop(); // after a failure: not left running
+      fs.rmSync(dir, { recursive: true, force: true });
+      if (dataDir !== pgdata) {
+        fs.rmSync(dataDir, { recursive: true, force: true });
+        for (const f of [".log", ".owner"]) fs.rmSync(dataDir + f, { force: true });
+      }
+    }
+  },
+);
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}

@@ -30,6 +30,8 @@ async function query(url: string, sql: string): Promise<pg.QueryResult> {
   }
 }
 
+const PASSWORD_FILE = "leasehold.password";
+
 const alive = (pid: number) => {
   try {
     process.kill(pid, 0);
@@ -56,32 +58,82 @@ test("after the server is killed (-9), its stale pid file does not stop the next
   assert.deepEqual((await query(url2, "SELECT v FROM kept")).rows, [{ v: 42 }]);
 });
 
-test("a server orphaned by a parent killed with -9 is stopped and replaced by the next start", async (t) => {
+test("another live process's server is used, never stopped, and refused with its name when we cannot log in; once that process is killed (-9), the next start takes over", async (t) => {
   const servers: EmbeddedPostgres[] = [];
   const dataDir = tempDataDir(t, servers);
-  // A parent process starts the server, reports its pid, and is then killed without cleanup.
+  // The owner: a process that starts the server, reports its port and pid, and then only lives on.
   const script = `
     import { EmbeddedPostgres } from ${JSON.stringify(path.resolve("src/embedded/postgres.ts"))};
     const ep = new EmbeddedPostgres({ dataDir: ${JSON.stringify(dataDir)} });
-    await ep.start();
-    console.log(ep.pid);
+    const url = await ep.start();
+    console.log(JSON.stringify({ port: new URL(url).port, pid: ep.pid }));
     setInterval(() => {}, 1e6);`;
   const parent = spawn(process.execPath, ["--import", "tsx", "--input-type=module", "-e", script], { stdio: ["ignore", "pipe", "inherit"] });
-  const orphanPid = Number(await new Promise<string>((resolve) => parent.stdout.once("data", (b: Buffer) => resolve(b.toString()))));
+  t.after(() => void parent.kill("SIGKILL"));
+  const started = JSON.parse(await new Promise<string>((resolve) => parent.stdout.once("data", (b: Buffer) => resolve(b.toString())))) as {
+    port: string;
+    pid: number;
+  };
+  const serverPid = started.pid;
+
+  // A second process on the same directory: a client of that server.
+  const second = new EmbeddedPostgres({ dataDir });
+  servers.push(second);
+  const url = await second.start();
+  assert.equal(new URL(url).port, started.port, "the owner's server");
+  assert.equal(second.owner?.pid, parent.pid);
+  assert.match(second.owner!.command, /^node .*--input-type=module/);
+  assert.equal(second.pid, undefined, "it started no server");
+  await query(url, "CREATE TABLE kept (v int); INSERT INTO kept VALUES (42)");
+  await second.stop();
+  assert.ok(alive(serverPid), "stop() leaves a server it did not start running");
+  assert.deepEqual((await query(url, "SELECT v FROM kept")).rows, [{ v: 42 }], "and it still answers");
+
+  // Cannot log in (a replaced password file): refused in one line that names the owner, the server untouched.
+  const file = path.join(dataDir, PASSWORD_FILE);
+  const password = fs.readFileSync(file, "utf8");
+  fs.writeFileSync(file, "not-the-password\n", { mode: 0o600 });
+  const refused = await new EmbeddedPostgres({ dataDir }).start().then(
+    () => undefined,
+    (e: Error) => e,
+  );
+  fs.writeFileSync(file, password, { mode: 0o600 });
+  assert.ok(refused, "refused");
+  assert.ok(refused.message.includes(`in use by process ${parent.pid} (node `), refused.message);
+  assert.match(refused.message, /refuses the password in .*leasehold\.password; stop that process/);
+  assert.ok(!refused.message.includes("\n") && !refused.message.includes(password.trim()), refused.message);
+  assert.ok(alive(serverPid), "the refused start left the server alone");
+
+  // The owner is killed without cleanup: its server is an orphan, which the next start stops and replaces.
   parent.kill("SIGKILL");
   await new Promise((r) => parent.once("exit", r));
-  assert.ok(alive(orphanPid), "the server outlives its killed parent");
-
+  assert.ok(alive(serverPid), "the server outlives its killed owner");
   const next = new EmbeddedPostgres({ dataDir });
   servers.push(next);
-  const url = await next.start();
-  assert.deepEqual((await query(url, "SELECT 1 AS ok")).rows, [{ ok: 1 }]);
-  assert.equal(alive(orphanPid), false, "the orphan was stopped");
+  const url2 = await next.start();
+  assert.equal(next.owner, undefined, "it owns the server it started");
+  assert.deepEqual((await query(url2, "SELECT v FROM kept")).rows, [{ v: 42 }]);
+  assert.equal(alive(serverPid), false, "the orphan was stopped");
+});
+
+test("two starts at once on a fresh directory: one runs initdb and the server, the other uses it", async (t) => {
+  const servers: EmbeddedPostgres[] = [];
+  const dataDir = tempDataDir(t, servers);
+  const [a, b] = [new EmbeddedPostgres({ dataDir }), new EmbeddedPostgres({ dataDir })];
+  servers.push(a, b);
+  const [urlA, urlB] = await Promise.all([a.start(), b.start()]);
+  assert.equal(urlA, urlB);
+  assert.equal([a.pid, b.pid].filter((pid) => pid !== undefined).length, 1, "one server");
+  const [owner, client] = a.pid === undefined ? [b, a] : [a, b];
+  assert.equal(client.owner?.pid, process.pid);
+  await client.stop();
+  assert.deepEqual((await query(urlA, "SELECT 1 AS ok")).rows, [{ ok: 1 }], "the client's stop() left it running");
+  await owner.stop();
+  assert.equal(fs.existsSync(`${dataDir}.owner`), false, "the owner gave the directory up");
 });
 
 // --- Who can get in: a random password per data directory, no Unix socket. ---
 
-const PASSWORD_FILE = "leasehold.password";
 const isRoot = process.getuid?.() === 0;
 const needsRoot = isRoot ? false : "needs root (to act as other users)";
 
@@ -306,7 +358,7 @@ test("as root, a data directory under a private (0700) folder: refused without r
   assert.ok(err, "refused");
   assert.ok(!err.message.includes("\n"), err.message);
   assert.ok(err.message.includes(`${folder} is closed to other users`), err.message);
-  assert.match(err.message, /choose a data directory/);
+  assert.match(err.message, /choose a data directory .*, or pass relocateIfUnreachable: true to keep the cluster in \/var\/lib\/leasehold\/data-/);
   assert.deepEqual(fs.readdirSync(folder), ["secret.txt"], "nothing created in the folder");
   assert.equal(fs.statSync(folder).uid, 0);
   assert.equal(fs.statSync(folder).mode & 0o777, 0o700);

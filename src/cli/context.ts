@@ -4,7 +4,8 @@
  *
  *   1. --database-url, else DATABASE_URL;
  *   2. else the database of a `leasehold dev` running on the same data dir (its dev.json);
- *   3. else the embedded PostgreSQL in <data dir>/pgdata, started for this command.
+ *   3. else the embedded PostgreSQL in <data dir>/pgdata: the server another process (`serve`,
+ *      `worker`, an app) runs there, else one started for this command.
  */
 import path from "node:path";
 import pino, { type Logger } from "pino";
@@ -79,7 +80,7 @@ export class Cli {
         schema ??= dev.schema;
       } else if (!options.quiet) {
         this.note(
-          `No database given and no \`leasehold dev\` running: starting the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} for this command.`,
+          `No database given and no \`leasehold dev\` running: using the embedded PostgreSQL in ${path.join(this.dataDir, "pgdata")} (started for this command unless another process runs it).`,
         );
       }
     }
@@ -89,6 +90,7 @@ export class Cli {
       embedded: {
         dataDir: path.join(this.dataDir, "pgdata"),
         relocateIfUnreachable: this.dataDirIsDefault,
+        unreachableHint: "",
         ownProcessGroup: options.graceful ?? false,
         onRelocate: (to, from) => {
           this.embeddedDataDir = to;

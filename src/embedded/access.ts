@@ -76,7 +76,13 @@ export interface PlacedDataDir {
  * requested place out of the server user's reach is refused, or (with `onRelocate`) swapped
  * for one under SHARED_ROOT.
  */
-export function placeDataDir(requested: string, runAs: RunAs, onRelocate?: (to: string, from: string) => void): PlacedDataDir {
+export function placeDataDir(
+  requested: string,
+  runAs: RunAs,
+  onRelocate?: (to: string, from: string) => void,
+  /** Appended to the refusal: what else the caller can do about it. */
+  refusalHint = "",
+): PlacedDataDir {
   let dataDir = requested;
   if (runAs.uid !== undefined) {
     if (fs.existsSync(requested)) assertServerOwned(requested, runAs);
@@ -85,7 +91,7 @@ export function placeDataDir(requested: string, runAs: RunAs, onRelocate?: (to: 
       const closed = firstClosed(existing, runAs);
       if (!onRelocate) {
         throw new EmbeddedPostgresError(
-          `embedded PostgreSQL: the server runs as the ${SERVER_USER} user (we run as root), which cannot reach ${requested} because ${closed} is closed to other users; choose a data directory it can reach (e.g. under /srv or /var/lib)`,
+          `embedded PostgreSQL: the server runs as the ${SERVER_USER} user (we run as root), which cannot reach ${requested} because ${closed} is closed to other users; choose a data directory it can reach (e.g. under /srv or /var/lib)${refusalHint}`,
         );
       }
       ensureSharedRoot();
@@ -120,9 +126,12 @@ function makeDataDir(dataDir: string): string[] {
       // The server user passes through them; a umask of 077 would have closed them.
       for (const d of created) fs.chmodSync(d, 0o755);
     }
-    if (!fs.existsSync(dataDir)) {
+    try {
       fs.mkdirSync(dataDir, { mode: 0o700 });
       created.push(dataDir);
+    } catch (err) {
+      // Already there (maybe made this instant by another process starting on it): not ours to remove.
+      if ((err as NodeJS.ErrnoException).code !== "EEXIST") throw err;
     }
     return created;
   } catch (err) {

@@ -15,6 +15,10 @@
  *
  * As root the server runs as the `postgres` user: see access.ts for where the data may go
  * and whose it is, binaries.ts for how that user gets binaries it can execute.
+ *
+ * One server per data directory, owned by the process that started it (owner.ts): another
+ * process that starts on the same directory uses that server as a client, and never stops it.
+ * A server is stopped by anyone else only when its owner is gone (killed, crashed).
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import fs from "node:fs";
@@ -23,8 +27,9 @@ import os from "node:os";
 import path from "node:path";
 import pg from "pg";
 import { EmbeddedPostgresError } from "../errors.js";
-import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
+import { asServerUser, ensureRunAsUser, oneLine, placeDataDir, relocatedDataDir, removeCreated, SERVER_USER, type RunAs } from "./access.js";
 import { findBinaries, type BinarySet } from "./binaries.js";
+import { describeOwner, OwnerClaim, ownerFile, ownerStatus, readOwner, removeStaleOwner, type OwnerRecord } from "./owner.js";
 import {
   LEGACY_PASSWORD,
   newPassword,
@@ -38,6 +43,7 @@ import {
 
 export { findBinaries, type BinarySet } from "./binaries.js";
 export { pathTag, relocatedDataDir } from "./access.js";
+export { ownerFile, type OwnerRecord } from "./owner.js";
 
 export interface EmbeddedPostgresOptions {
   /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
@@ -51,9 +57,12 @@ export interface EmbeddedPostgresOptions {
   /**
    * As root, when the `postgres` user cannot reach `dataDir` (a parent is closed to other
    * users), keep the cluster in /var/lib/leasehold/data-<hash of dataDir> instead of
-   * refusing. Default false; the CLI sets it only for its default data directory.
+   * refusing. Default: true for the default data directory (no `dataDir` given), false for
+   * one you chose. The CLI sets it only for its default data directory.
    */
   relocateIfUnreachable?: boolean;
+  /** What the refusal of an unreachable `dataDir` tells to do instead; default: names `relocateIfUnreachable`. */
+  unreachableHint?: string;
   /** Told when the cluster is relocated; default: one line on stderr. */
   onRelocate?: (dataDir: string, requested: string) => void;
   /**
@@ -67,6 +76,8 @@ export interface EmbeddedPostgresOptions {
 }
 
 const READY_TIMEOUT_MS = 60_000;
+/** How long to wait for another process that is starting the server on our directory (initdb and all). */
+const OWNER_START_TIMEOUT_MS = 120_000;
 const SUPERUSER = "postgres";
 
 export class EmbeddedPostgres {
@@ -81,6 +92,10 @@ export class EmbeddedPostgres {
   private readonly onLog?: (line: string) => void;
   private readonly onRelocate?: (dataDir: string, requested: string) => void;
   private readonly ownProcessGroup: boolean;
+  private readonly unreachableHint: string;
+  /** Our claim on the data directory, while we run (or start) its server. */
+  private claim?: OwnerClaim;
+  private joined?: OwnerRecord;
   /** The server's last lines, for saying why a start failed. */
   private recentLog: string[] = [];
   binaries?: BinarySet;
@@ -92,7 +107,9 @@ export class EmbeddedPostgres {
     this.settings = options.settings ?? {};
     this.onLog = options.onLog;
     this.ownProcessGroup = options.ownProcessGroup ?? false;
-    if (options.relocateIfUnreachable) {
+    this.unreachableHint =
+      options.unreachableHint ?? `, or pass relocateIfUnreachable: true to keep the cluster in ${relocatedDataDir(this.requestedDataDir)}`;
+    if (options.relocateIfUnreachable ?? options.dataDir === undefined) {
       this.onRelocate = options.onRelocate ?? ((to, from) => process.stderr.write(relocationNotice(to, from) + "\n"));
     }
   }
@@ -112,19 +129,27 @@ export class EmbeddedPostgres {
     return this.urlWith("***");
   }
 
-  /** Initialises the cluster if needed, starts it and waits until it accepts connections. */
+  /**
+   * Initialises the cluster if needed, starts it and waits until it accepts connections.
+   * If another live process already runs the server on this data directory, uses that one
+   * instead (`owner` then names it), or refuses, naming it, when it cannot log in.
+   */
   async start(): Promise<string> {
     const runAs = ensureRunAsUser();
-    this.binaries = await findBinaries(runAs);
-    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate);
+    const placed = placeDataDir(this.requestedDataDir, runAs, this.onRelocate, this.unreachableHint);
     this.currentDataDir = placed.dataDir;
+    const joined = await this.claimOrJoin();
+    if (joined) return joined;
     try {
+      this.binaries = await findBinaries(runAs);
       const candidates = this.passwordCandidates(runAs);
+      // We hold the claim, so a server still running here was left by an owner that is gone.
       await clearStalePidFile(this.dataDir);
       if (this.port === 0) this.port = await freePort();
       this.spawnServer(runAs);
       const accepted = await this.waitUntilReady(candidates);
       await this.settlePassword(candidates, accepted);
+      this.claim?.ready(this.child!.pid!, this.port);
       return this.url;
     } catch (err) {
       await this.stop();
@@ -133,10 +158,77 @@ export class EmbeddedPostgres {
     }
   }
 
-  /** Fast shutdown: running transactions are rolled back, the data is safe. */
+  /**
+   * The process whose server this one uses, when another process runs it; undefined when we
+   * started it ourselves. Only a server we started is ever stopped by stop().
+   */
+  get owner(): { pid: number; command: string } | undefined {
+    return this.joined && { pid: this.joined.pid, command: this.joined.command };
+  }
+
+  /** Claims the data directory (returns undefined: start the server), or joins its live owner's server (returns its URL). */
+  private async claimOrJoin(): Promise<string | undefined> {
+    const deadline = Date.now() + OWNER_START_TIMEOUT_MS;
+    for (;;) {
+      this.claim = OwnerClaim.tryClaim(this.dataDir);
+      if (this.claim) return undefined;
+      const owner = readOwner(this.dataDir);
+      const status = owner && ownerStatus(owner, this.dataDir);
+      if (owner && status === "gone") {
+        removeStaleOwner(this.dataDir, owner);
+        continue;
+      }
+      if (owner && status === "ready") {
+        const url = await this.join(owner);
+        if (url) return url;
+      }
+      if (owner && Date.now() > deadline) {
+        throw this.inUse(owner, `its server did not come up within ${OWNER_START_TIMEOUT_MS / 1000} s`);
+      }
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  }
+
+  /** Logs in to the owner's server; undefined if it does not answer (it may have just stopped: look again). */
+  private async join(owner: OwnerRecord): Promise<string | undefined> {
+    const file = passwordFile(this.dataDir);
+    let password: string | undefined;
+    try {
+      password = readPassword(file);
+    } catch (err) {
+      throw this.inUse(owner, `this process cannot read its password in ${file} (${oneLine((err as Error).message)}); run as the same user`);
+    }
+    if (!password) throw this.inUse(owner, `its password file ${file} is missing`);
+    this.port = owner.port!;
+    const client = new pg.Client(this.connectConfig(password));
+    try {
+      await client.connect();
+      await client.query("select 1");
+    } catch (err) {
+      if ((err as { code?: string }).code === "28P01") throw this.inUse(owner, `it refuses the password in ${file}`);
+      return undefined;
+    } finally {
+      await client.end().catch(() => {});
+    }
+    this.password = password;
+    this.joined = owner;
+    return this.url;
+  }
+
+  private inUse(owner: OwnerRecord, why: string): EmbeddedPostgresError {
+    return new EmbeddedPostgresError(
+      `embedded PostgreSQL: ${this.dataDir} is in use by ${describeOwner(owner)}, which runs its server (see ${ownerFile(this.dataDir)}), and ${why}; stop that process, or connect with its database URL, or use another data directory`,
+    );
+  }
+
+  /** Fast shutdown: running transactions are rolled back, the data is safe. A server another process runs is left alone. */
   async stop(): Promise<void> {
     const child = this.child;
-    if (!child) return;
+    if (!child) {
+      this.claim?.release();
+      this.claim = undefined;
+      return;
+    }
     if (child.exitCode === null && child.signalCode === null) {
       child.kill("SIGINT");
       const timeout = setTimeout(() => child.kill("SIGKILL"), 30_000);
@@ -144,6 +236,7 @@ export class EmbeddedPostgres {
       clearTimeout(timeout);
     }
     this.child = undefined;
+    this.claim = undefined;
   }
 
   /** The server's process id, for fault-injection tests. */
@@ -257,9 +350,12 @@ export class EmbeddedPostgres {
     // Out of the terminal's process group, the server would outlive an exit that skipped stop().
     const stopOnExit = () => child.kill("SIGINT");
     if (this.ownProcessGroup) process.once("exit", stopOnExit);
+    const claim = this.claim;
     this.exitPromise = new Promise((resolve) =>
       child.once("exit", () => {
         process.off("exit", stopOnExit);
+        // The directory is free once its server is down, however it went down.
+        claim?.release();
         resolve();
       }),
     );
