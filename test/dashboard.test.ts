@@ -1,6 +1,6 @@
 /**
  * What the dashboard reads and does, without a browser: the monitor routes (overview,
- * running, activity, recoveries), bulk retry and cancel with a confirmed count, the page's
+ * running, running long, activity, recoveries), bulk retry and cancel with a confirmed count, the page's
  * headers, `--dashboard off`, and `leasehold jobs watch` on the database and over the API.
  */
 import { after, before, test } from "node:test";
@@ -89,6 +89,30 @@ test("running: lease left, last beat and the progress fraction", async () => {
   assert.ok(job.leaseLeftMs > 50_000 && job.leaseLeftMs <= 60_000);
   assert.equal((await api("GET", "/v1/running?limit=0")).status, 400);
   assert.equal((await api("GET", "/v1/running?queue=bad%20name!")).status, 400);
+});
+
+test("running long: a job far past its task's usual run time is listed, one within normal is not", async () => {
+  // The task's history: enough quick successes to judge it by.
+  const done = await lh.enqueueMany(Array.from({ length: store.MIN_RUN_TIME_SAMPLES }, () => ({ task: "thumbnail", queue: "rl" })));
+  const claimed = await store.claimJobs(lh.pool, { queues: ["rl"], limit: done.length, workerId: "w-rl", leaseMs: 60_000, tasks: ["thumbnail"] });
+  await store.completeJobs(lh.pool, { workerId: "w-rl", jobs: claimed.map((j) => ({ id: j.id, attempt: j.attempt })) });
+  const stuck = await lh.enqueue("thumbnail", null, { queue: "rl" });
+  const normal = await lh.enqueue("thumbnail", null, { queue: "rl" });
+  await store.claimJobs(lh.pool, { queues: ["rl"], limit: 2, workerId: "w-rl", leaseMs: 60_000, tasks: ["thumbnail"] });
+  await lh.pool.query("UPDATE jobs SET started_at = now() - interval '5 minutes' WHERE id = $1", [stuck.id]);
+  const r = await api("GET", "/v1/running-long?queue=rl");
+  assert.equal(r.status, 200);
+  assert.deepEqual(
+    r.json.jobs.map((j: { id: string; samples: number }) => [j.id, j.samples]),
+    [[stuck.id, store.MIN_RUN_TIME_SAMPLES]],
+  );
+  assert.ok(r.json.jobs[0].runningMs >= 300_000 && r.json.jobs[0].usualP99Ms < 10_000, JSON.stringify(r.json.jobs[0]));
+  assert.deepEqual([r.json.minSamples, r.json.factor, r.json.more], [store.MIN_RUN_TIME_SAMPLES, store.RUNNING_LONG_FACTOR, false]);
+  // Both run; only the stuck one is long.
+  const running = await api("GET", "/v1/running?queue=rl");
+  assert.deepEqual(running.json.jobs.map((j: { id: string }) => j.id).sort(), [stuck.id, normal.id].sort());
+  assert.equal((await api("GET", "/v1/running-long?limit=0")).status, 400);
+  assert.equal((await api("GET", "/v1/running-long", undefined, {})).status, 401);
 });
 
 test("activity: throughput from the sampled counters, recoveries per minute", async () => {

@@ -121,6 +121,28 @@ export interface RunningJob {
   cancelRequested: boolean;
 }
 
+/** A running job past twice its task's usual run time (GET /v1/running-long). */
+export interface RunningLongJob {
+  id: string;
+  queue: string;
+  task: string;
+  attempt: number;
+  workerId: string;
+  startedAt: string;
+  runningMs: number;
+  usualP99Ms: number;
+  samples: number;
+}
+
+export interface RunningLong {
+  jobs: RunningLongJob[];
+  more: boolean;
+  samples: number;
+  minSamples: number;
+  factor: number;
+  minExcessMs: number;
+}
+
 export type RecoveryEventKind = "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "refused";
 
 export interface Activity {

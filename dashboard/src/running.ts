@@ -1,9 +1,11 @@
 /**
  * Running jobs, longest running first: how long each has run, its last heartbeat, the time
  * left on its lease (by the database's clock, as the watchdog sees it), its progress (a bar
- * when the handler reports a fraction), attempt and worker.
+ * when the handler reports a fraction), attempt and worker. Above them, the jobs running much
+ * longer than their task usually takes (a handler stuck on something that never answers), and
+ * in the table those jobs' run times are marked.
  */
-import type { RunningJob } from "./api.js";
+import type { RunningJob, RunningLong } from "./api.js";
 import { h, jobLink, progressBar, replace, table } from "./dom.js";
 import { ago, duration, short } from "./format.js";
 import type { View, ViewContext } from "./view.js";
@@ -22,12 +24,46 @@ export function leaseCell(leaseLeftMs: number): Node {
 }
 
 export function runningView(ctx: ViewContext): View {
+  const long = h("section", { "data-section": "running-long" });
   const list = h("div");
   const queue = ctx.params.get("queue") ?? undefined;
-  ctx.root.append(h("h1", {}, "Running jobs", queue && ` in ${queue}`), list);
+  ctx.root.append(h("h1", {}, "Running jobs", queue && ` in ${queue}`), long, list);
   return {
     async refresh() {
-      const { jobs, more } = await ctx.api.get<{ jobs: RunningJob[]; more: boolean }>("/v1/running", { queue });
+      const [{ jobs, more }, slow] = await Promise.all([
+        ctx.api.get<{ jobs: RunningJob[]; more: boolean }>("/v1/running", { queue }),
+        ctx.api.get<RunningLong>("/v1/running-long", { queue }),
+      ]);
+      const usual = new Map(slow.jobs.map((j) => [j.id, j.usualP99Ms]));
+      replace(
+        long,
+        slow.jobs.length > 0 &&
+          h(
+            "div",
+            {},
+            h("h2", {}, "Running longer than usual"),
+            h(
+              "p",
+              { class: "note" },
+              `Past ${slow.factor}× the p99 run time of their task's latest ${slow.samples} successes (and by ${duration(slow.minExcessMs)} at least); ` +
+                `tasks with fewer than ${slow.minSamples} successes are not judged. A handler may be stuck: open the job.`,
+            ),
+            table(
+              ["Job", "Task", "Queue", "Running for", "Usually (p99)", "Attempt", "Worker"],
+              slow.jobs.map((j) => [
+                jobLink(j.id),
+                j.task,
+                j.queue,
+                h("span", { class: "warn" }, duration(j.runningMs)),
+                `${duration(j.usualP99Ms)} (of ${j.samples})`,
+                String(j.attempt),
+                h("span", { class: "mono" }, j.workerId),
+              ]),
+              { "data-table": "running-long" },
+            ),
+            slow.more && h("p", { class: "note" }, "More jobs run long than are listed here."),
+          ),
+      );
       replace(
         list,
         jobs.length === 0
@@ -39,7 +75,7 @@ export function runningView(ctx: ViewContext): View {
                 j.task,
                 j.queue,
                 progressCell(j),
-                duration(j.runningMs),
+                runningFor(j.runningMs, usual.get(j.id)),
                 ago(j.heartbeatMsAgo),
                 leaseCell(j.leaseLeftMs),
                 `${j.attempt}${j.cancelRequested ? " (cancel requested)" : ""}`,
@@ -51,4 +87,10 @@ export function runningView(ctx: ViewContext): View {
       );
     },
   };
+}
+
+/** A run time, marked when it is far past its task's usual one. */
+function runningFor(ms: number, usualP99Ms: number | undefined): Node | string {
+  if (usualP99Ms === undefined) return duration(ms);
+  return h("span", { class: "warn", title: `usually at most ${duration(usualP99Ms)} (p99)` }, `${duration(ms)} (long)`);
 }

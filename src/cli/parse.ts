@@ -1,5 +1,6 @@
 /** Option values from the command line, checked with messages that name the flag. */
 import fs from "node:fs";
+import { MAX_LIMIT_MS, MIN_LIMIT_MS } from "../jobs/validate.js";
 import { CliError } from "./errors.js";
 
 export function int(flag: string, min: number, max: number): (value: string) => number {
@@ -20,6 +21,30 @@ export function duration(flag: string): (value: string) => number {
     if (!m) throw new CliError(`${flag} must be a duration like 500ms, 30s, 5m, 2h or 1d (got ${JSON.stringify(value)})`);
     return Math.round(Number(m[1]) * UNITS[m[2]!]!);
   };
+}
+
+/**
+ * A run-time limit: a duration from 1s to 7d (the bounds the library checks), or "none" for no
+ * limit (commander turns a parser's null into "", so "none" is kept: see `noneAsNull`).
+ */
+export function limitOrNone(flag: string): (value: string) => number | "none" {
+  const parse = duration(flag);
+  return (value) => {
+    if (value.trim() === "none") return "none";
+    let ms: number;
+    try {
+      ms = parse(value);
+    } catch {
+      throw new CliError(`${flag} must be a duration like 30s, 15m or 2h, or none for no limit (got ${JSON.stringify(value)})`);
+    }
+    if (ms < MIN_LIMIT_MS || ms > MAX_LIMIT_MS)
+      throw new CliError(`${flag} must be from 1s to 7d, or none for no limit (got ${JSON.stringify(value)})`);
+    return ms;
+  };
+}
+
+export function noneAsNull(value: number | "none"): number | null {
+  return value === "none" ? null : value;
 }
 
 export function isoDate(flag: string): (value: string) => Date {

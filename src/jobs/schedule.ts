@@ -25,7 +25,8 @@ export interface ScheduleDefinition {
   maxAttempts?: number;
   leaseMs?: number;
   progressTimeoutMs?: number;
-  maxRunMs?: number;
+  /** `null`: the schedule's jobs run without a time limit (see EnqueueOptions.maxRunMs). */
+  maxRunMs?: number | null;
 }
 
 const SCHEDULE_KEYS = new Set([
@@ -116,7 +117,7 @@ export function normalizeSchedule(def: ScheduleDefinition): Omit<ScheduleInput, 
     where,
   );
   const jobOptions: ScheduleJobOptions = {};
-  for (const key of JOB_OPTION_KEYS) if (def[key] !== undefined) jobOptions[key] = def[key];
+  for (const key of JOB_OPTION_KEYS) if (def[key] !== undefined) Object.assign(jobOptions, { [key]: def[key] });
   return {
     name: def.name,
     cron: def.cron,

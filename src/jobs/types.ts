@@ -34,8 +34,11 @@ export interface EnqueueOptions {
   leaseMs?: number;
   /** Fail an attempt that reports no progress (ctx.progress/ctx.checkpoint) for this long; default: the task's. */
   progressTimeoutMs?: number;
-  /** Fail an attempt that runs longer than this; default: the task's. */
-  maxRunMs?: number;
+  /**
+   * Fail an attempt that runs longer than this; default: the task's (15 minutes unless the task
+   * or its worker sets another). `null`: this job runs without a time limit, whatever its task says.
+   */
+  maxRunMs?: number | null;
 }
 
 export interface NewJob extends EnqueueOptions {
@@ -70,6 +73,8 @@ export interface ClaimedJob {
   /** The job's own limits, if it was enqueued with any. */
   progressTimeoutMs: number | null;
   maxRunMs: number | null;
+  /** Enqueued with `maxRunMs: null`: no time limit, whatever its task's. */
+  maxRunUnlimited: boolean;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

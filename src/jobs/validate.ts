@@ -47,7 +47,9 @@ export interface NormalizedJob {
   uniqueKey: string | null;
   leaseMs: number | null;
   progressTimeoutMs: number | null;
+  /** Null: not set (the task's limit applies), or no limit when `maxRunUnlimited`. */
   maxRunMs: number | null;
+  maxRunUnlimited: boolean;
 }
 
 export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
@@ -76,13 +78,28 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     uniqueKey: job.uniqueKey ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
     progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
-    maxRunMs: optionalLimit(job.maxRunMs, `${where}: maxRunMs`),
+    maxRunMs: limitOrNone(job.maxRunMs, `${where}: maxRunMs`) ?? null,
+    maxRunUnlimited: job.maxRunMs === null,
   };
 }
 
 /** A progress timeout or maximum run time: absent, or MIN_LIMIT_MS..MAX_LIMIT_MS. */
 export function optionalLimit(value: unknown, what: string): number | null {
   return value === undefined ? null : integerIn(value, MIN_LIMIT_MS, MAX_LIMIT_MS, what);
+}
+
+/**
+ * A limit that may also be switched off: absent (undefined), `null` (no limit), or
+ * MIN_LIMIT_MS..MAX_LIMIT_MS.
+ */
+export function limitOrNone(value: unknown, what: string): number | null | undefined {
+  if (value === undefined || value === null) return value;
+  if (typeof value !== "number" || !Number.isInteger(value) || value < MIN_LIMIT_MS || value > MAX_LIMIT_MS) {
+    throw new ValidationError(
+      `${what} must be an integer from ${MIN_LIMIT_MS} to ${MAX_LIMIT_MS}, or null for no limit (got ${describeValue(value)})`,
+    );
+  }
+  return value;
 }
 
 export function checkName(value: unknown, what: string): asserts value is string {

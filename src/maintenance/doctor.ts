@@ -1,9 +1,11 @@
 /**
  * `leasehold doctor`: reads what the fleet recorded (its processes, their heartbeat delays,
- * leases nobody reaped, states that should not exist) and says what is wrong and what to
- * change, with a lease length taken from evidence rather than guessed.
+ * leases nobody reaped, states that should not exist, jobs running far longer than their task
+ * usually takes) and says what is wrong and what to change, with a lease length taken from
+ * evidence rather than guessed.
  */
 import type { FleetHealth } from "../store/health.js";
+import type { RunningLongJob } from "../store/running-long.js";
 import { BEAT_DELAY_BUCKETS_MS } from "../worker/heartbeat.js";
 
 export interface Finding {
@@ -23,6 +25,8 @@ export interface LeaseAdvice {
 export interface Diagnosis {
   findings: Finding[];
   lease: LeaseAdvice;
+  /** Running jobs past twice their task's usual (p99) run time, furthest past first. */
+  runningLong: RunningLongJob[];
 }
 
 export interface OrphanCounts {
@@ -52,7 +56,10 @@ export function p99Delay(histogram: number[]): { beats: number; p99: number | nu
   return { beats, p99: null };
 }
 
-export function diagnose(health: FleetHealth, orphans: OrphanCounts): Diagnosis {
+/** Running-long jobs named one by one; past this, counted. */
+const LISTED_RUNNING_LONG = 10;
+
+export function diagnose(health: FleetHealth, orphans: OrphanCounts, runningLong: RunningLongJob[] = []): Diagnosis {
   const findings: Finding[] = [];
   const live = health.processes.filter((p) => p.live);
   const watchdogs = live.filter((p) => p.kind === "watchdog");
@@ -91,6 +98,20 @@ export function diagnose(health: FleetHealth, orphans: OrphanCounts): Diagnosis 
       level: "warn",
       message: `${orphans.overBudget} waiting job(s) have spent their retry budget (the watchdog moves them to the dead letter)`,
     });
+  for (const j of runningLong.slice(0, LISTED_RUNNING_LONG)) {
+    findings.push({
+      level: "warn",
+      message:
+        `job ${j.id} (task ${j.task}, queue ${j.queue}) has run ${humanMs(j.runningMs)}, longer than its task usually takes ` +
+        `(p99 ${humanMs(j.usualP99Ms)} over its last ${j.samples} successes): stuck? \`leasehold jobs show ${j.id}\``,
+    });
+  }
+  if (runningLong.length > LISTED_RUNNING_LONG) {
+    findings.push({
+      level: "warn",
+      message: `and ${runningLong.length - LISTED_RUNNING_LONG} more job(s) running longer than their task usually takes`,
+    });
+  }
 
   const histogram = new Array<number>(BEAT_DELAY_BUCKETS_MS.length + 1).fill(0);
   for (const p of health.processes) p.beatDelays?.forEach((n, i) => (histogram[i] = (histogram[i] ?? 0) + n));
@@ -109,5 +130,15 @@ export function diagnose(health: FleetHealth, orphans: OrphanCounts): Diagnosis 
       });
     }
   }
-  return { findings, lease: advice };
+  return { findings, lease: advice, runningLong };
+}
+
+/** 850 ms, 12.3 s, 4m 05s, 2h 03m. */
+export function humanMs(ms: number): string {
+  if (ms < 1_000) return `${Math.round(ms)} ms`;
+  if (ms < 60_000) return `${(ms / 1_000).toFixed(1)} s`;
+  const pad = (n: number) => String(n).padStart(2, "0");
+  const s = Math.floor(ms / 1_000);
+  if (s < 3_600) return `${Math.floor(s / 60)}m ${pad(s % 60)}s`;
+  return `${Math.floor(s / 3_600)}h ${pad(Math.floor(s / 60) % 60)}m`;
 }

@@ -92,6 +92,7 @@ export class Scheduler extends MaintenanceService<number> {
             leaseMs: s.jobOptions.leaseMs ?? null,
             progressTimeoutMs: s.jobOptions.progressTimeoutMs ?? null,
             maxRunMs: s.jobOptions.maxRunMs ?? null,
+            maxRunUnlimited: s.jobOptions.maxRunMs === null,
           });
           owners.push({ name: s.name });
         }

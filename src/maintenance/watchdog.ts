@@ -23,6 +23,7 @@ import type { Logger } from "pino";
 import type { Queryable } from "../store/db.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
+import { DEFAULT_MAX_RUN_MS } from "../worker/options.js";
 import type { Metrics } from "../metrics.js";
 import { MaintenanceService } from "./service.js";
 import type { BackoffPolicy } from "../store/end-attempts.js";
@@ -155,7 +156,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
         for (const state of reaped.values()) this.metrics.leaseExpirations.inc({ result: state === "waiting" ? "retry" : state });
         if (reaped.size < REAP_BATCH) break;
       }
-      const overdue = await store.endOverdueAttempts(this.db, { limit: REAP_BATCH, backoff: this.backoff });
+      const overdue = await store.endOverdueAttempts(this.db, { limit: REAP_BATCH, backoff: this.backoff, defaultMaxRunMs: DEFAULT_MAX_RUN_MS });
       if (overdue.size > 0) {
         for (const kind of ["stalled", "timed_out"] as const) {
           const ids = [...overdue.keys()].filter((id) => overdue.outcomes?.get(id) === kind);

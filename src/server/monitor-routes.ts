@@ -1,7 +1,8 @@
 /**
- * What a live view reads (GET /v1/overview, /v1/running, /v1/activity, /v1/recoveries) and
- * the bulk actions (/v1/bulk/retry, /v1/bulk/cancel). Every read is bounded and none reads
- * the history of finished jobs (see store/monitor.ts and store/throughput.ts). Several
+ * What a live view reads (GET /v1/overview, /v1/running, /v1/running-long, /v1/activity,
+ * /v1/recoveries) and the bulk actions (/v1/bulk/retry, /v1/bulk/cancel). Every read is
+ * bounded; only /v1/running-long reads finished jobs, a few hundred of each running task's
+ * latest successes through an index (see store/running-long.ts). Several
  * dashboards open on one server share each answer for a moment, so viewers do not multiply
  * the statements.
  */
@@ -48,6 +49,23 @@ export function registerMonitorRoutes(app: FastifyInstance, lh: Leasehold, optio
       return {
         jobs: jobs.slice(0, limit).map((j) => ({ ...j, progressFraction: progressFraction(j.progress) })),
         more: jobs.length > limit,
+      };
+    });
+  });
+
+  app.get<{ Querystring: { queue?: string; limit?: string } }>("/v1/running-long", { schema: routes.runningLong }, (request) => {
+    const { queue } = request.query;
+    const limit = request.query.limit === undefined ? DEFAULT_RUNNING_LIMIT : Number(request.query.limit);
+    if (limit < 1 || limit > 1_000) throw new ValidationError(`limit must be an integer from 1 to 1000 (got ${limit})`);
+    return shared.get(`running-long:${queue ?? ""}:${limit}`, async () => {
+      const jobs = await store.runningLongerThanUsual(db, { queue, limit: limit + 1 });
+      return {
+        jobs: jobs.slice(0, limit),
+        more: jobs.length > limit,
+        samples: store.RUN_TIME_SAMPLES,
+        minSamples: store.MIN_RUN_TIME_SAMPLES,
+        factor: store.RUNNING_LONG_FACTOR,
+        minExcessMs: store.RUNNING_LONG_MIN_EXCESS_MS,
       };
     });
   });

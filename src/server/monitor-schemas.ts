@@ -68,6 +68,21 @@ const runningJob = {
   },
 };
 
+const runningLongJob = {
+  type: "object",
+  properties: {
+    id: JOB_ID,
+    queue: NAME,
+    task: NAME,
+    attempt: COUNT,
+    workerId: { type: "string" },
+    startedAt: TIME,
+    runningMs: MS,
+    usualP99Ms: { ...MS, description: "the 99th percentile run time of the task's latest successes" },
+    samples: { ...COUNT, description: "how many successes usualP99Ms is taken from" },
+  },
+};
+
 const bulkQuery = (action: "retry" | "cancel") =>
   object(
     action === "retry"
@@ -160,6 +175,27 @@ export const monitorRoutes = {
       200: {
         type: "object",
         properties: { jobs: { type: "array", items: runningJob }, more: { type: "boolean", description: "more jobs run than were listed" } },
+      },
+      ...READ_ERRORS,
+    },
+  },
+  runningLong: {
+    ...secured,
+    tags: ["monitor"],
+    summary:
+      "Running jobs past twice their task's usual run time (the p99 of its latest successes) and by at least 10 s, furthest past first; tasks with too few successes are not judged",
+    querystring: object({ queue: NAME, limit: { type: "string", pattern: "^[0-9]{1,4}$", description: "1..1000, default 100" } }),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: runningLongJob },
+          more: { type: "boolean", description: "more jobs run long than were listed" },
+          samples: { ...COUNT, description: "successes per task the usual run time is taken from (the latest)" },
+          minSamples: { ...COUNT, description: "a task with fewer successes is not judged" },
+          factor: { type: "number", description: "running long: past this multiple of the usual p99 ..." },
+          minExcessMs: { ...MS, description: "... and by at least this much" },
+        },
       },
       ...READ_ERRORS,
     },

@@ -104,6 +104,7 @@ export const claimedJobSchema = {
     lastError: { type: ["string", "null"] },
     progressTimeoutMs: NULLABLE_LIMIT,
     maxRunMs: NULLABLE_LIMIT,
+    maxRunUnlimited: { type: "boolean", description: "enqueued with maxRunMs null: no time limit, whatever its task's" },
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
   required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "receipt"],
@@ -175,7 +176,7 @@ const newJob = object(
     uniqueKey: { type: "string", minLength: 1, maxLength: 512 },
     leaseMs: LEASE_MS,
     progressTimeoutMs: LIMIT_MS,
-    maxRunMs: LIMIT_MS,
+    maxRunMs: { ...NULLABLE_LIMIT, description: "null: no time limit for this job, whatever its task's (absent: the task's, 15 minutes by default)" },
   },
   ["task"],
 );

@@ -179,10 +179,10 @@ ended AS (
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           fence, progress_timeout_ms, max_run_ms, generation)
+                           fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
   SELECT id, queue, task, payload, priority, 'cancelled', attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
+         fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now()))
     FROM ended
 ), requested AS (
   UPDATE jobs AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
@@ -229,16 +229,16 @@ final_attempt AS (
 ), requeued AS (
   INSERT INTO jobs (id, queue, task, payload, priority, run_at, state, attempt, spent_attempts, max_attempts,
                     lease_ms, progress, checkpoint, last_error, unique_key, created_at,
-                    progress_timeout_ms, max_run_ms, last_outcome)
+                    progress_timeout_ms, max_run_ms, max_run_unlimited, last_outcome)
   SELECT id, queue, task, payload, priority, now(), 'waiting', attempt, 0, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at,
-         progress_timeout_ms, max_run_ms, outcome
+         progress_timeout_ms, max_run_ms, max_run_unlimited, outcome
     FROM revived
   RETURNING id
 )`;
 
 /** Every column of a finished job, as a DELETE ... RETURNING of dead_jobs or job_history gives them to REVIVE. */
-export const FINISHED_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms`;
+export const FINISHED_COLUMNS = `id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at, finished_at, worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited`;
 
 const RETRY_JOB = statement(
   "retryJob",

@@ -55,19 +55,19 @@ const END_ATTEMPTS = `
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts + spend::int, max_attempts,
          lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at,
-         final_worker, 'cancelled', fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
+         final_worker, 'cancelled', fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now()))
     FROM finished
    WHERE final_state = 'cancelled'
 ), dead_letter AS (
   INSERT INTO dead_jobs (id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
                          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                         worker_id, outcome, fence, progress_timeout_ms, max_run_ms)
+                         worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited)
   SELECT id, queue, task, payload, priority, attempt, spent_attempts + spend::int, max_attempts,
          lease_ms, progress, checkpoint, coalesce(final_error, last_error), unique_key, created_at, started_at,
-         final_worker, final_outcome, fence, progress_timeout_ms, max_run_ms
+         final_worker, final_outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited
     FROM finished
    WHERE final_state = 'dead'
 ), audit AS (
@@ -248,7 +248,12 @@ const END_OVERDUE_ATTEMPTS = ending(
     FROM jobs AS j
     LEFT JOIN task_policies AS p ON p.task = j.task
    CROSS JOIN LATERAL (
-         SELECT coalesce(j.max_run_ms, p.max_run_ms) AS max_run_ms,
+         -- the job's own limit (or its opt-out), else its task's as its workers announced it
+         -- (null: the task opted out), else the default ($6) for a task no worker announced
+         SELECT CASE WHEN j.max_run_unlimited THEN NULL
+                     WHEN j.max_run_ms IS NOT NULL THEN j.max_run_ms
+                     WHEN p.task IS NOT NULL THEN p.max_run_ms
+                     ELSE $6::int END AS max_run_ms,
                 coalesce(j.progress_timeout_ms, p.progress_timeout_ms) AS progress_timeout_ms,
                 -- the worker ends an attempt at its limit; the database acts a whole lease
                 -- later (progress reaches it only with the next beat)
@@ -268,9 +273,11 @@ const END_OVERDUE_ATTEMPTS = ending(
  * The database side of stall and run-time limits: attempts past their progress timeout or
  * maximum run time by more than a lease (their worker should have ended them and did not: a
  * wedged event loop, a worker without the limits) end as stalled or timed_out.
+ * `defaultMaxRunMs`: the limit of a job whose task no worker announced (workers announce
+ * every task's resolved limit, the default included, so they and the watchdog agree).
  */
-export function endOverdueAttempts(db: Queryable, p: { limit: number; backoff: BackoffPolicy }): Promise<Ended> {
-  return endAttempts(db, END_OVERDUE_ATTEMPTS, [...policyValues(p.backoff), p.limit]);
+export function endOverdueAttempts(db: Queryable, p: { limit: number; backoff: BackoffPolicy; defaultMaxRunMs: number }): Promise<Ended> {
+  return endAttempts(db, END_OVERDUE_ATTEMPTS, [...policyValues(p.backoff), p.limit, p.defaultMaxRunMs]);
 }
 
 const RELEASE_JOBS = ending(

@@ -27,10 +27,10 @@ WITH done AS (
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         locked_by, final_state, fence, progress_timeout_ms, max_run_ms, (SELECT history_generation(now()))
+         locked_by, final_state, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now()))
     FROM done
 )
 SELECT id, final_state AS state FROM done`,
@@ -108,10 +108,10 @@ WITH done AS (
 ), history AS (
   INSERT INTO ${s}job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                                lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                               worker_id, outcome, fence, progress_timeout_ms, max_run_ms, generation)
+                               worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
   SELECT id, queue, task, payload, priority, 'succeeded', attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, (SELECT ${s}history_generation(now()))
+         locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT ${s}history_generation(now()))
     FROM done
 )
 SELECT count(*)::int AS completed FROM done`;

@@ -49,6 +49,8 @@ export {
   LISTED_PROGRESS_BYTES,
 } from "./monitor.js";
 export type { QueueOverview, ProcessRecord, RunningJob, RecoveryCounts, RecoveryEvent, RecoveryEventKind } from "./monitor.js";
+export { runningLongerThanUsual, RUN_TIME_SAMPLES, MIN_RUN_TIME_SAMPLES, RUNNING_LONG_FACTOR, RUNNING_LONG_MIN_EXCESS_MS } from "./running-long.js";
+export type { RunningLongJob } from "./running-long.js";
 export { countMatching, actOnMatching, MAX_BULK_JOBS } from "./bulk.js";
 export type { BulkAction, BulkResult } from "./bulk.js";
 export {

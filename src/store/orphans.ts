@@ -67,10 +67,10 @@ WITH over AS (
 ), dead_letter AS (
   INSERT INTO dead_jobs (id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
                          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                         fence, progress_timeout_ms, max_run_ms)
+                         fence, progress_timeout_ms, max_run_ms, max_run_unlimited)
   SELECT id, queue, task, payload, priority, attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, coalesce(last_error, 'dead: its retry budget was already spent'), unique_key,
-         created_at, started_at, fence, progress_timeout_ms, max_run_ms
+         created_at, started_at, fence, progress_timeout_ms, max_run_ms, max_run_unlimited
     FROM over
 )
 SELECT id FROM over`,

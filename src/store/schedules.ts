@@ -29,7 +29,8 @@ export interface ScheduleJobOptions {
   maxAttempts?: number;
   leaseMs?: number;
   progressTimeoutMs?: number;
-  maxRunMs?: number;
+  /** Null: no time limit. */
+  maxRunMs?: number | null;
 }
 
 const SCHEDULE_COLUMNS = {

@@ -87,8 +87,8 @@ export interface TaskDefinition<P = any> {
   backoff?: Partial<BackoffPolicy>;
   /** An attempt that calls neither ctx.progress nor ctx.checkpoint for this long has stalled. */
   progressTimeoutMs?: number;
-  /** An attempt running longer than this has timed out. */
-  maxRunMs?: number;
+  /** An attempt running longer than this has timed out (default: the worker's, 15 minutes); `null`: no limit. */
+  maxRunMs?: number | null;
 }
 
 /** A tasks module's default export: task name to handler. */

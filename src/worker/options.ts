@@ -1,6 +1,6 @@
 /** Worker settings: defaults as named constants, validated at construction. */
 import { ConfigError } from "../errors.js";
-import { checkName, integerIn, optionalLimit, suggest } from "../jobs/validate.js";
+import { checkName, integerIn, limitOrNone, optionalLimit, suggest } from "../jobs/validate.js";
 import { DEFAULT_BACKOFF, type BackoffPolicy } from "./backoff.js";
 import type { Handler, TaskDefinition, TaskHandlers } from "./context.js";
 
@@ -16,6 +16,13 @@ export const DEFAULT_SHUTDOWN_TIMEOUT_MS = 10_000;
  */
 export const DEFAULT_LIVENESS_GRACE_MS = 1_000;
 /**
+ * Every attempt's maximum run time unless its job, task or worker sets another (or `null`: none).
+ * Long enough for the usual report, email batch or sync; short enough that a handler awaiting
+ * something that never settles gives its job back within the quarter hour instead of holding
+ * it (and its slot) forever. pg-boss expires jobs at 15 minutes by default too.
+ */
+export const DEFAULT_MAX_RUN_MS = 15 * 60_000;
+/**
  * Jobs per claim at most. The bare claim + complete loop on 2 cores did ~75,000 jobs/s at
  * 2,000 per batch against ~60,000 at 500: statements are paid per batch, rows per row.
  */
@@ -27,7 +34,7 @@ export interface TaskSettings {
   backoff: BackoffPolicy;
   /** No ctx.progress/ctx.checkpoint call for this long: the attempt has stalled. */
   progressTimeoutMs: number | null;
-  /** An attempt running longer than this has timed out. */
+  /** An attempt running longer than this has timed out; null: no limit. */
   maxRunMs: number | null;
 }
 
@@ -66,7 +73,8 @@ export interface WorkerSettingsInput {
   backoff?: Partial<BackoffPolicy>;
   /** Defaults for every task (a task's own definition, then a job's own options, override them). */
   progressTimeoutMs?: number;
-  maxRunMs?: number;
+  /** Default DEFAULT_MAX_RUN_MS (15 minutes); `null`: no limit for tasks that set none. */
+  maxRunMs?: number | null;
 }
 
 const KEYS = [
@@ -119,7 +127,7 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
     const livenessGraceMs =
       input.livenessGraceMs === null ? null : integerIn(input.livenessGraceMs ?? DEFAULT_LIVENESS_GRACE_MS, 200, leaseMs, "livenessGraceMs");
     const progressTimeoutMs = optionalLimit(input.progressTimeoutMs, "progressTimeoutMs");
-    const maxRunMs = optionalLimit(input.maxRunMs, "maxRunMs");
+    const maxRunMs = taskLimit(input.maxRunMs, "maxRunMs", DEFAULT_MAX_RUN_MS);
     const tasks = new Map<string, TaskSettings>();
     if (!input.handlers || typeof input.handlers !== "object") throw new ConfigError("handlers must map task names to functions");
     for (const [task, def] of Object.entries(input.handlers)) {
@@ -133,7 +141,7 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
         handler: d.handler,
         backoff: resolveBackoff(backoff, d.backoff),
         progressTimeoutMs: optionalLimit(d.progressTimeoutMs, `task "${task}": progressTimeoutMs`) ?? progressTimeoutMs,
-        maxRunMs: optionalLimit(d.maxRunMs, `task "${task}": maxRunMs`) ?? maxRunMs,
+        maxRunMs: taskLimit(d.maxRunMs, `task "${task}": maxRunMs`, maxRunMs),
       });
     }
     if (tasks.size === 0) throw new ConfigError("a worker needs at least one task handler");
@@ -151,6 +159,12 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
       tasks,
     };
   });
+}
+
+/** A limit set here (a number, or null for none) over the one it overrides. */
+function taskLimit(value: unknown, what: string, otherwise: number | null): number | null {
+  const own = limitOrNone(value, what);
+  return own === undefined ? otherwise : own;
 }
 
 export function resolveBackoff(base: BackoffPolicy, over: Partial<BackoffPolicy> | undefined): BackoffPolicy {

@@ -311,7 +311,8 @@ export class Worker extends EventEmitter {
         claimedAt: sentAt,
         phase: "buffered",
         progressTimeoutMs: job.progressTimeoutMs ?? task?.progressTimeoutMs ?? null,
-        maxRunMs: job.maxRunMs ?? task?.maxRunMs ?? null,
+        // the job's own limit or opt-out, else its task's (the worker's default included)
+        maxRunMs: job.maxRunUnlimited ? null : (job.maxRunMs ?? task?.maxRunMs ?? null),
       };
       const older = this.newestAttempt.get(job.id);
       // This worker lost the older attempt's lease (it was too slow to beat) and has now

@@ -2,7 +2,8 @@
  * A worker in a process of its own, for tests that kill it for real: it runs task "hold"
  * (never ends) and "quick" with the default lease, no watchdog, and prints "started <job id>"
  * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional),
- * NATS_URL (optional: NATS dispatch).
+ * NATS_URL (optional: NATS dispatch), LEASE_MS (optional), MAX_RUN (optional: the worker's
+ * maximum run time in ms, or "none").
  */
 import pino from "pino";
 import { Leasehold } from "../../src/client.js";
@@ -11,6 +12,8 @@ const lh = await Leasehold.connect({ logger: pino({ level: "silent" }), ...(proc
 const worker = lh.worker({
   watchdog: false,
   ...(process.env.WORKER_NAME && { name: process.env.WORKER_NAME }),
+  ...(process.env.LEASE_MS && { leaseMs: Number(process.env.LEASE_MS) }),
+  ...(process.env.MAX_RUN && { maxRunMs: process.env.MAX_RUN === "none" ? null : Number(process.env.MAX_RUN) }),
   handlers: {
     hold: () => new Promise(() => {}),
     quick: () => undefined,

@@ -16,7 +16,7 @@ import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError, describeFailure, EXIT } from "../errors.js";
 import { withTransaction } from "../../store/db.js";
-import { duration, int, isoDate, json, readFile } from "../parse.js";
+import { duration, int, isoDate, json, limitOrNone, noneAsNull, readFile } from "../parse.js";
 
 interface EnqueueFlags {
   nats?: string;
@@ -30,6 +30,7 @@ interface EnqueueFlags {
   maxAttempts?: number;
   uniqueKey?: string;
   lease?: number;
+  maxRun?: number | "none";
 }
 
 export function registerEnqueue(program: Command, run: Run): void {
@@ -47,6 +48,11 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--max-attempts <n>", "attempts before the job is dead (default 25)", int("--max-attempts", 1, 1000))
     .option("--unique-key <key>", "while an unfinished job has this key, return it instead of enqueueing again")
     .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
+    .option(
+      "--max-run <duration|none>",
+      "end an attempt that runs longer than this, e.g. 2h; none: no limit (default: the task's, 15m unless it sets another)",
+      limitOrNone("--max-run"),
+    )
     .action(
       run(async (cli, task: string, flags: EnqueueFlags) => {
         cli.useNats(flags.nats);
@@ -65,6 +71,7 @@ export function registerEnqueue(program: Command, run: Run): void {
           ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
           ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
           ...(flags.lease !== undefined && { leaseMs: flags.lease }),
+          ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),
         };
         if (flags.payloads !== undefined) return enqueueLines(cli, task, options, flags.payloads);
         const payload =

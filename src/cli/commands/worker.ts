@@ -5,7 +5,7 @@ import { Worker } from "../../worker/worker.js";
 import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { printJobEvents } from "../job-events.js";
-import { int, list } from "../parse.js";
+import { int, limitOrNone, list, noneAsNull } from "../parse.js";
 import {
   metricsOptions,
   retentionOptions,
@@ -27,6 +27,7 @@ interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
   name?: string;
   waitForName?: boolean;
   lease?: number;
+  maxRun?: number | "none";
   heartbeatInterval?: number;
   livenessGrace?: number;
   liveness: boolean;
@@ -50,6 +51,11 @@ export function registerWorker(program: Command, run: Run): void {
     )
     .option("--wait-for-name", "if another live process holds --name, wait for it to end instead of exiting")
     .option("--lease <ms>", "lease length in ms (default 30000)", int("--lease", 1000, 86_400_000))
+    .option(
+      "--max-run <duration|none>",
+      "maximum run time of tasks that set none, e.g. 1h; none: no limit (default 15m; a task's or job's own wins)",
+      limitOrNone("--max-run"),
+    )
     .option(
       "--heartbeat-interval <ms>",
       "how often leases are renewed (default: a third of the lease, at most 10000)",
@@ -85,6 +91,7 @@ export function registerWorker(program: Command, run: Run): void {
         ...(opts.name !== undefined && { name: opts.name }),
         ...(opts.waitForName && { waitForName: true }),
         ...(opts.lease !== undefined && { leaseMs: opts.lease }),
+        ...(opts.maxRun !== undefined && { maxRunMs: noneAsNull(opts.maxRun) }),
         ...(opts.heartbeatInterval !== undefined && { heartbeatMs: opts.heartbeatInterval }),
         ...(opts.pollInterval !== undefined && { pollIntervalMs: opts.pollInterval }),
         ...(opts.livenessGrace !== undefined && { livenessGraceMs: opts.livenessGrace }),
