@@ -4,12 +4,12 @@ import js from "@eslint/js";
 import tseslint from "typescript-eslint";
 
 export default tseslint.config(
-  { ignores: ["dist/", "node_modules/", "bench/results/", "chaos/results/", ".leasehold/", ".scratch/"] },
+  { ignores: ["dist/", "**/dist/", "node_modules/", "bench/results/", "chaos/results/", ".leasehold/", ".scratch/"] },
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
     languageOptions: {
-      parserOptions: { project: ["./tsconfig.check.json", "./dashboard/tsconfig.json"], tsconfigRootDir: import.meta.dirname },
+      parserOptions: { project: ["./tsconfig.check.json", "./packages/cli/dashboard/tsconfig.json"], tsconfigRootDir: import.meta.dirname },
     },
     rules: {
       "@typescript-eslint/no-floating-promises": [

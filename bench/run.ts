@@ -21,8 +21,8 @@ import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
-import { MAX_CLAIM_BATCH } from "../src/worker/options.js";
-import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../src/testing/nats-server.js";
+import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
+import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
 
 interface Workload {
   id: string;

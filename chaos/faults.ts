@@ -5,8 +5,8 @@
  * can measure how long each job took to run again.
  */
 import pg from "pg";
-import type { EmbeddedPostgres } from "../src/embedded/postgres.js";
-import type { NatsServer } from "../src/testing/nats-server.js";
+import type { EmbeddedPostgres } from "../packages/cli/src/embedded/postgres.js";
+import type { NatsServer } from "../test/harness/nats-server.js";
 import type { ChaosOptions, FaultKind } from "./config.js";
 import type { Producer } from "./producer.js";
 import type { TcpProxy } from "./proxy.js";

@@ -1,6 +1,6 @@
 /** What the chaos child processes share: their settings from the environment, and start-up. */
 import type pg from "pg";
-import type { BackoffPolicy } from "../src/index.js";
+import type { BackoffPolicy } from "../packages/leasehold/src/index.js";
 
 /** Short retries, so a job that failed or lost its lease runs again within a second or two. */
 export const CHAOS_BACKOFF: BackoffPolicy = { baseMs: 200, factor: 2, maxMs: 2_000, jitter: 0.5 };

@@ -7,7 +7,7 @@
  * (to the millisecond they are floored to). The database's clock is not used here.
  */
 import fs from "node:fs";
-import type { JobContext } from "../src/index.js";
+import type { JobContext } from "../packages/leasehold/src/index.js";
 
 export type LogLine =
   | { ev: "hello"; t: number; w: string; pid: number }

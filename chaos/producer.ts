@@ -6,7 +6,7 @@
  * its jobs are unfinished.
  */
 import type pg from "pg";
-import type { Leasehold } from "../src/index.js";
+import type { Leasehold } from "../packages/leasehold/src/index.js";
 import type { ChaosOptions } from "./config.js";
 import { makeJob } from "./workload.js";
 

@@ -6,7 +6,7 @@ import path from "node:path";
 import { Command, InvalidArgumentError } from "commander";
 import { optionsFor, type ChaosOptions } from "./config.js";
 import { runChaos } from "./harness.js";
-import { resolveWorkerSettings } from "../src/worker/options.js";
+import { resolveWorkerSettings } from "../packages/leasehold/src/worker/options.js";
 import { REPO_ROOT } from "./supervisor.js";
 
 function positiveInt(name: string) {

@@ -61,7 +61,7 @@ export class Supervised {
   ) {}
 
   start(): void {
-    const child = spawn(process.execPath, ["--import", "tsx", this.spec.script], {
+    const child = spawn(process.execPath, ["--conditions=source", "--import", "tsx", this.spec.script], {
       cwd: REPO_ROOT,
       env: { ...process.env, ...this.spec.env },
       stdio: ["ignore", "ignore", "pipe", "ipc"],

@@ -5,7 +5,7 @@
  * Environment: CHAOS_DATABASE_URL, CHAOS_SCHEMA, CHAOS_WATCHDOG_INTERVAL_MS.
  */
 import pino from "pino";
-import { Leasehold } from "../src/index.js";
+import { Leasehold } from "../packages/leasehold/src/index.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
 
 const logger = pino({ level: process.env.CHAOS_LOG_LEVEL ?? "error" }, pino.destination(2));

@@ -10,8 +10,8 @@
  * SIGTERM: graceful stop.
  */
 import pino from "pino";
-import { Leasehold, Worker } from "../src/index.js";
-import { DatabaseTransport, isConnectionError } from "../src/worker/transport.js";
+import { Leasehold, Worker } from "../packages/leasehold/src/index.js";
+import { DatabaseTransport, isConnectionError } from "../packages/leasehold/src/worker/transport.js";
 import { ProcessLog, withTimeline } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";

@@ -5,7 +5,7 @@
  * a result downstream with a fenced write, half-way through their work, and most of the
  * others finish inside ctx.transaction, writing a row that commits with their completion.
  */
-import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../src/index.js";
+import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../packages/leasehold/src/index.js";
 import { RESULTS_TABLE } from "./config.js";
 import type { ProcessLog } from "./process-log.js";
 

@@ -11,7 +11,7 @@ import path from "node:path";
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { databaseUrl } from "./helpers/db.js";
-import { findNatsServer } from "../src/testing/nats-server.js";
+import { findNatsServer } from "./harness/nats-server.js";
 
 test("npm run bench: a tiny run of every system writes JSON, Markdown and an SVG chart", { timeout: 180_000 }, async () => {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-bench-smoke-"));

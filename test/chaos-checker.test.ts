@@ -5,8 +5,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as store from "../src/store/index.js";
-import { fencedWrite } from "../src/index.js";
+import * as store from "../packages/leasehold/src/store/index.js";
+import { fencedWrite } from "../packages/leasehold/src/index.js";
 import { DOWNSTREAM_SQL } from "../chaos/downstream.js";
 import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "../chaos/config.js";
 import { checkInvariants } from "../chaos/invariants.js";

@@ -5,8 +5,15 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { fencedWrite, fencedWriteSql, RetrySupersededError, ValidationError, type JobContext, type JobOutcome } from "../src/index.js";
-import type { ClaimedJob } from "../src/jobs/types.js";
+import {
+  fencedWrite,
+  fencedWriteSql,
+  RetrySupersededError,
+  ValidationError,
+  type JobContext,
+  type JobOutcome,
+} from "../packages/leasehold/src/index.js";
+import type { ClaimedJob } from "../packages/leasehold/src/jobs/types.js";
 import { eventually, freshLeasehold, NO_BACKOFF } from "./helpers/db.js";
 
 async function withTable() {

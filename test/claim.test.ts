@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import pg from "pg";
 // @ts-expect-error: pg ships no types for its utils; prepareValue turns JS arrays into array literals.
 import { prepareValue } from "pg/lib/utils.js";
-import * as store from "../src/store/index.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold, databaseUrl, NO_BACKOFF } from "./helpers/db.js";
 
 const LEASE = 30_000;

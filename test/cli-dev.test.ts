@@ -14,7 +14,7 @@ import { collect } from "./helpers/cli.js";
 import { spawn } from "node:child_process";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
-import { relocatedDataDir } from "../src/embedded/postgres.js";
+import { relocatedDataDir } from "../packages/cli/src/embedded/postgres.js";
 
 // Nothing points at the test database: dev and the commands must find their own.
 const NO_DATABASE = { DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined, LEASEHOLD_DATA_DIR: undefined, LEASEHOLD_TOKEN: undefined };
@@ -25,14 +25,16 @@ const NO_DATABASE = { DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined, LEAS
  * started the server itself).
  */
 async function libraryEmbedded(cwd: string, task: string, payload: unknown): Promise<CliResult & { owner?: { pid: number; command: string } }> {
-  const index = path.resolve(path.dirname(CLI), "..", "index.js");
+  // The built library, as an app that installed it would load it (packages/leasehold/dist).
+  const index = path.resolve(path.dirname(CLI), "..", "..", "..", "leasehold", "dist", "index.js");
   const script = `
     const { Leasehold } = await import(${JSON.stringify(index)});
     const { default: pino } = await import(${JSON.stringify(pathToFileURL(createRequire(import.meta.url).resolve("pino")).href)});
     const lh = await Leasehold.connect({ embedded: true, logger: pino({ level: "info" }, pino.destination({ fd: 1, sync: true })) });
     await lh.enqueue(${JSON.stringify(task)}, ${JSON.stringify(payload)});
     await lh.close();`;
-  const env: NodeJS.ProcessEnv = { ...process.env, DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined };
+  // An app on the built packages: not the TypeScript sources the tests load (NODE_OPTIONS).
+  const env: NodeJS.ProcessEnv = { ...process.env, NODE_OPTIONS: "", DATABASE_URL: undefined, LEASEHOLD_SCHEMA: undefined };
   const child = spawn(process.execPath, ["--input-type=module", "-e", script], { cwd, env, stdio: ["ignore", "pipe", "pipe"] });
   const result = await collect(child, 120_000);
   const lines = result.stdout

@@ -6,10 +6,10 @@
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import type { FastifyInstance } from "fastify";
-import { ThroughputSampler } from "../src/maintenance/throughput.js";
-import { createServer } from "../src/server/app.js";
-import type { DashboardMode } from "../src/server/dashboard.js";
-import * as store from "../src/store/index.js";
+import { ThroughputSampler } from "../packages/leasehold/src/maintenance/throughput.js";
+import { createServer } from "../packages/cli/src/server/app.js";
+import type { DashboardMode } from "../packages/cli/src/server/dashboard.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { eventually, freshLeasehold, silent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { api as apiAt, TOKEN } from "./helpers/server.js";

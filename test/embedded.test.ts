@@ -7,7 +7,7 @@ import { createRequire } from "node:module";
 import os from "node:os";
 import path from "node:path";
 import pg from "pg";
-import { EmbeddedPostgres, relocatedDataDir } from "../src/embedded/postgres.js";
+import { EmbeddedPostgres, relocatedDataDir } from "../packages/cli/src/embedded/postgres.js";
 
 /** A data directory in a temp folder, removed after `server` (if given) has stopped. */
 function tempDataDir(t: { after(fn: () => Promise<void>): void }, servers: EmbeddedPostgres[]): string {

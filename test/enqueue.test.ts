@@ -1,8 +1,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Leasehold } from "../src/client.js";
-import { normalizeJob } from "../src/jobs/validate.js";
-import * as store from "../src/store/index.js";
+import { Leasehold } from "../packages/leasehold/src/client.js";
+import { normalizeJob } from "../packages/leasehold/src/jobs/validate.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold, databaseUrl, silent } from "./helpers/db.js";
 
 const countJobs = async (lh: Leasehold) => (await lh.pool.query("SELECT count(*)::int AS n FROM jobs")).rows[0].n as number;

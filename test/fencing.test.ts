@@ -1,10 +1,10 @@
 /** The fence: every heartbeat, completion, failure and supersession is guarded by (id, attempt, worker). */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as store from "../src/store/index.js";
-import type { JobContext, JobOutcome } from "../src/index.js";
-import type { ClaimedJob } from "../src/jobs/types.js";
-import { DEFAULT_BACKOFF } from "../src/worker/backoff.js";
+import * as store from "../packages/leasehold/src/store/index.js";
+import type { JobContext, JobOutcome } from "../packages/leasehold/src/index.js";
+import type { ClaimedJob } from "../packages/leasehold/src/jobs/types.js";
+import { DEFAULT_BACKOFF } from "../packages/leasehold/src/worker/backoff.js";
 import { freshLeasehold, databaseUrl, eventually, NO_BACKOFF } from "./helpers/db.js";
 import { api, remoteWorker, startServe } from "./helpers/server.js";
 

@@ -1,9 +1,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import * as store from "../src/store/index.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF, silent } from "./helpers/db.js";
-import type { Queryable } from "../src/store/db.js";
-import { Watchdog } from "../src/maintenance/watchdog.js";
+import type { Queryable } from "../packages/leasehold/src/store/db.js";
+import { Watchdog } from "../packages/leasehold/src/maintenance/watchdog.js";
 
 test("retention empties whole generations of finished jobs with their audit rows and keeps dead jobs longer", async (t) => {
   const lh = await freshLeasehold(t);

@@ -7,7 +7,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Registry } from "prom-client";
-import { Leasehold } from "../src/client.js";
+import { Leasehold } from "../packages/leasehold/src/client.js";
 import { databaseUrl, eventually, freshLeasehold, silent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { cliWorker } from "./helpers/processes.js";

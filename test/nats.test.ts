@@ -11,10 +11,11 @@ import { fileURLToPath } from "node:url";
 import { Registry } from "prom-client";
 import { connect } from "@nats-io/transport-node";
 import { jetstream, jetstreamManager } from "@nats-io/jetstream";
-import { ConfigError, Leasehold, type JobContext } from "../src/index.js";
-import type { NatsOptions } from "../src/dispatch/options.js";
-import { consumerOf, subjectOf } from "../src/dispatch/options.js";
-import { NatsServer } from "../src/testing/nats-server.js";
+import { ConfigError, Leasehold, type JobContext } from "../packages/leasehold/src/index.js";
+import type { NatsOptions } from "../packages/nats/src/options.js";
+import { consumerOf, subjectOf } from "../packages/nats/src/options.js";
+import type { NatsLink } from "../packages/nats/src/nats.js";
+import { NatsServer } from "./harness/nats-server.js";
 import { databaseUrl, eventually, silent, uniqueSchema, waitForEvent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 
@@ -49,9 +50,9 @@ async function metric(lh: Leasehold, name: "natsMessages" | "natsPublished" | "n
 }
 
 async function consumerInfo(lh: Leasehold, queue: string, task: string) {
-  const nc = await connect({ servers: lh.nats!.options.servers });
+  const nc = await connect({ servers: (lh.nats as NatsLink).options.servers });
   try {
-    return await (await jetstreamManager(nc)).consumers.info(lh.nats!.stream, consumerOf(queue, task));
+    return await (await jetstreamManager(nc)).consumers.info((lh.nats as NatsLink).stream, consumerOf(queue, task));
   } finally {
     await nc.close();
   }
@@ -108,7 +109,7 @@ test("a publish that fails after the commit loses nothing: the outbox republishe
   t.after(() => worker.stop(0));
   // This producer's publishes fail (as when NATS drops the connection between commit and publish).
   let failed = 0;
-  producer.nats!.publish = async (doorbells) => {
+  (producer.nats as NatsLink).publish = async (doorbells) => {
     if (doorbells.length > 0) failed++;
     throw new Error("injected publish failure");
   };
@@ -134,8 +135,8 @@ test("a duplicate delivery runs the job once", async (t) => {
   const nc = await connect({ servers: NATS_URL! });
   const js = jetstream(nc);
   const body = JSON.stringify({ id, attempt: 0, queue: "default", task: "once", recovery: false });
-  await js.publish(subjectOf(lh.nats!.stream, "default", "once"), body, { msgID: "dup-1" });
-  await js.publish(subjectOf(lh.nats!.stream, "default", "once"), body, { msgID: "dup-2" });
+  await js.publish(subjectOf((lh.nats as NatsLink).stream, "default", "once"), body, { msgID: "dup-1" });
+  await js.publish(subjectOf((lh.nats as NatsLink).stream, "default", "once"), body, { msgID: "dup-2" });
   await nc.close();
   await eventually(async () => (await metric(lh, "natsMessages", { result: "skipped" })) === 2, "both duplicates skipped");
   assert.equal(runs, 1);
@@ -168,7 +169,7 @@ test("ack_wait no longer than the lease is refused at start", async (t) => {
   const ok = lh.worker({ leaseMs: 3_000, handlers: { t: () => undefined } });
   await ok.start();
   await ok.stop(0);
-  const lh3 = await natsLeasehold(t, { url: NATS_URL!, stream: lh.nats!.stream }, uniqueSchema("nats"));
+  const lh3 = await natsLeasehold(t, { url: NATS_URL!, stream: (lh.nats as NatsLink).stream }, uniqueSchema("nats"));
   const w3 = lh3.worker({ leaseMs: 10_000, handlers: { t: () => undefined } });
   await assert.rejects(w3.start(), (err: Error) => err instanceof ConfigError && /consumer .* ack_wait \(5000 ms\)/.test(err.message));
 });
@@ -181,7 +182,7 @@ test("NATS down at enqueue time: enqueue succeeds at once, and the job runs once
   const { id } = await lh.enqueue("later");
   assert.ok(Date.now() - at < 1_000, `enqueue took ${Date.now() - at} ms`);
   await server.resume();
-  await lh.nats!.waitConnected(10_000);
+  await (lh.nats as NatsLink).waitConnected(10_000);
   const worker = lh.worker({ handlers: { later: () => undefined } });
   await worker.start();
   t.after(() => worker.stop(0));
@@ -191,7 +192,7 @@ test("NATS down at enqueue time: enqueue succeeds at once, and the job runs once
 test("NATS restarted mid-run: workers fall back to polling, then return; every job runs once", async (t) => {
   const server = await ownServer(t);
   const lh = await natsLeasehold(t, server.url);
-  await lh.nats!.waitConnected(10_000);
+  await (lh.nats as NatsLink).waitConnected(10_000);
   const runs = new Map<string, number>();
   const worker = lh.worker({ handlers: { n: (_p, ctx: JobContext) => void runs.set(ctx.jobId, (runs.get(ctx.jobId) ?? 0) + 1) } });
   await worker.start();
@@ -203,7 +204,7 @@ test("NATS restarted mid-run: workers fall back to polling, then return; every j
   await eventually(async () => ids.every((id) => runs.has(id)), "jobs enqueued while NATS was down ran (by polling)", 20_000);
   assert.ok((await metric(lh, "natsFallbacks")) >= 1, "the fallback was counted");
   await server.resume();
-  await lh.nats!.waitConnected(10_000);
+  await (lh.nats as NatsLink).waitConnected(10_000);
   await eventually(async () => (await lh.metrics.natsFallback.get()).values[0]?.value === 0, "back on NATS", 20_000);
   const before = await metric(lh, "natsMessages", { result: "claimed" });
   for (let i = 0; i < 10; i++) ids.push((await lh.enqueue("n", { i })).id);
@@ -219,10 +220,10 @@ test("a worker killed (kill -9) between receiving a message and claiming: JetStr
   const lh = await natsLeasehold(t, { url: NATS_URL!, ackWaitMs: 3_000 });
   const { id } = await lh.enqueue("r");
   // The consumer, as a worker would create it (lease 2 s, ack_wait 3 s).
-  await lh.nats!.waitConnected(10_000);
-  await lh.nats!.ensureConsumer("default", "r", 3_000, 2_000);
+  await (lh.nats as NatsLink).waitConnected(10_000);
+  await (lh.nats as NatsLink).ensureConsumer("default", "r", 3_000, 2_000);
   const taker = spawn(process.execPath, ["--import", "tsx", path.join(HELPERS, "nats-taker.ts")], {
-    env: { ...process.env, NATS_URL: NATS_URL!, STREAM: lh.nats!.stream, CONSUMER: consumerOf("default", "r") },
+    env: { ...process.env, NATS_URL: NATS_URL!, STREAM: (lh.nats as NatsLink).stream, CONSUMER: consumerOf("default", "r") },
     stdio: ["ignore", "pipe", "inherit"],
   });
   t.after(() => void taker.kill("SIGKILL"));
@@ -292,9 +293,9 @@ test("the CLI: enqueue --nats publishes (LEASEHOLD_NATS_URL too); a bad URL is r
   assert.equal(flag.code, 0, flag.stderr);
   const env = await runCli(["enqueue", "cli"], { schema: lh.schema, env: { LEASEHOLD_NATS_URL: NATS_URL! } });
   assert.equal(env.code, 0, env.stderr);
-  await lh.nats!.waitConnected(10_000);
-  await lh.nats!.ensureConsumer("default", "cli", 60_000, 30_000);
-  assert.equal(await lh.nats!.pendingOf("default", "cli"), 2, "two messages wait for a worker");
+  await (lh.nats as NatsLink).waitConnected(10_000);
+  await (lh.nats as NatsLink).ensureConsumer("default", "cli", 60_000, 30_000);
+  assert.equal(await (lh.nats as NatsLink).pendingOf("default", "cli"), 2, "two messages wait for a worker");
   const bad = await runCli(["enqueue", "--nats", "http://nope", "cli"], { schema: lh.schema });
   assert.notEqual(bad.code, 0);
   assert.match(bad.stderr, /the NATS URL must look like nats:\/\/host:4222/);

@@ -5,11 +5,11 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ValidationError } from "../src/errors.js";
-import type { JobContext } from "../src/worker/context.js";
-import { DatabaseTransport, type WorkerTransport } from "../src/worker/transport.js";
-import { Worker } from "../src/worker/worker.js";
-import * as store from "../src/store/index.js";
+import { ValidationError } from "../packages/leasehold/src/errors.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
+import { DatabaseTransport, type WorkerTransport } from "../packages/leasehold/src/worker/transport.js";
+import { Worker } from "../packages/leasehold/src/worker/worker.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { Registry } from "prom-client";
 import { eventually, freshLeasehold, silent } from "./helpers/db.js";
 

@@ -6,9 +6,9 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { WorkerNameInUseError } from "../src/errors.js";
-import type { JobAbortedError, JobContext } from "../src/worker/context.js";
-import * as store from "../src/store/index.js";
+import { WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
+import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { NO_BACKOFF, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
 import { cliWorker, workerChild } from "./helpers/processes.js";
 

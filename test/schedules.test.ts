@@ -5,8 +5,8 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { ValidationError } from "../src/errors.js";
-import type { JobContext } from "../src/worker/context.js";
+import { ValidationError } from "../packages/leasehold/src/errors.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { eventually, freshLeasehold } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 

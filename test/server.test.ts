@@ -9,9 +9,9 @@ import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { createServer } from "../src/server/app.js";
-import type { JobContext } from "../src/worker/context.js";
-import { RemoteTransport } from "../src/worker/remote-transport.js";
+import { createServer } from "../packages/cli/src/server/app.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
+import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
 import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import {

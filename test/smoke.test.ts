@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { freshLeasehold, waitForEvent } from "./helpers/db.js";
-import type { JobContext } from "../src/worker/context.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 
 test("a job enqueued is run by a worker and recorded as succeeded", async (t) => {
   const lh = await freshLeasehold(t);

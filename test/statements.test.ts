@@ -7,8 +7,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type pg from "pg";
-import "../src/store/index.js"; // loads every store module, which registers its statements
-import { registeredStatements, statement, type Statement } from "../src/store/sql.js";
+import "../packages/leasehold/src/store/index.js"; // loads every store module, which registers its statements
+import { registeredStatements, statement, type Statement } from "../packages/leasehold/src/store/sql.js";
 import { freshLeasehold } from "./helpers/db.js";
 
 /** What is wrong with `st` on this connection (search_path = a migrated schema); [] if nothing. */

@@ -8,9 +8,9 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
-import { StaleLeaseError } from "../src/errors.js";
-import type { JobContext } from "../src/worker/context.js";
-import * as store from "../src/store/index.js";
+import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { databaseUrl, eventually, freshLeasehold, uniqueSchema, waitForEvent } from "./helpers/db.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;

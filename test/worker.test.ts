@@ -1,18 +1,18 @@
 /** The worker runtime against the real server: handlers, aborts, retries, shutdown. */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { Leasehold } from "../src/client.js";
-import { ConfigError, StaleLeaseError } from "../src/errors.js";
-import { JobAbortedError, PermanentJobError, type JobContext } from "../src/worker/context.js";
-import { Worker } from "../src/worker/worker.js";
-import { DatabaseTransport } from "../src/worker/transport.js";
+import { Leasehold } from "../packages/leasehold/src/client.js";
+import { ConfigError, StaleLeaseError } from "../packages/leasehold/src/errors.js";
+import { JobAbortedError, PermanentJobError, type JobContext } from "../packages/leasehold/src/worker/context.js";
+import { Worker } from "../packages/leasehold/src/worker/worker.js";
+import { DatabaseTransport } from "../packages/leasehold/src/worker/transport.js";
 import { Registry } from "prom-client";
-import * as store from "../src/store/index.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
-import { Heartbeater, attemptKey, type InFlight } from "../src/worker/heartbeat.js";
-import { Outage } from "../src/worker/outage.js";
-import { metricsFor } from "../src/metrics.js";
+import { Heartbeater, attemptKey, type InFlight } from "../packages/leasehold/src/worker/heartbeat.js";
+import { Outage } from "../packages/leasehold/src/worker/outage.js";
+import { metricsFor } from "../packages/leasehold/src/metrics.js";
 
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
 const endOf = (worker: Worker, id: string, timeoutMs?: number) =>

@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import pg from "pg";
-import { EmbeddedPostgres } from "../../src/embedded/postgres.js";
+import { EmbeddedPostgres } from "../../packages/cli/src/embedded/postgres.js";
 
 export interface BenchServer {
   /** Connection URL of the maintenance database (postgres). */

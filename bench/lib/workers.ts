@@ -80,7 +80,7 @@ export class WorkerGroup extends EventEmitter {
 
   async spawn(system: string, url: string, spec: WorkerSpec): Promise<ChildProcess> {
     const proc = fork(ENTRY, [], {
-      execArgv: COMPILED ? [] : ["--import", "tsx"],
+      execArgv: COMPILED ? [] : ["--conditions=source", "--import", "tsx"],
       stdio: ["ignore", "ignore", "pipe", "ipc"],
       env: { ...process.env, LEASEHOLD_LOG_LEVEL: "silent" },
     });

@@ -8,7 +8,7 @@ import pino from "pino";
 import { Registry } from "prom-client";
 import { connect as natsConnect } from "@nats-io/transport-node";
 import { jetstreamManager } from "@nats-io/jetstream";
-import { Leasehold } from "../../src/client.js";
+import { Leasehold } from "../../packages/leasehold/src/client.js";
 import { packageVersion } from "../lib/versions.js";
 import { producerOf, recreateSchema, THROUGHPUT_CONCURRENCY } from "./leasehold.js";
 import { QUEUE, type BenchSystem, type Payload, type Producer } from "./types.js";

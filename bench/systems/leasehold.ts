@@ -4,7 +4,7 @@
  */
 import pino from "pino";
 import { Registry } from "prom-client";
-import { Leasehold } from "../../src/client.js";
+import { Leasehold } from "../../packages/leasehold/src/client.js";
 import { packageVersion } from "../lib/versions.js";
 import { QUEUE, type BenchSystem, type Payload, type Producer, type Profile } from "./types.js";
 

@@ -9,8 +9,8 @@
  * after 5 runs if anyone ever named them. A large gap means the trap is armed.
  */
 import pg from "pg";
-import { claimJobs, completeJobs, extendLeases, type Queryable } from "../../src/store/index.js";
-import { MAX_CLAIM_BATCH } from "../../src/worker/options.js";
+import { claimJobs, completeJobs, extendLeases, type Queryable } from "../../packages/leasehold/src/store/index.js";
+import { MAX_CLAIM_BATCH } from "../../packages/leasehold/src/worker/options.js";
 import { median } from "../lib/stats.js";
 import { leasehold } from "../systems/leasehold.js";
 import { QUEUE } from "../systems/types.js";

@@ -9,8 +9,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { chromium, type Browser, type Page } from "playwright-core";
 
-export { findChromium, CHROMIUM_HINT } from "../../src/testing/chromium.js";
-import { findChromium } from "../../src/testing/chromium.js";
+export { findChromium, CHROMIUM_HINT } from "../harness/chromium.js";
+import { findChromium } from "../harness/chromium.js";
 
 export async function launchChromium(): Promise<Browser> {
   const executablePath = findChromium();

@@ -1,5 +1,5 @@
 /**
- * Runs the real CLI (`node dist/cli/main.js`, built by `npm test`) as a user would, against
+ * Runs the real CLI (`node packages/cli/dist/cli/main.js`, built by `npm test`) as a user would, against
  * the test database, each test on its own schema.
  */
 import { spawn, type ChildProcess } from "node:child_process";
@@ -7,7 +7,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { databaseUrl } from "./db.js";
 
-export const CLI = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "dist", "cli", "main.js");
+export const CLI = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "packages", "cli", "dist", "cli", "main.js");
 
 export interface CliResult {
   code: number | null;
@@ -16,7 +16,9 @@ export interface CliResult {
 }
 
 export function cliEnv(schema: string, extra: Record<string, string | undefined> = {}): NodeJS.ProcessEnv {
-  return { ...process.env, DATABASE_URL: databaseUrl(), LEASEHOLD_SCHEMA: schema, LEASEHOLD_LOG_LEVEL: "warn", ...extra };
+  // The built CLI runs on the built library: not on the TypeScript sources the tests load
+  // (NODE_OPTIONS carries the test runner's "source" condition).
+  return { ...process.env, NODE_OPTIONS: "", DATABASE_URL: databaseUrl(), LEASEHOLD_SCHEMA: schema, LEASEHOLD_LOG_LEVEL: "warn", ...extra };
 }
 
 /** Runs one command to its end. */

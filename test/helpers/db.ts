@@ -7,7 +7,7 @@ import type { EventEmitter } from "node:events";
 import pg from "pg";
 import pino from "pino";
 import { Registry } from "prom-client";
-import { Leasehold } from "../../src/client.js";
+import { Leasehold } from "../../packages/leasehold/src/client.js";
 
 export const silent = pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" });
 

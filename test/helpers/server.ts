@@ -6,9 +6,9 @@
 import http from "node:http";
 import net from "node:net";
 import { Registry } from "prom-client";
-import { RemoteTransport } from "../../src/worker/remote-transport.js";
-import { Worker } from "../../src/worker/worker.js";
-import type { TaskHandlers } from "../../src/worker/context.js";
+import { RemoteTransport } from "../../packages/leasehold/src/worker/remote-transport.js";
+import { Worker } from "../../packages/leasehold/src/worker/worker.js";
+import type { TaskHandlers } from "../../packages/leasehold/src/worker/context.js";
 import { silent } from "./db.js";
 import { startCli } from "./cli.js";
 

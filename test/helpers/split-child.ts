@@ -16,8 +16,8 @@
  * LIVENESS_GRACE_MS ("off": no liveness session), LONG_MS.
  */
 import pino from "pino";
-import { Leasehold } from "../../src/client.js";
-import type { JobContext } from "../../src/index.js";
+import { Leasehold } from "../../packages/leasehold/src/client.js";
+import type { JobContext } from "../../packages/leasehold/src/index.js";
 
 const env = process.env;
 const lh = await Leasehold.connect({ logger: pino({ level: "silent" }) });

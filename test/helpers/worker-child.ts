@@ -6,7 +6,7 @@
  * maximum run time in ms, or "none").
  */
 import pino from "pino";
-import { Leasehold } from "../../src/client.js";
+import { Leasehold } from "../../packages/leasehold/src/client.js";
 
 const lh = await Leasehold.connect({ logger: pino({ level: "silent" }), ...(process.env.NATS_URL && { nats: process.env.NATS_URL }) });
 const worker = lh.worker({

@@ -1,0 +1,80 @@
+/** `leasehold jobs list|show|cancel|retry|watch` and `leasehold stats`. */
+import type { Command } from "commander";
+import { JOB_STATES } from "leasehold/internal/jobs/types";
+import type { Run } from "../context.js";
+import { CliError } from "../errors.js";
+import { jobDetails, jobsTable, statsText } from "../format.js";
+import { int } from "../parse.js";
+import { registerWatch } from "./watch.js";
+
+export function registerJobCommands(program: Command, run: Run): void {
+  const jobs = program.command("jobs").description("list, inspect, cancel and retry jobs");
+
+  jobs
+    .command("list")
+    .description("list jobs, newest first")
+    .option("--state <state>", `only jobs in this state (${JOB_STATES.join(", ")})`, (v: string) => {
+      if (!JOB_STATES.includes(v as never)) throw new CliError(`--state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(v)})`);
+      return v;
+    })
+    .option("--queue <queue>", "only jobs of this queue")
+    .option("--limit <n>", "at most this many (default 50)", int("--limit", 1, 10_000))
+    .option("--before <id>", "only jobs older than this id (to continue a list from its last id)")
+    .option("--payload", "include each job's payload (left out by default)")
+    .action(
+      run(async (cli, opts: { state?: string; queue?: string; limit?: number; before?: string; payload?: boolean }) => {
+        const lh = await cli.operations();
+        const { payload, ...filter } = opts;
+        const list = await lh.listJobs({ ...filter, includePayload: payload ?? false });
+        cli.result(list, () => jobsTable(list));
+      }),
+    );
+
+  jobs
+    .command("show <id>")
+    .description("a job's record and its attempt history")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.operations();
+        const { job, attempts } = await lh.getJob(id);
+        cli.result({ job, attempts }, () => jobDetails(job, attempts));
+      }),
+    );
+
+  jobs
+    .command("cancel <id>")
+    .description("cancel a job: a waiting one ends now, a running one is aborted at its next heartbeat")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.operations();
+        const result = await lh.cancel(id);
+        cli.result({ id, result }, () =>
+          result === "cancelled" ? `job ${id} cancelled` : `cancel requested for running job ${id}: its handler is aborted at its next heartbeat`,
+        );
+      }),
+    );
+
+  jobs
+    .command("retry <id>")
+    .description("move a dead or cancelled job back to waiting with a fresh retry budget")
+    .action(
+      run(async (cli, id: string) => {
+        const lh = await cli.operations();
+        await lh.retry(id);
+        cli.result({ id, result: "retried" }, () => `job ${id} is waiting again with a fresh retry budget`);
+      }),
+    );
+
+  registerWatch(jobs, run);
+
+  program
+    .command("stats")
+    .description("job counts by queue and state, active leases, the oldest waiting job")
+    .action(
+      run(async (cli) => {
+        const lh = await cli.operations();
+        const stats = await lh.stats();
+        cli.result(stats, () => statsText(stats));
+      }),
+    );
+}

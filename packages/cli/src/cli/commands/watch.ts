@@ -1,0 +1,142 @@
+/**
+ * `leasehold jobs watch`: the dashboard's live view for a terminal. Every interval it reads
+ * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait) and
+ * the running jobs (progress as a bar when the handler reports a fraction, lease left, last
+ * beat, attempt, worker), from the database or, with --server, from the API's
+ * /v1/overview and /v1/running. The same bounded statements as the dashboard: watching costs
+ * the same at any load.
+ */
+import { setTimeout as sleep } from "node:timers/promises";
+import type { Command } from "commander";
+import type { Leasehold } from "leasehold/internal/client";
+import { progressFraction } from "leasehold/internal/jobs/progress";
+import * as store from "leasehold/internal/store/index";
+import type { Cli, Run } from "../context.js";
+import { table } from "../format.js";
+import { int } from "../parse.js";
+import { RemoteOperations } from "../remote-operations.js";
+
+const RUNNING_SHOWN = 30;
+const BAR_WIDTH = 20;
+
+export interface WatchFrame {
+  at: string;
+  queues: store.QueueOverview[];
+  running: {
+    id: string;
+    queue: string;
+    task: string;
+    attempt: number;
+    workerId: string;
+    leaseLeftMs: number;
+    heartbeatMsAgo: number;
+    progressFraction: number | null;
+  }[];
+  moreRunning: boolean;
+}
+
+export function registerWatch(jobs: Command, run: Run): void {
+  jobs
+    .command("watch")
+    .description("live counts per queue and the running jobs with their progress, redrawn every interval (Ctrl-C to stop)")
+    .option("--interval <ms>", "redraw every this many milliseconds (default 2000)", int("--interval", 250, 3_600_000), 2_000)
+    .option("--queue <queue>", "only the running jobs of this queue")
+    .option("--once", "print one frame and exit (for scripts; with --json, one JSON object)")
+    .action(
+      run(async (cli, opts: { interval: number; queue?: string; once?: boolean }) => {
+        const read = await source(cli, opts.queue);
+        const tty = process.stdout.isTTY && !cli.json;
+        // Ctrl-C ends the wait for the next frame and the loop.
+        const stop = new AbortController();
+        const onSignal = () => stop.abort();
+        process.once("SIGINT", onSignal);
+        process.once("SIGTERM", onSignal);
+        try {
+          while (!stop.signal.aborted) {
+            const frame = await read();
+            // A terminal is redrawn in place; a pipe gets one frame after another.
+            cli.result(frame, () => (tty ? "\x1b[H\x1b[2J" : "") + render(frame, opts.interval, opts.once === true));
+            if (opts.once) return;
+            await sleep(opts.interval, undefined, { signal: stop.signal }).catch(() => {});
+          }
+        } finally {
+          process.off("SIGINT", onSignal);
+          process.off("SIGTERM", onSignal);
+        }
+      }),
+    );
+}
+
+/** Reads a frame from the server's API (--server) or the database. */
+async function source(cli: Cli, queue: string | undefined): Promise<() => Promise<WatchFrame>> {
+  const ops = await cli.operations();
+  if (ops instanceof RemoteOperations) {
+    return async () => {
+      const [overview, running] = await Promise.all([
+        ops.get<{ queues: store.QueueOverview[] }>("/v1/overview"),
+        ops.get<{ jobs: WatchFrame["running"]; more: boolean }>(
+          `/v1/running?limit=${RUNNING_SHOWN}${queue ? `&queue=${encodeURIComponent(queue)}` : ""}`,
+        ),
+      ]);
+      return { at: new Date().toISOString(), queues: overview.queues, running: running.jobs.map(pick), moreRunning: running.more };
+    };
+  }
+  const lh = ops as Leasehold;
+  return async () => {
+    const [queues, running] = await Promise.all([store.queueOverview(lh.pool), store.runningJobs(lh.pool, { queue, limit: RUNNING_SHOWN + 1 })]);
+    return {
+      at: new Date().toISOString(),
+      queues,
+      running: running.slice(0, RUNNING_SHOWN).map((j) => pick({ ...j, progressFraction: progressFraction(j.progress) })),
+      moreRunning: running.length > RUNNING_SHOWN,
+    };
+  };
+}
+
+function pick(j: WatchFrame["running"][number]): WatchFrame["running"][number] {
+  const { id, queue, task, attempt, workerId, leaseLeftMs, heartbeatMsAgo, progressFraction } = j;
+  return { id, queue, task, attempt, workerId, leaseLeftMs, heartbeatMsAgo, progressFraction };
+}
+
+export function progressText(fraction: number | null): string {
+  if (fraction === null) return "-";
+  const filled = Math.round(fraction * BAR_WIDTH);
+  return `[${"#".repeat(filled)}${"-".repeat(BAR_WIDTH - filled)}] ${String(Math.round(fraction * 100)).padStart(3)}%`;
+}
+
+const seconds = (ms: number) => `${(ms / 1000).toFixed(1)}s`;
+
+export function render(frame: WatchFrame, intervalMs: number, once: boolean): string {
+  const queues =
+    frame.queues.length === 0
+      ? "no unfinished or dead jobs"
+      : table(
+          ["QUEUE", "WAITING", "SCHEDULED", "RUNNING", "DEAD", "OLDEST WAITING"],
+          frame.queues.map((q) => [
+            q.queue,
+            String(q.waiting),
+            String(q.scheduled),
+            q.expired > 0 ? `${q.running} (${q.expired} expired)` : String(q.running),
+            String(q.dead),
+            q.oldestWaitingMs === null ? "-" : seconds(q.oldestWaitingMs),
+          ]),
+        );
+  const running =
+    frame.running.length === 0
+      ? "no job is running"
+      : table(
+          ["JOB", "TASK", "QUEUE", "PROGRESS", "LEASE LEFT", "LAST BEAT", "ATTEMPT", "WORKER"],
+          frame.running.map((j) => [
+            j.id,
+            j.task,
+            j.queue,
+            progressText(j.progressFraction),
+            j.leaseLeftMs < 0 ? `expired ${seconds(-j.leaseLeftMs)} ago` : seconds(j.leaseLeftMs),
+            `${seconds(j.heartbeatMsAgo)} ago`,
+            String(j.attempt),
+            j.workerId,
+          ]),
+        ) + (frame.moreRunning ? `\n(only the ${RUNNING_SHOWN} longest running are shown)` : "");
+  const header = `Leasehold  ${frame.at.slice(11, 19)} UTC${once ? "" : `  (every ${seconds(intervalMs)}; Ctrl-C to stop)`}`;
+  return `${header}\n\n${queues}\n\nRUNNING\n${running}`;
+}

@@ -1,0 +1,107 @@
+/** Human-readable output: aligned tables and job details. */
+import type { AttemptRecord, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
+import type { QueueStats } from "leasehold/internal/store/index";
+
+export function table(headers: string[], rows: string[][]): string {
+  const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const line = (cells: string[]) =>
+    cells
+      .map((c, i) => (i === cells.length - 1 ? c : c.padEnd(widths[i]!)))
+      .join("  ")
+      .trimEnd();
+  return [line(headers), ...rows.map(line)].join("\n");
+}
+
+export function ago(date: Date | null): string {
+  if (!date) return "-";
+  const s = Math.round((Date.now() - date.getTime()) / 1000);
+  const abs = Math.abs(s);
+  const text =
+    abs < 60 ? `${abs}s` : abs < 3600 ? `${Math.round(abs / 60)}m` : abs < 86400 ? `${Math.round(abs / 3600)}h` : `${Math.round(abs / 86400)}d`;
+  return s >= 0 ? `${text} ago` : `in ${text}`;
+}
+
+function short(text: string | null, max = 60): string {
+  if (!text) return "";
+  const first = text.split("\n")[0]!;
+  return first.length > max ? first.slice(0, max - 1) + "…" : first;
+}
+
+export function jobsTable(jobs: ListedJob[]): string {
+  if (jobs.length === 0) return "no jobs";
+  return table(
+    ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS", "CREATED", "LAST ERROR"],
+    jobs.map((j) => [j.id, j.state, j.queue, j.task, `${j.spentAttempts}/${j.maxAttempts}`, ago(j.createdAt), short(j.lastError)]),
+  );
+}
+
+export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
+  const iso = (d: Date | null) => (d ? `${d.toISOString()} (${ago(d)})` : "-");
+  const fields: [string, string][] = [
+    ["id", job.id],
+    ["state", job.state + (job.cancelRequestedAt ? " (cancel requested)" : "")],
+    ["queue", job.queue],
+    ["task", job.task],
+    ["priority", String(job.priority)],
+    ["attempts spent", `${job.spentAttempts} of ${job.maxAttempts}`],
+    ["attempt (fencing token)", String(job.attempt)],
+    ["created", iso(job.createdAt)],
+    ["run at", iso(job.runAt)],
+    ["started", iso(job.startedAt)],
+    ["finished", iso(job.finishedAt)],
+    ["lease until", iso(job.leaseUntil)],
+    ["locked by", job.lockedBy ?? "-"],
+    ["unique key", job.uniqueKey ?? "-"],
+    ["payload", JSON.stringify(job.payload)],
+    ["progress", job.progress === null ? "-" : JSON.stringify(job.progress)],
+    ["checkpoint", job.checkpoint === null ? "-" : JSON.stringify(job.checkpoint)],
+    ["last error", short(job.lastError, 200) || "-"],
+  ];
+  const width = Math.max(...fields.map(([k]) => k.length));
+  const head = fields.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join("\n");
+  const history =
+    attempts.length === 0
+      ? "no finished attempts yet"
+      : table(
+          ["ATTEMPT", "OUTCOME", "WORKER", "STARTED", "TOOK", "ERROR"],
+          attempts.map((a) => [
+            String(a.attempt),
+            a.outcome,
+            a.workerId,
+            a.startedAt.toISOString(),
+            `${((a.endedAt.getTime() - a.startedAt.getTime()) / 1000).toFixed(2)}s`,
+            short(a.error),
+          ]),
+        );
+  return `${head}\n\nattempt history:\n${history}`;
+}
+
+const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;
+
+export function statsText(stats: QueueStats): string {
+  const byQueue = new Map<string, Record<string, number>>();
+  for (const c of stats.counts) {
+    const row = byQueue.get(c.queue) ?? {};
+    row[c.state] = (row[c.state] ?? 0) + c.count;
+    byQueue.set(c.queue, row);
+  }
+  const counts =
+    byQueue.size === 0
+      ? "no jobs"
+      : table(
+          ["QUEUE", ...STATES.map((s) => s.toUpperCase())],
+          [...byQueue].map(([q, row]) => [q, ...STATES.map((s) => String(row[s] ?? 0))]),
+        );
+  const oldest =
+    stats.oldestReadyAt === null
+      ? "none (no job is waiting to run)"
+      : `ready for ${stats.oldestReadyAgeSeconds!.toFixed(1)}s (since ${stats.oldestReadyAt.toISOString()})`;
+  const watchdogs =
+    stats.watchdogs > 0
+      ? `${stats.watchdogs} running`
+      : `none running${stats.expiredLeases > 0 ? ": expired leases are not being recovered (start `leasehold watchdog`; `leasehold doctor` says more)" : ""}`;
+  return (
+    `${counts}\n\nactive leases   ${stats.activeLeases} (expired, awaiting the watchdog: ${stats.expiredLeases})\n` +
+    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}`
+  );
+}

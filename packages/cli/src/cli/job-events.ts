@@ -1,0 +1,53 @@
+/**
+ * One line per job start and end, for `leasehold worker` and `leasehold dev`: readable text,
+ * or with --json one JSON object per line ({"event":"job:end","id":"42",...}).
+ */
+import type { ClaimedJob } from "leasehold/internal/jobs/types";
+import type { Worker, JobOutcome } from "leasehold/internal/worker/worker";
+
+export function printJobEvents(worker: Worker, print: (line: string) => void, json = false): void {
+  const started = new Map<string, number>();
+  worker.on("job:start", (job: ClaimedJob) => {
+    started.set(job.id, performance.now());
+    if (json) return print(JSON.stringify({ event: "job:start", id: job.id, task: job.task, queue: job.queue, attempt: job.attempt }));
+    print(`▶ job ${job.id} ${job.task} started (attempt ${job.spentAttempts + 1} of ${job.maxAttempts})`);
+  });
+  worker.on("job:end", (job: ClaimedJob, outcome: JobOutcome) => {
+    const seconds = (performance.now() - (started.get(job.id) ?? performance.now())) / 1000;
+    started.delete(job.id);
+    if (json) {
+      const detail = outcome.state === "stale" ? { reason: outcome.error.reason } : outcome.state === "lost" ? { reason: outcome.reason } : {};
+      return print(
+        JSON.stringify({
+          event: "job:end",
+          id: job.id,
+          task: job.task,
+          attempt: job.attempt,
+          state: outcome.state,
+          seconds: Number(seconds.toFixed(3)),
+          ...detail,
+        }),
+      );
+    }
+    const took = seconds.toFixed(1);
+    const name = `job ${job.id} ${job.task}`;
+    switch (outcome.state) {
+      case "succeeded":
+        return print(`✔ ${name} succeeded in ${took}s`);
+      case "waiting":
+        return print(`↻ ${name} failed after ${took}s; it will be retried after a backoff`);
+      case "dead":
+        return print(`✖ ${name} failed and is dead (no attempts left); \`leasehold jobs retry ${job.id}\` runs it again`);
+      case "cancelled":
+        return print(`■ ${name} cancelled`);
+      case "superseded":
+        return print(`⤼ ${name} superseded after ${took}s: a newer job wrote first; finished without a retry`);
+      case "stale":
+        return print(`! ${name}: report refused, the lease was lost (${outcome.error.reason})`);
+      case "lost":
+        return print(`! ${name} stopped: ${outcome.reason}`);
+      case "report_failed":
+        return print(`! ${name}: could not report its end; the watchdog will recover it`);
+    }
+  });
+}

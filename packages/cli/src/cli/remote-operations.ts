@@ -1,0 +1,138 @@
+/**
+ * The CLI's job operations over a `leasehold serve` API instead of a database connection
+ * (`--server URL --token T`), for operators who can reach the server but not the database.
+ * Same shapes and the same typed errors as the `Leasehold` client's methods.
+ */
+import type { Leasehold, ListJobsOptions } from "leasehold/internal/client";
+import { checkJobId } from "leasehold/internal/jobs/ids";
+import { JobNotFoundError, JobStateError, ValidationError } from "leasehold/internal/errors";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
+import type { QueueStats } from "leasehold/internal/store/index";
+import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
+
+/** What the job commands need: the `Leasehold` client has it, and so does this API client. */
+export type JobOperations = Pick<Leasehold, "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats">;
+
+/** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
+export const REMOTE_ENQUEUE_BATCH = 1_000;
+const TIMEOUT_MS = 30_000;
+
+type Wire<T> = { [K in keyof T]: T[K] extends Date ? string : T[K] extends Date | null ? string | null : T[K] };
+
+export class RemoteOperations implements JobOperations {
+  private readonly base: URL;
+
+  constructor(
+    serverUrl: string,
+    private readonly token: string,
+  ) {
+    try {
+      this.base = new URL(serverUrl);
+    } catch {
+      throw new ValidationError(`server URL ${JSON.stringify(serverUrl)} is not a URL`);
+    }
+  }
+
+  async enqueue(task: string, payload?: unknown, options: EnqueueOptions = {}): Promise<EnqueuedJob> {
+    return this.call<EnqueuedJob>("POST", "/v1/jobs", { ...options, task, payload });
+  }
+
+  async enqueueMany(jobs: NewJob[]): Promise<EnqueuedJob[]> {
+    const out: EnqueuedJob[] = [];
+    for (let i = 0; i < jobs.length; i += REMOTE_ENQUEUE_BATCH) {
+      const { jobs: created } = await this.call<{ jobs: EnqueuedJob[] }>("POST", "/v1/jobs/batch", { jobs: jobs.slice(i, i + REMOTE_ENQUEUE_BATCH) });
+      out.push(...created);
+    }
+    return out;
+  }
+
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+    checkJobId(id);
+    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
+    return {
+      job: jobFromWire(r.job) as JobRecord,
+      attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })),
+    };
+  }
+
+  /** As `Leasehold.listJobs`: follows the server's pages (each at most a few MiB) up to `limit` jobs. */
+  async listJobs(filter: ListJobsOptions = {}): Promise<ListedJob[]> {
+    const limit = filter.limit ?? 50;
+    const jobs: ListedJob[] = [];
+    let before = filter.before;
+    do {
+      const query = new URLSearchParams({ limit: String(limit - jobs.length), payload: String(filter.includePayload ?? true) });
+      if (filter.state !== undefined) query.set("state", filter.state);
+      if (filter.queue !== undefined) query.set("queue", filter.queue);
+      if (before !== undefined) query.set("before", before);
+      const page = await this.call<{ jobs: Wire<ListedJob>[]; next: string | null }>("GET", `/v1/jobs?${query}`);
+      jobs.push(...page.jobs.map(jobFromWire));
+      before = page.next ?? undefined;
+    } while (before !== undefined && jobs.length < limit);
+    return jobs;
+  }
+
+  async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
+    return (await this.call<{ result: "cancelled" | "cancel_requested" }>("POST", `/v1/jobs/${encodeURIComponent(id)}/cancel`, undefined, id)).result;
+  }
+
+  async retry(id: string): Promise<void> {
+    await this.call("POST", `/v1/jobs/${encodeURIComponent(id)}/retry`, undefined, id);
+  }
+
+  async stats(): Promise<QueueStats> {
+    const s = await this.call<Wire<QueueStats>>("GET", "/v1/stats");
+    return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
+  }
+
+  /** A read of the API for views the job operations do not cover (`jobs watch`). */
+  get<T>(path: string): Promise<T> {
+    return this.call<T>("GET", path);
+  }
+
+  private async call<T>(method: "GET" | "POST", path: string, body?: unknown, jobId?: string): Promise<T> {
+    let response: Response;
+    let text: string;
+    try {
+      response = await fetch(new URL(path, this.base), {
+        method,
+        headers: { authorization: `Bearer ${this.token}`, ...(body !== undefined && { "content-type": "application/json" }) },
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(TIMEOUT_MS),
+      });
+      text = await response.text();
+    } catch (err) {
+      const cause = (err as { cause?: { code?: string } }).cause?.code ?? (err as Error).message;
+      throw new ServerUnavailableError(`cannot reach the Leasehold server at ${this.base.origin} (${cause})`);
+    }
+    let parsed: { error?: { code?: string; message?: string } } = {};
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      // not JSON: described by the status below
+    }
+    if (response.ok) return parsed as T;
+    const code = parsed.error?.code ?? "server_error";
+    const message = parsed.error?.message ?? `server answered ${response.status}`;
+    if (code === "job_not_found" && jobId) throw new JobNotFoundError(jobId);
+    if (code === "invalid_state") throw new JobStateError(message);
+    if (response.status === 400) throw new ValidationError(message);
+    if (response.status >= 502 && response.status <= 504) throw new ServerUnavailableError(`server answered ${response.status}: ${message}`);
+    throw new ServerError(code, `server answered ${response.status}: ${message}`, response.status);
+  }
+}
+
+/** A record from the wire (dates as strings); getJob's always has its payload. */
+function jobFromWire(j: Wire<ListedJob>): ListedJob {
+  const date = (v: string | null) => (v === null ? null : new Date(v));
+  return {
+    ...j,
+    runAt: date(j.runAt),
+    leaseUntil: date(j.leaseUntil),
+    heartbeatAt: date(j.heartbeatAt),
+    cancelRequestedAt: date(j.cancelRequestedAt),
+    createdAt: new Date(j.createdAt),
+    startedAt: date(j.startedAt),
+    finishedAt: date(j.finishedAt),
+  };
+}

@@ -1,0 +1,88 @@
+/**
+ * POST /v1/worker/claim: claim up to `limit` jobs; when none is ready, wait (a long poll)
+ * up to `waitMs` for one. The claim is the store's statement, exactly as for a worker on a
+ * database connection; this route adds the waiting and gives back jobs nobody will receive.
+ */
+import type { FastifyInstance, FastifyReply } from "fastify";
+import type { Leasehold } from "leasehold/internal/client";
+import type { ClaimedJob } from "leasehold/internal/jobs/types";
+import * as store from "leasehold/internal/store/index";
+import type { ClaimWaiter } from "./claim-waiter.js";
+import { errorBody } from "./errors.js";
+import { checkLease, MAX_CLAIM_RESPONSE_BYTES, type LeaseBounds } from "./limits.js";
+import { DEFAULT_BACKOFF } from "leasehold/internal/worker/backoff";
+import type { Receipts } from "./receipts.js";
+import { routes } from "./schemas.js";
+
+type ClaimBody = store.ClaimParams & { waitMs?: number };
+
+export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts, leases: LeaseBounds): void {
+  const pool = lh.pool;
+
+  app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim, config: { scope: "worker" } }, async (request, reply) => {
+    const { waitMs = 0, ...params } = request.body;
+    checkLease(params.leaseMs, leases);
+    const deadline = Date.now() + waitMs;
+    const gone = new AbortController();
+    reply.raw.on("close", () => gone.abort());
+    let jobs = await store.claimJobs(pool, params);
+    // waited: the claim was held open until a job came or waitMs passed. When it was not
+    // (the long-poll cap, a stopping server), an empty answer tells the client to back off.
+    let waited = false;
+    if (jobs.length === 0 && waitMs > 0 && !waiter.closed && !gone.signal.aborted && waiter.enter()) {
+      waited = true;
+      try {
+        for (;;) {
+          const woke = await waiter.wait(params, deadline - Date.now(), gone.signal);
+          if (woke === "closed") waited = false;
+          if (woke !== "woken") break;
+          jobs = await store.claimJobs(pool, params);
+          if (jobs.length > 0 || Date.now() >= deadline) break;
+        }
+      } finally {
+        waiter.leave();
+      }
+    }
+    if (gone.signal.aborted) {
+      // Claimed for a client that left while the statement ran (it died, or was cut off):
+      // recover the jobs now rather than leave them to the watchdog. Like any recovery of an
+      // attempt whose worker is gone, each spends an attempt: a job that kills its client
+      // every time still reaches the dead letter.
+      if (jobs.length > 0) {
+        await release(lh, params.workerId, jobs, "worker lost: the claim's response could not be delivered", true);
+        lh.metrics.recoveries.inc({ cause: "undelivered" }, jobs.length);
+      }
+      return clientGone(reply);
+    }
+    // Each job's receipt: later requests about this attempt must carry it.
+    const answer = jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) }));
+    const { keep, excess } = splitAtBytes(answer, MAX_CLAIM_RESPONSE_BYTES);
+    if (excess.length > 0) {
+      // Give back at once what does not fit: a release spends no retry budget and the job
+      // is claimable again (its fencing token only grows). The claim SQL stays as it is.
+      await release(lh, params.workerId, excess, "released: the claim's answer would have exceeded the server's response size cap");
+      lh.metrics.released.inc({ cause: "response_cap" }, excess.length);
+    }
+    for (const job of keep) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
+    return { jobs: keep, waited };
+  });
+}
+
+async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string, spend = false): Promise<void> {
+  await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason, spend, backoff: DEFAULT_BACKOFF });
+}
+
+/** The jobs whose JSON fits in `maxBytes` (at least one), and the rest. */
+function splitAtBytes<T>(jobs: T[], maxBytes: number): { keep: T[]; excess: T[] } {
+  let bytes = 0;
+  for (let i = 0; i < jobs.length; i++) {
+    bytes += Buffer.byteLength(JSON.stringify(jobs[i])) + 1;
+    if (i > 0 && bytes > maxBytes) return { keep: jobs.slice(0, i), excess: jobs.slice(i) };
+  }
+  return { keep: jobs, excess: [] };
+}
+
+/** Nobody will read this answer; it only ends the request. */
+function clientGone(reply: FastifyReply): FastifyReply {
+  return reply.status(499).send(errorBody("client_closed", "the client closed the request"));
+}

@@ -1,0 +1,270 @@
+/**
+ * The API a remote worker uses after a claim: the worker runtime's transport calls, one
+ * route each. Every attempt must carry the receipt its claim returned (receipts.ts); one
+ * without a valid receipt is refused on its own and never reaches the database. The rest
+ * are fenced by the store's SQL, exactly as for a worker on a database connection: a stale
+ * heartbeat or report changes nothing and, when nothing in the request applied and every
+ * attempt was refused by the fence, is answered 409 with
+ * `{ error: { code: "stale_lease", jobs: [{ id, attempt, reason }] } }`.
+ */
+import type { FastifyInstance, FastifyReply } from "fastify";
+import type { Leasehold } from "leasehold/internal/client";
+import { WorkerNameInUseError, type LostLeaseReason } from "leasehold/internal/errors";
+import { sanitizeText } from "leasehold/internal/jobs/validate";
+import * as store from "leasehold/internal/store/index";
+import { DEFAULT_BACKOFF } from "leasehold/internal/worker/backoff";
+import { renewBeats } from "./beats.js";
+import { errorBody } from "./errors.js";
+import type { ServerMetrics } from "./http-metrics.js";
+import { checkLease, type LeaseBounds } from "./limits.js";
+import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
+import { routes } from "./schemas.js";
+
+interface Deps {
+  leasehold: Leasehold;
+  receipts: Receipts;
+  metrics: ServerMetrics;
+  leases: LeaseBounds;
+}
+
+/** A remote worker's failure: its task's retry policy rides along (the delay is computed in SQL). */
+type WireFailure = ReceiptRef & { error: string; backoff?: store.BackoffPolicy; outcome?: store.FailureOutcome; giveUp?: boolean };
+
+interface AttachBody {
+  workerId: string;
+  name?: string;
+  queues: string[];
+  concurrency: number;
+  leaseMs: number;
+  heartbeatMs?: number;
+  policies: store.TaskPolicy[];
+}
+
+/**
+ * A remote worker holds no database session, so its liveness is its beats: another worker
+ * of the same name counts as live while it beats within this many leases.
+ */
+const REMOTE_NAME_HELD_LEASES = 2;
+
+type Ref = { id: string; attempt: number };
+type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
+type Kind = store.RefusedKind | "lost";
+type RefusedKind = store.RefusedKind;
+
+/** Route config: the worker token may use these routes too. */
+const worker = { scope: "worker" } as const;
+
+export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, leases }: Deps): void {
+  const pool = lh.pool;
+  /** Attempts with a valid receipt; the others are counted and answered as refused. */
+  const checked = <T extends ReceiptRef>(kind: Kind, items: T[], workerId: string) => {
+    const { valid, invalid } = receipts.check(items, workerId);
+    if (invalid.length > 0) metrics.invalidReceipts.inc({ kind }, invalid.length);
+    return { valid, invalid };
+  };
+  const invalidEntry = (r: Ref) => ({ id: r.id, attempt: r.attempt, code: INVALID_RECEIPT, message: INVALID_RECEIPT_MESSAGE });
+
+  app.post<{ Body: AttachBody }>("/v1/worker/attach", { schema: routes.attach, config: worker }, async (request) => {
+    const a = request.body;
+    checkLease(a.leaseMs, leases);
+    if (a.name !== undefined) {
+      const held = await store.workerNameHeldElsewhere(pool, { name: a.name, workerId: a.workerId, withinMs: REMOTE_NAME_HELD_LEASES * a.leaseMs });
+      if (held) throw new WorkerNameInUseError(a.name);
+    }
+    await store.announceWorker(pool, {
+      workerId: a.workerId,
+      name: a.name,
+      kind: "worker",
+      host: request.ip,
+      pid: 0,
+      queues: a.queues,
+      concurrency: a.concurrency,
+      leaseMs: a.leaseMs,
+      heartbeatMs: a.heartbeatMs,
+      livenessKey: null,
+      policies: a.policies,
+    });
+    return { ok: true };
+  });
+
+  app.post<{ Body: { workerId: string; graceful?: boolean } }>("/v1/worker/detach", { schema: routes.detach, config: worker }, async (request) => {
+    if (request.body.graceful !== false) await store.markWorkerStopped(pool, request.body.workerId);
+    return { ok: true };
+  });
+
+  app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[]; inFlight?: number; beatDelays?: number[] } }>(
+    "/v1/worker/heartbeat",
+    { schema: routes.heartbeat, config: worker },
+    async (request, reply) => {
+      const { workerId, leaseMs, beats, inFlight, beatDelays } = request.body;
+      checkLease(leaseMs, leases);
+      const { valid, invalid } = checked("heartbeat", beats, workerId);
+      // Each beat's values are judged on their own: a bad one is refused, the others renewed.
+      const { result, invalid: badValues } = await renewBeats(pool, {
+        workerId,
+        leaseMs,
+        beats: valid,
+        inFlight: inFlight ?? beats.length,
+        beatDelays,
+      });
+      if (badValues.length > 0) metrics.invalidBeats.inc(badValues.length);
+      if (beats.length > 0 && result.renewed.size === 0 && invalid.length === 0 && badValues.length === 0)
+        return refuse(reply, "heartbeat", valid, workerId, lh);
+      if (result.lost.length > 0) {
+        const lost = new Set(result.lost);
+        await recordRefused("heartbeat", valid.filter((b) => lost.has(b.id)).map(ref), workerId, lh);
+      }
+      return {
+        renewed: [...result.renewed].map(([id, r]) => ({ id, cancelRequested: r.cancelRequested })),
+        lost: result.lost,
+        invalid: [...invalid.map(invalidEntry), ...badValues],
+      };
+    },
+  );
+
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>(
+    "/v1/worker/succeed",
+    { schema: routes.succeed, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs } = request.body;
+      const { valid, invalid } = checked("complete", jobs, workerId);
+      const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
+      return answerReport(reply, "complete", workerId, valid, invalid, applied, lh);
+    },
+  );
+
+  app.post<{ Body: { workerId: string; failures: WireFailure[] } }>(
+    "/v1/worker/fail",
+    { schema: routes.fail, config: worker },
+    async (request, reply) => {
+      const { workerId, failures } = request.body;
+      const { valid, invalid } = checked("fail", failures, workerId);
+      const applied = await store.failJobs(pool, {
+        workerId,
+        failures: valid.map((f) => ({
+          id: f.id,
+          attempt: f.attempt,
+          // A client's error text may hold what PostgreSQL refuses (NUL, lone surrogates).
+          error: sanitizeText(f.error, 10_000),
+          backoff: f.backoff ?? DEFAULT_BACKOFF,
+          outcome: f.outcome,
+          giveUp: f.giveUp,
+        })),
+      });
+      return answerReport(reply, "fail", workerId, valid, invalid, applied, lh);
+    },
+  );
+
+  app.post<{ Body: { workerId: string; jobs: (ReceiptRef & { reason: string })[] } }>(
+    "/v1/worker/supersede",
+    { schema: routes.supersede, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs } = request.body;
+      const { valid, invalid } = checked("supersede", jobs, workerId);
+      const applied = await store.supersedeJobs(pool, {
+        workerId,
+        // A client's text may hold what PostgreSQL refuses (NUL, lone surrogates).
+        jobs: valid.map((j) => ({ id: j.id, attempt: j.attempt, reason: sanitizeText(j.reason, 2_000) })),
+      });
+      return answerReport(reply, "supersede", workerId, valid, invalid, applied, lh);
+    },
+  );
+
+  app.post<{ Body: { workerId: string; jobs: ReceiptRef[]; reason: string } }>(
+    "/v1/worker/release",
+    { schema: routes.release, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs, reason } = request.body;
+      const { valid, invalid } = checked("release", jobs, workerId);
+      // A live worker gives these back on purpose: free (no retry budget spent).
+      const applied = await store.releaseJobs(pool, {
+        workerId,
+        jobs: valid.map(ref),
+        reason: sanitizeText(reason, 1_000),
+        backoff: DEFAULT_BACKOFF,
+      });
+      return answerReport(reply, "release", workerId, valid, invalid, applied, lh);
+    },
+  );
+
+  app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost, config: worker }, async (request) => {
+    const { workerId, attempts } = request.body;
+    const { valid, invalid } = checked("lost", attempts, workerId);
+    const lost = valid.length > 0 ? await store.describeLostLeases(pool, valid.map(ref)) : new Map<string, store.LostLease>();
+    return {
+      lost: [...lost].map(([id, l]) => ({ id, reason: l.reason, endedAs: l.endedAs, finishedState: l.finishedState ?? null })),
+      invalid: invalid.map(invalidEntry),
+    };
+  });
+
+  app.post<{ Body: { workerName: string; currentWorkerId: string; backoff?: store.BackoffPolicy } }>(
+    "/v1/worker/reconcile",
+    { schema: routes.reconcile, config: worker },
+    async (request) => {
+      const { workerName, currentWorkerId, backoff } = request.body;
+      // Attach refused a second live worker of this name, so what its earlier processes
+      // still hold was left by a process that died: recovered, spending an attempt each.
+      const recovered = await store.recoverJobsOfEarlierProcess(pool, { workerName, currentWorkerId, backoff: backoff ?? DEFAULT_BACKOFF });
+      if (recovered.size > 0) lh.metrics.recoveries.inc({ cause: "reconciliation" }, recovered.size);
+      return { released: recovered.size };
+    },
+  );
+}
+
+function ref(r: Ref): Ref {
+  return { id: r.id, attempt: r.attempt };
+}
+
+async function answerReport(
+  reply: FastifyReply,
+  kind: RefusedKind,
+  workerId: string,
+  sent: Ref[],
+  invalid: Ref[],
+  applied: Map<string, string>,
+  lh: Leasehold,
+): Promise<unknown> {
+  if (applied.size === 0 && invalid.length === 0) return refuse(reply, kind, sent, workerId, lh);
+  const refusedRefs = sent.filter((r) => !applied.has(r.id));
+  const reasons = await recordRefused(kind, refusedRefs, workerId, lh);
+  return {
+    applied: [...applied].map(([id, state]) => ({ id, state })),
+    refused: [
+      ...refusedRefs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id) ?? "missing" })),
+      ...invalid.map((r) => ({ id: r.id, attempt: r.attempt, reason: INVALID_RECEIPT })),
+    ],
+  };
+}
+
+/**
+ * Attempts the fence refused: why each was (by job id), counted and kept on record (the
+ * dashboard's Recoveries view). Only on the refusal path: a request that applied costs nothing.
+ */
+async function recordRefused(kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<Map<string, LostLeaseReason>> {
+  if (refs.length === 0) return new Map();
+  const described = await store.describeLostLeases(lh.pool, refs);
+  const reasons = new Map(refs.map((r) => [r.id, described.get(r.id)?.reason ?? ("missing" as const)]));
+  for (const reason of reasons.values()) lh.metrics.fencingRejections.inc({ kind, reason });
+  // The record is for operators: failing to write it must not change the worker's answer.
+  await store
+    .recordStaleRefusals(
+      lh.pool,
+      refs.map((r) => ({ jobId: r.id, attempt: r.attempt, workerId, kind, reason: reasons.get(r.id)! })),
+      "server",
+    )
+    .catch((err: unknown) => lh.logger.warn({ err: String(err) }, "could not record stale refusals"));
+  return reasons;
+}
+
+/** Nothing in the request held its lease: 409, naming each attempt and why. */
+async function refuse(reply: FastifyReply, kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<FastifyReply> {
+  const reasons = await recordRefused(kind, refs, workerId, lh);
+  const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)! }));
+  const what =
+    refs.length === 1
+      ? `job ${refs[0]!.id} attempt ${refs[0]!.attempt} no longer holds the lease (${jobs[0]!.reason})`
+      : `none of these ${refs.length} attempts holds its lease`;
+  return reply
+    .status(409)
+    .send(errorBody("stale_lease", `${what}; the ${kind === "heartbeat" ? "heartbeat" : "report"} was refused and changed nothing`, { jobs }));
+}

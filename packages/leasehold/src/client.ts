@@ -1,0 +1,429 @@
+/**
+ * The library's front door: connect to a database, enqueue, inspect and operate on jobs, and
+ * create workers and maintenance services that share the connection pool.
+ *
+ * A library inside someone's web app must not start servers or create system users on its
+ * own: `connect()` needs a URL (or DATABASE_URL). The embedded PostgreSQL is started only when
+ * asked for (`embedded: true`), and loaded only then: the zero-setup path is the CLI's.
+ */
+import type pg from "pg";
+import { silentLogger, type Logger } from "./logger.js";
+import type { Registry } from "prom-client";
+import type { EmbeddedPostgresOptions, EmbeddedServer } from "./embedded-options.js";
+import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
+import { JOB_STATES } from "./jobs/types.js";
+import { checkJobId } from "./jobs/ids.js";
+import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { metricsFor, type Metrics } from "./metrics.js";
+import * as store from "./store/index.js";
+import type { Queryable } from "./store/db.js";
+import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
+import { Retention, type RetentionOptions } from "./maintenance/retention.js";
+import { Scheduler, type SchedulerOptions } from "./maintenance/scheduler.js";
+import type { MaintenanceService } from "./maintenance/service.js";
+import { nextTick, normalizeSchedule, type ScheduleDefinition } from "./jobs/schedule.js";
+import { DatabaseTransport } from "./worker/transport.js";
+import { Worker, type WorkerOptions } from "./worker/worker.js";
+import type { DispatchFactory, NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
+import { loadOptional } from "./optional.js";
+
+export interface LeaseholdOptions {
+  /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
+  databaseUrl?: string;
+  /** Schema for Leasehold's tables; default LEASEHOLD_SCHEMA or "leasehold". */
+  schema?: string;
+  /**
+   * With no database URL, start a local PostgreSQL for development (`true`, or its options);
+   * `close()` stops it. If another process (`leasehold dev`, `serve`, another app) already
+   * runs it on the same data directory, that server is used and left running. Never implied:
+   * without a URL and without this, `connect()` fails.
+   */
+  embedded?: boolean | EmbeddedPostgresOptions;
+  /** Apply pending migrations on connect; default true. */
+  migrate?: boolean;
+  poolSize?: number;
+  logger?: Logger;
+  metricsRegistry?: Registry;
+  /**
+   * NATS JetStream dispatch (docs/nats.md): a server URL, or its options. Enqueue then
+   * publishes each new job's id after its commit, and workers take jobs from JetStream
+   * (falling back to polling while NATS is unavailable). The NATS client is loaded only then.
+   */
+  nats?: string | NatsOptions;
+}
+
+export interface ListJobsOptions {
+  state?: string;
+  queue?: string;
+  task?: string;
+  /** Only jobs whose time (`timeField`) is at or after this moment. */
+  from?: Date;
+  /** Only jobs whose time (`timeField`) is before this moment. */
+  to?: Date;
+  /** Which time `from` and `to` bound: "created" (default) or "finished" (unfinished jobs never match). */
+  timeField?: "created" | "finished";
+  /** 1 to 10,000; default 50. */
+  limit?: number;
+  /** Only jobs older than this id (the last id of the previous page). */
+  before?: string;
+  /** Default true; false leaves payloads out. */
+  includePayload?: boolean;
+}
+
+/** connect() waits this long for NATS, then goes on without it (it keeps connecting). */
+const NATS_CONNECT_WAIT_MS = 1_000;
+
+/** Jobs per INSERT when enqueueing many; a larger batch is written in one transaction. */
+export const ENQUEUE_CHUNK = 5_000;
+
+/** Where enqueue runs: your own `pg` client (a Client or PoolClient), inside your transaction. */
+export interface EnqueueTarget {
+  /**
+   * Enqueue on this client, in its current transaction: the job exists if and only if the
+   * transaction commits, and workers are woken at commit. Its search_path need not include
+   * Leasehold's schema.
+   */
+  db?: Queryable;
+}
+
+export class Leasehold {
+  private constructor(
+    readonly pool: pg.Pool,
+    readonly databaseUrl: string,
+    readonly schema: string,
+    readonly logger: Logger,
+    readonly metrics: Metrics,
+    private readonly embedded?: EmbeddedServer,
+    /** The NATS connection, when NATS dispatch is configured. */
+    readonly nats?: NatsPublisher,
+    private readonly natsPlugin?: NatsPlugin,
+  ) {}
+
+  static async connect(options: LeaseholdOptions = {}): Promise<Leasehold> {
+    const logger = options.logger ?? silentLogger;
+    const schema = store.assertSchemaName(options.schema ?? process.env.LEASEHOLD_SCHEMA ?? store.DEFAULT_SCHEMA);
+    let url = options.databaseUrl ?? process.env.DATABASE_URL;
+    let embedded: EmbeddedServer | undefined;
+    if (url) {
+      checkDatabaseUrl(url);
+    } else if (options.embedded) {
+      const { EmbeddedPostgres } = await loadOptional<{ EmbeddedPostgres: new (o: EmbeddedPostgresOptions) => EmbeddedServer }>(
+        "@leasehold/cli/embedded",
+        "embedded: true",
+      );
+      embedded = new EmbeddedPostgres(options.embedded === true ? {} : options.embedded);
+      url = await embedded.start();
+      const { owner } = embedded;
+      if (owner) {
+        logger.info({ dataDir: embedded.dataDir, port: new URL(url).port, owner }, "using the embedded PostgreSQL another process runs");
+      } else {
+        logger.info({ dataDir: embedded.dataDir, port: new URL(url).port }, "started embedded PostgreSQL");
+      }
+    } else {
+      throw new ConfigError(
+        "Leasehold.connect needs a database: pass databaseUrl or set DATABASE_URL " +
+          "(or pass embedded: true to start a local PostgreSQL for development)",
+      );
+    }
+    let natsOptions: unknown;
+    let natsPlugin: NatsPlugin | undefined;
+    try {
+      if (options.nats !== undefined) {
+        natsPlugin = (await loadOptional<{ default: NatsPlugin }>("@leasehold/nats", "the nats option")).default;
+        natsOptions = natsPlugin.resolveNatsOptions(options.nats, schema);
+      }
+    } catch (err) {
+      await embedded?.stop();
+      throw err;
+    }
+    const pool = store.createPool({ connectionString: url, schema, max: options.poolSize });
+    try {
+      if (options.migrate ?? true) await store.migrate(pool, schema);
+    } catch (err) {
+      await pool.end().catch(() => {});
+      await embedded?.stop();
+      throw err;
+    }
+    const metrics = metricsFor(options.metricsRegistry);
+    let nats: NatsPublisher | undefined;
+    if (natsPlugin) {
+      // Loaded only here: the library without NATS never loads its client. The connection
+      // comes up in the background; NATS being down fails nothing.
+      nats = natsPlugin.connect(natsOptions, { logger, metrics, name: `leasehold:${schema}` });
+      // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
+      await nats.waitConnected(NATS_CONNECT_WAIT_MS);
+    }
+    return new Leasehold(pool, url, schema, logger, metrics, embedded, nats, natsPlugin);
+  }
+
+  async enqueue(task: string, payload?: unknown, options: EnqueueOptions & EnqueueTarget = {}): Promise<EnqueuedJob> {
+    const { db, ...jobOptions } = options ?? {};
+    const [job] = await this.enqueueMany([{ ...jobOptions, task, payload }], { db });
+    return job!;
+  }
+
+  /**
+   * Validates every job first (a bad one fails the batch, naming its index), then inserts,
+   * all or nothing. With `db`, on your client inside your transaction.
+   */
+  async enqueueMany(jobs: NewJob[], target: EnqueueTarget = {}): Promise<EnqueuedJob[]> {
+    if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
+    const insertAll = async (db: Queryable, schema?: string) => {
+      const out: EnqueuedJob[] = [];
+      for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
+        out.push(...(await store.enqueueJobs(db, normalized.slice(i, i + ENQUEUE_CHUNK), schema)));
+      }
+      return out;
+    };
+    let enqueued: EnqueuedJob[];
+    if (target.db !== undefined) {
+      if (typeof (target.db as { query?: unknown })?.query !== "function") {
+        throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
+      }
+      enqueued =
+        normalized.length <= ENQUEUE_CHUNK
+          ? await insertAll(target.db, this.schema)
+          : await allOrNothing(target.db, () => insertAll(target.db!, this.schema));
+    } else if (this.nats) {
+      // NATS dispatch: the doorbells of new jobs due now are published right after the
+      // commit; the outbox keeps them owed (for PUBLISH_GRACE_MS) in case that publish fails.
+      const publishing = this.nats.connected ? this.natsPlugin!.PUBLISH_GRACE_MS : undefined;
+      const insertPublishing = async (db: Queryable) => {
+        const out: store.InsertedJob[] = [];
+        for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
+          out.push(...(await store.enqueueJobs(db, normalized.slice(i, i + ENQUEUE_CHUNK), undefined, publishing)));
+        }
+        return out;
+      };
+      const inserted =
+        normalized.length <= ENQUEUE_CHUNK ? await insertPublishing(this.pool) : await store.withTransaction(this.pool, insertPublishing);
+      if (publishing !== undefined) await this.publishNew(normalized, inserted);
+      enqueued = inserted.map(({ id, created }) => ({ id, created }));
+    } else if (normalized.length <= ENQUEUE_CHUNK) {
+      enqueued = await store.enqueueJobs(this.pool, normalized);
+    } else {
+      enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));
+    }
+    this.countEnqueued(normalized);
+    return enqueued;
+  }
+
+  /**
+   * Publishes the doorbells of jobs just enqueued and due, then marks them published. Never
+   * throws: a publish that fails leaves them owed, and the workers' dispatchers publish them.
+   */
+  private async publishNew(jobs: { queue: string; task: string }[], inserted: store.InsertedJob[]): Promise<void> {
+    const doorbells: store.Doorbell[] = [];
+    inserted.forEach((j, i) => {
+      if (j.created && j.due) doorbells.push({ id: j.id, attempt: 0, queue: jobs[i]!.queue, task: jobs[i]!.task, recovery: false });
+    });
+    if (doorbells.length === 0) return;
+    try {
+      await this.nats!.publish(doorbells);
+      await store.deletePublishedDoorbells(
+        this.pool,
+        doorbells.map((d) => d.id),
+      );
+    } catch (err) {
+      this.logger.debug({ err: String(err), jobs: doorbells.length }, "publishing new jobs to NATS failed; they stay owed");
+    }
+  }
+
+  /** One counter increment per queue per batch: a label lookup per job would cost ~1 µs each. */
+  private countEnqueued(jobs: { queue: string }[]): void {
+    const perQueue = new Map<string, number>();
+    for (const j of jobs) perQueue.set(j.queue, (perQueue.get(j.queue) ?? 0) + 1);
+    for (const [queue, n] of perQueue) this.metrics.jobsEnqueued.inc({ queue: this.metrics.queueLabel(queue) }, n);
+  }
+
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+    checkJobId(id);
+    const [job, attempts] = await Promise.all([store.getJob(this.pool, id), store.getAttempts(this.pool, id)]);
+    if (!job) throw new JobNotFoundError(id);
+    return { job, attempts };
+  }
+
+  /**
+   * Jobs, newest first. Page with `before`: the last id of the previous page. With
+   * `includePayload: false` the records carry no payload (cheap for large payloads).
+   */
+  async listJobs(filter: ListJobsOptions = {}): Promise<ListedJob[]> {
+    if (filter.state !== undefined && !JOB_STATES.includes(filter.state as never)) {
+      throw new ValidationError(`state must be one of ${JOB_STATES.join(", ")} (got ${JSON.stringify(filter.state)})`);
+    }
+    if (filter.queue !== undefined) checkName(filter.queue, "queue");
+    if (filter.task !== undefined) checkName(filter.task, "task");
+    for (const key of ["from", "to"] as const) {
+      const at = filter[key];
+      if (at !== undefined && !(at instanceof Date && Number.isFinite(at.getTime()))) throw new ValidationError(`${key} must be a valid Date`);
+    }
+    if (filter.timeField !== undefined && filter.timeField !== "created" && filter.timeField !== "finished") {
+      throw new ValidationError(`timeField must be "created" or "finished" (got ${JSON.stringify(filter.timeField)})`);
+    }
+    if (filter.before !== undefined) checkJobId(filter.before, "before");
+    const limit = integerIn(filter.limit ?? 50, 1, 10_000, "limit");
+    const includePayload = filter.includePayload ?? true;
+    if (typeof includePayload !== "boolean") throw new ValidationError("includePayload must be true or false");
+    return store.listJobs(this.pool, {
+      state: filter.state as JobRecord["state"],
+      queue: filter.queue,
+      task: filter.task,
+      from: filter.from,
+      to: filter.to,
+      timeField: filter.timeField,
+      limit,
+      before: filter.before,
+      includePayload,
+    });
+  }
+
+  /**
+   * Cancels a job: a waiting one ends now; a running one has its handler aborted at the
+   * next heartbeat and its late report refused. Returns which happened.
+   */
+  async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
+    checkJobId(id);
+    const result = await store.cancelJob(this.pool, id);
+    if (result === "not_found") throw new JobNotFoundError(id);
+    if (typeof result === "object") throw new JobStateError(`job ${id} already finished (${result.finished}); nothing to cancel`);
+    return result;
+  }
+
+  /** Moves a dead or cancelled job back to waiting with a fresh retry budget. */
+  async retry(id: string): Promise<void> {
+    checkJobId(id);
+    let result: store.RetryResult;
+    try {
+      result = await store.retryJob(this.pool, id);
+    } catch (err) {
+      if ((err as { code?: string }).code === "23505") {
+        throw new JobStateError(`job ${id} cannot be retried: an unfinished job holds its unique key`);
+      }
+      throw err;
+    }
+    if (result === "not_found") throw new JobNotFoundError(id);
+    if (typeof result === "object") {
+      throw new JobStateError(`job ${id} is ${result.notRetryable}; only dead or cancelled jobs can be retried`);
+    }
+  }
+
+  stats(): Promise<store.QueueStats> {
+    return store.queueStats(this.pool);
+  }
+
+  /**
+   * Saves a schedule (a periodic job): one job of `task` per tick of `cron`, enqueued by the
+   * scheduler inside any running worker. Saving a schedule that exists updates it; with the
+   * same pattern and time zone it keeps its place (a redeploy neither skips nor repeats a
+   * tick), with a new one it starts from its next tick.
+   */
+  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean }> {
+    const { parsed, ...input } = normalizeSchedule(def);
+    const firstRunAt = nextTick(parsed, await store.databaseNow(this.pool));
+    if (!firstRunAt) throw new ValidationError(`schedule ${def.name}: cron ${JSON.stringify(def.cron)} has no tick in the future`);
+    return store.upsertSchedule(this.pool, { ...input, firstRunAt });
+  }
+
+  /** Removes a schedule (its jobs already enqueued stay); false if there was none. */
+  async unschedule(name: string): Promise<boolean> {
+    checkName(name, "schedule name");
+    return store.deleteSchedule(this.pool, name);
+  }
+
+  listSchedules(): Promise<store.ScheduleRecord[]> {
+    return store.listSchedules(this.pool);
+  }
+
+  /**
+   * A worker on this connection, with a watchdog and a scheduler inside it (set
+   * `watchdog: false` or `scheduler: false` to run them elsewhere). Call `start()` on it.
+   */
+  worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions; scheduler?: boolean | SchedulerOptions }): Worker {
+    const { watchdog = true, scheduler = true, ...rest } = options;
+    const services: MaintenanceService<unknown>[] = [];
+    if (watchdog) services.push(this.watchdog(typeof watchdog === "object" ? watchdog : {}));
+    if (scheduler) services.push(this.scheduler(typeof scheduler === "object" ? scheduler : {}));
+    return new Worker({
+      logger: this.logger,
+      metricsRegistry: this.metrics.registry,
+      ...rest,
+      transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
+      services,
+      dispatch: this.dispatchFactory(),
+    });
+  }
+
+  /**
+   * @internal With NATS configured, what a Worker built by hand (`new Worker({ transport, dispatch })`)
+   * needs for NATS dispatch on this client; undefined otherwise.
+   */
+  dispatchFactory(): DispatchFactory | undefined {
+    const link = this.nats;
+    const plugin = this.natsPlugin;
+    if (!link || !plugin) return undefined;
+    return async () => plugin.workerDispatch(link, { pool: this.pool, connectionString: this.databaseUrl, schema: this.schema });
+  }
+
+  watchdog(options: WatchdogOptions = {}): Watchdog {
+    return new Watchdog(this.pool, this.metrics, this.logger, options);
+  }
+
+  /** Enqueues the jobs of due schedules; runs inside every worker unless `scheduler: false`. */
+  scheduler(options: SchedulerOptions = {}): Scheduler {
+    return new Scheduler(this.pool, this.metrics, this.logger, options);
+  }
+
+  retention(options: RetentionOptions = {}): Retention {
+    return new Retention(this.pool, this.metrics, this.logger, options);
+  }
+
+  async close(): Promise<void> {
+    await this.nats?.close();
+    await this.pool.end();
+    await this.embedded?.stop();
+  }
+}
+
+/**
+ * Several statements on a caller's client, all or nothing: inside the caller's transaction
+ * (a savepoint proves there is one) they are part of it, and a failure undoes them alone;
+ * outside one, they get a transaction of their own.
+ */
+async function allOrNothing<T>(db: Queryable, run: () => Promise<T>): Promise<T> {
+  try {
+    await db.query("SAVEPOINT leasehold_enqueue");
+  } catch (err) {
+    if ((err as { code?: string }).code !== "25P01") throw err; // no_active_sql_transaction
+    await db.query("BEGIN");
+    try {
+      const result = await run();
+      await db.query("COMMIT");
+      return result;
+    } catch (e) {
+      await db.query("ROLLBACK").catch(() => {});
+      throw e;
+    }
+  }
+  try {
+    const result = await run();
+    await db.query("RELEASE SAVEPOINT leasehold_enqueue");
+    return result;
+  } catch (err) {
+    // Undo the chunks written so far; the caller's transaction goes on, and decides.
+    await db.query("ROLLBACK TO SAVEPOINT leasehold_enqueue").catch(() => {});
+    throw err;
+  }
+}
+
+/**
+ * libpq-style URLs (postgres://, postgresql://) or a socket path. Anything else fails here with
+ * a usage error rather than later as a connection failure. The value is not echoed: it may
+ * hold a password.
+ */
+function checkDatabaseUrl(url: string): void {
+  if (!/^(postgres|postgresql|socket):\/\/|^\//i.test(url)) {
+    throw new ConfigError("the database URL must look like postgres://user:password@host:5432/database (the value given does not)");
+  }
+}

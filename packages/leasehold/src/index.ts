@@ -1,0 +1,45 @@
+/**
+ * Leasehold: a durable, lease-based job queue on PostgreSQL. This is the documented API
+ * (docs/api.md); everything else in the package is internal and may change.
+ *
+ * Delivery is at-least-once: a handler may run more than once for the same job (after a
+ * crash, a hang or a partition). Handlers must be idempotent; (job id, attempt) is the
+ * dedup key and the fencing token for writes elsewhere. See docs/concepts.md.
+ *
+ * The tooling lives in packages of its own: `@leasehold/cli` (the command line, the HTTP server,
+ * the dashboard and the embedded PostgreSQL for development) and `@leasehold/nats` (NATS
+ * dispatch), loaded by the library only when an option asks for them.
+ */
+export { Leasehold } from "./client.js";
+export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
+export type { NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
+export type { Logger, LogFn } from "./logger.js";
+export { silentLogger } from "./logger.js";
+export type { EmbeddedPostgresOptions } from "./embedded-options.js";
+export { Worker } from "./worker/worker.js";
+export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
+export { JobAbortedError, PermanentJobError, RetrySupersededError } from "./worker/context.js";
+export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
+export type { WorkerTransport } from "./worker/transport.js";
+export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";
+export type { RemoteTransportOptions } from "./worker/remote-transport.js";
+export { DEFAULT_BACKOFF } from "./worker/backoff.js";
+export type { BackoffPolicy } from "./worker/backoff.js";
+export {
+  DEFAULT_CONCURRENCY,
+  DEFAULT_LEASE_MS,
+  DEFAULT_HEARTBEAT_MS,
+  DEFAULT_POLL_INTERVAL_MS,
+  DEFAULT_SHUTDOWN_TIMEOUT_MS,
+} from "./worker/options.js";
+export type { Watchdog, WatchdogOptions, ReapSummary, RecoverySummary } from "./maintenance/watchdog.js";
+export { DEFAULT_WATCHDOG_INTERVAL_MS } from "./maintenance/watchdog.js";
+export type { Retention, RetentionOptions } from "./maintenance/retention.js";
+export type { QueueStats } from "./store/admin.js";
+export * from "./errors.js";
+export * from "./jobs/types.js";
+export { fencedWrite, fencedWriteSql } from "./fencing.js";
+export type { FencedWrite, FencedWriteDb } from "./fencing.js";
+export type { Scheduler, SchedulerOptions } from "./maintenance/scheduler.js";
+export type { ScheduleDefinition } from "./jobs/schedule.js";
+export type { ScheduleRecord, ScheduleJobOptions } from "./store/schedules.js";

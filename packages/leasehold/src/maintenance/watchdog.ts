@@ -1,0 +1,246 @@
+/**
+ * The watchdog: Leasehold's recovery controller. Every way an attempt can be left behind
+ * ends here, through the same retry-or-dead path as a failure (a recovery is a failure its
+ * worker did not live to report, so it spends the retry budget), counted by cause:
+ *   - crash detection (about every `livenessIntervalMs`, across all watchdogs together):
+ *     workers hold a liveness lock on their own session; when a worker's lock is gone (kill
+ *     -9, OOM, a dead host's sockets closing) for longer than a short grace, its jobs are
+ *     recovered at once (worker_lost);
+ *   - leases that ran out (every `intervalMs`): the backstop for partitions, zombies and
+ *     poolers that break session state (lease_expired);
+ *   - attempts past their progress timeout or maximum run time by more than a lease, which
+ *     their worker should have ended (stalled, timed_out);
+ *   - an orphan scan (every `orphanScanIntervalMs`) for states that should not exist: jobs of
+ *     tasks no live worker runs, finished jobs missing audit rows, waiting jobs past their
+ *     retry budget (repaired: dead).
+ * It also vacuums the hot table when dead rows outnumber live ones: claims walk them.
+ * It runs inside every worker and standalone; any number may run at once (each statement
+ * moves its rows out of reach of the others) and each job is recovered once.
+ */
+import os from "node:os";
+import { randomBytes } from "node:crypto";
+import type { Logger } from "../logger.js";
+import type { Queryable } from "../store/db.js";
+import * as store from "../store/index.js";
+import { DEFAULT_BACKOFF } from "../worker/backoff.js";
+import { DEFAULT_MAX_RUN_MS } from "../worker/options.js";
+import type { Metrics } from "../metrics.js";
+import { MaintenanceService } from "./service.js";
+import type { BackoffPolicy } from "../store/end-attempts.js";
+
+export const DEFAULT_WATCHDOG_INTERVAL_MS = 2_000;
+export const DEFAULT_LIVENESS_INTERVAL_MS = 250;
+/** A worker's liveness lock must be gone this long before its jobs are recovered: a reconnect takes less. */
+export const DEFAULT_LOST_WORKER_GRACE_MS = 1_000;
+/** After the database (re)starts, every session is new: wait this long before calling anyone lost. */
+export const STARTUP_GRACE_MS = 5_000;
+export const DEFAULT_ORPHAN_SCAN_INTERVAL_MS = 60_000;
+/** A ready job of a task no live worker runs is reported once it has waited this long. */
+export const DEFAULT_ORPHAN_AFTER_MS = 5 * 60_000;
+/** The hot table is vacuumed when it holds more dead rows than live ones, and at least this many. */
+export const HOT_TABLE_VACUUM_MIN_DEAD = 10_000;
+/** One statement moved 10,000 expired jobs in ~70 ms on 2 cores; keep each short. */
+export const REAP_BATCH = 1_000;
+
+export interface WatchdogOptions {
+  intervalMs?: number;
+  livenessIntervalMs?: number;
+  lostWorkerGraceMs?: number;
+  /** The retry policy for jobs whose task no worker has announced. */
+  backoff?: BackoffPolicy;
+  orphanScanIntervalMs?: number;
+  orphanAfterMs?: number;
+}
+
+export interface ReapSummary {
+  retried: number;
+  dead: number;
+  cancelled: number;
+}
+
+export type RecoveryCause = "lease_expired" | "worker_lost" | "stalled" | "timed_out";
+
+export interface RecoverySummary extends ReapSummary {
+  byCause: Partial<Record<RecoveryCause, number>>;
+}
+
+export class Watchdog extends MaintenanceService<RecoverySummary> {
+  readonly id = `watchdog/${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  private readonly livenessMs: number;
+  private readonly reapMs: number;
+  private readonly orphanMs: number;
+  private readonly graceMs: number;
+  private readonly backoff: BackoffPolicy;
+  private lastReap = -Infinity;
+  /** Workers this watchdog saw lose their liveness, and when their grace is over (monotonic ms). */
+  private readonly lostSeen = new Map<string, number>();
+  /** Live watchdogs, as last counted: each checks liveness on one tick in this many. */
+  private fleetSize = 1;
+  private lastOrphanScan = -Infinity;
+  private announced = false;
+
+  constructor(
+    private readonly db: Queryable,
+    private readonly metrics: Metrics,
+    logger: Logger,
+    private readonly options: WatchdogOptions = {},
+  ) {
+    const reapMs = options.intervalMs ?? DEFAULT_WATCHDOG_INTERVAL_MS;
+    const livenessMs = Math.min(options.livenessIntervalMs ?? DEFAULT_LIVENESS_INTERVAL_MS, reapMs);
+    super("watchdog", livenessMs, logger);
+    this.livenessMs = livenessMs;
+    this.reapMs = reapMs;
+    this.orphanMs = options.orphanScanIntervalMs ?? DEFAULT_ORPHAN_SCAN_INTERVAL_MS;
+    this.graceMs = options.lostWorkerGraceMs ?? DEFAULT_LOST_WORKER_GRACE_MS;
+    this.backoff = options.backoff ?? DEFAULT_BACKOFF;
+  }
+
+  /** Everything, now: crash detection, expired leases, overdue attempts and the orphan scan. */
+  async runOnce(): Promise<RecoverySummary> {
+    const summary = await this.recover(true);
+    await this.scanOrphans();
+    return summary;
+  }
+
+  /**
+   * Crash detection on a share of the ticks, so that the fleet's watchdogs together check
+   * about once per `livenessIntervalMs` (every worker runs one: a hundred processes checking
+   * four times a second each would be 400 statements a second for one answer); the heavier
+   * parts when their interval has passed.
+   */
+  protected override async tick(): Promise<unknown> {
+    const now = performance.now();
+    const reapDue = now - this.lastReap >= this.reapMs - this.livenessMs / 2;
+    await this.recover(reapDue, reapDue || Math.random() * this.fleetSize < 1);
+    if (now - this.lastOrphanScan >= this.orphanMs) await this.scanOrphans();
+    return undefined;
+  }
+
+  private async recover(all: boolean, checkLiveness = true): Promise<RecoverySummary> {
+    const summary: RecoverySummary = { retried: 0, dead: 0, cancelled: 0, byCause: {} };
+    const count = (cause: RecoveryCause, ended: store.Ended) => {
+      if (ended.size === 0) return;
+      for (const state of ended.values()) summary[state === "waiting" ? "retried" : state]++;
+      summary.byCause[cause] = (summary.byCause[cause] ?? 0) + ended.size;
+      this.metrics.recoveries.inc({ cause }, ended.size);
+      for (const s of ended.sinceBeatSeconds ?? []) this.metrics.recoveryDelay.observe({ cause }, s);
+    };
+    if (checkLiveness) await this.checkLiveness();
+    const now = performance.now();
+    // Recovery runs once the grace of a worker this watchdog saw go has passed, and on every
+    // reap tick for workers another watchdog saw go: not one more statement on every tick.
+    const graceOver = [...this.lostSeen].filter(([, due]) => now >= due);
+    if (all || graceOver.length > 0) {
+      count("worker_lost", await store.recoverLostWorkers(this.db, { limit: REAP_BATCH, graceMs: this.graceMs, backoff: this.backoff }));
+      for (const [id] of graceOver) this.lostSeen.delete(id);
+    }
+    if (all) {
+      this.lastReap = performance.now();
+      if (!this.announced) {
+        await store.announceWorker(this.db, {
+          workerId: this.id,
+          kind: "watchdog",
+          host: os.hostname(),
+          pid: process.pid,
+          queues: [],
+          livenessKey: null,
+          policies: [],
+        });
+        this.announced = true;
+      } else {
+        this.fleetSize = Math.max(1, await store.touchWorker(this.db, this.id, 3 * this.reapMs + 1_000));
+      }
+      for (;;) {
+        const reaped = await store.reapExpiredLeases(this.db, { limit: REAP_BATCH, backoff: this.backoff });
+        count("lease_expired", reaped);
+        for (const state of reaped.values()) this.metrics.leaseExpirations.inc({ result: state === "waiting" ? "retry" : state });
+        if (reaped.size < REAP_BATCH) break;
+      }
+      const overdue = await store.endOverdueAttempts(this.db, { limit: REAP_BATCH, backoff: this.backoff, defaultMaxRunMs: DEFAULT_MAX_RUN_MS });
+      if (overdue.size > 0) {
+        for (const kind of ["stalled", "timed_out"] as const) {
+          const ids = [...overdue.keys()].filter((id) => overdue.outcomes?.get(id) === kind);
+          const part: store.Ended = new Map(ids.map((id) => [id, overdue.get(id)!]));
+          part.sinceBeatSeconds = [];
+          count(kind, part);
+        }
+        this.logger.warn(
+          { jobs: [...overdue.keys()].slice(0, 20), n: overdue.size },
+          "ended attempts past their progress timeout or maximum run time",
+        );
+      }
+      await this.gauge();
+    }
+    const total = summary.retried + summary.dead + summary.cancelled;
+    if (total > 0)
+      this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
+    return summary;
+  }
+
+  /** Workers whose liveness lock is gone are marked lost; their recovery waits the grace. */
+  private async checkLiveness(): Promise<void> {
+    const { lost, back, jobsLive, jobsDead } = await store.markLostWorkers(this.db, {
+      startupGraceMs: STARTUP_GRACE_MS,
+      defaultGraceMs: this.graceMs,
+    });
+    const now = performance.now();
+    if (lost.length > 0) {
+      this.logger.warn(
+        { workers: lost.map((w) => w.id) },
+        "worker liveness lost (session gone); recovering its jobs after the grace unless it comes back",
+      );
+      for (const w of lost) this.lostSeen.set(w.id, now + w.graceMs);
+    }
+    if (back.length > 0) {
+      this.logger.info({ workers: back }, "worker liveness back");
+      for (const id of back) this.lostSeen.delete(id);
+    }
+    // The hot table's dead rows slow every claim until vacuumed (see vacuumIfBloated); a busy
+    // queue makes tens of thousands a second, so its counts are read with every liveness check
+    // (for free: they come with it).
+    if (store.isBloated(jobsLive, jobsDead, HOT_TABLE_VACUUM_MIN_DEAD)) {
+      await store.vacuumTable(this.db, "jobs");
+      this.logger.debug({ dead: jobsDead, live: jobsLive }, "vacuumed the jobs table");
+    }
+  }
+
+  private async gauge(): Promise<void> {
+    const counts = await store.countUnfinishedJobs(this.db);
+    this.metrics.jobs.reset();
+    let running = 0;
+    for (const c of counts) {
+      this.metrics.jobs.inc({ queue: this.metrics.queueLabel(c.queue), state: c.state }, c.count);
+      if (c.state === "running") running += c.count;
+    }
+    this.metrics.activeLeases.set(running);
+  }
+
+  /** States that should not exist: each kind counted (a gauge and a log line), repaired where safe. */
+  async scanOrphans(): Promise<Record<string, number>> {
+    this.lastOrphanScan = performance.now();
+    const found: Record<string, number> = {};
+    const noWorker = await store.findJobsWithoutWorker(this.db, {
+      waitingMs: this.options.orphanAfterMs ?? DEFAULT_ORPHAN_AFTER_MS,
+      aliveMs: Math.max(60_000, 3 * this.reapMs),
+    });
+    found.no_worker_for_task = noWorker.reduce((n, r) => n + r.jobs, 0);
+    if (noWorker.length > 0) {
+      this.logger.warn(
+        { tasks: noWorker.map((r) => ({ queue: r.queue, task: r.task, jobs: r.jobs, waitingSince: r.oldest })) },
+        "ready jobs of tasks no live worker runs",
+      );
+    }
+    const missing = await store.findMissingAudit(this.db, { withinMs: 2 * this.orphanMs });
+    found.missing_audit = missing.length;
+    if (missing.length > 0) this.logger.error({ jobs: missing.slice(0, 20) }, "finished jobs with fewer audit rows than attempts");
+    const overBudget = await store.endOverBudgetJobs(this.db);
+    found.over_budget = overBudget.length;
+    if (overBudget.length > 0) {
+      this.metrics.orphansRepaired.inc({ kind: "over_budget" }, overBudget.length);
+      this.logger.warn({ jobs: overBudget.slice(0, 20), n: overBudget.length }, "waiting jobs past their retry budget moved to the dead letter");
+    }
+    for (const [kind, n] of Object.entries(found)) this.metrics.orphanedJobs.set({ kind }, n);
+    await store.pruneWorkers(this.db, { retainMs: 24 * 3600_000 });
+    return found;
+  }
+}

@@ -1,0 +1,160 @@
+/**
+ * What a handler is given. Read this before writing one:
+ *
+ *   DELIVERY IS AT-LEAST-ONCE. A handler can run more than once for the same job: when its
+ *   worker crashes, hangs or is cut off, the lease expires and another worker runs the job
+ *   again, possibly while the first is still running. Make handlers idempotent, and use
+ *   (ctx.jobId, ctx.attempt) as the dedup key, and ctx.fence as the fencing token for writes
+ *   elsewhere (see `ctx.fencedWrite`). Stop work when `ctx.signal` aborts: the lease is gone.
+ */
+import type pg from "pg";
+import type { Logger } from "../logger.js";
+import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
+import type { LostLeaseReason } from "../errors.js";
+import { LeaseholdError } from "../errors.js";
+import type { BackoffPolicy } from "./backoff.js";
+import type { FencedWriteDb } from "../fencing.js";
+
+export interface JobContext {
+  jobId: string;
+  /** This claim's token within its job: strictly greater than every earlier attempt's. */
+  attempt: number;
+  /**
+   * This claim's token across all jobs (a bigint as a decimal string): greater than that of
+   * every claim before it, of any job. Fence a resource several jobs write with it.
+   */
+  fence: string;
+  queue: string;
+  task: string;
+  /** Failed or expired attempts so far, and the budget: the job is dead when they meet. */
+  spentAttempts: number;
+  maxAttempts: number;
+  /**
+   * How the previous attempt ended (null on the first): a recovery run sees `lease_expired`,
+   * `worker_lost`, `stalled` or `timed_out`; a plain retry `failed`; a job a live worker gave
+   * back (at a graceful shutdown, or claimed ahead and not started in time) `released`.
+   */
+  previousOutcome: AttemptOutcome | null;
+  /**
+   * The previous attempt was ended by recovery (a crash, a lost lease, a stall or time limit),
+   * not by its handler; false after a failure and after a graceful release (`released`).
+   */
+  readonly recovered: boolean;
+  /** The last error recorded for the job: the previous failure, or why a recovery ended it. */
+  lastError: string | null;
+  /** Fires when this attempt must stop: lease lost, job cancelled, stalled, timed out, or shutdown. */
+  signal: AbortSignal;
+  /** What an earlier attempt saved with `checkpoint()`, to resume from; null the first time. */
+  previousCheckpoint: JsonValue | null;
+  /** Report progress; stored with the next heartbeat (the latest value wins). Each call counts as progress. */
+  progress(data: JsonValue): void;
+  /** Save a checkpoint a retry can resume from; stored with the next heartbeat. Counts as progress. */
+  checkpoint(data: JsonValue): void;
+  /**
+   * Writes a row of your own table unless a later claim (of any job) already wrote it, using
+   * `ctx.fence` as the token (see docs/fencing.md). False means the write was refused: a
+   * newer claim owns the row, so this attempt is superseded. Its signal is aborted (reason
+   * `fence_refused`), the refusal is counted, and however the handler then ends (returns or
+   * throws) the attempt ends as superseded: the job finishes without spending its retry
+   * budget and is not retried, since a retry would overwrite the newer value. To be retried
+   * anyway, throw a `RetrySupersededError`.
+   */
+  fencedWrite(
+    db: FencedWriteDb,
+    write: { table: string; key: Record<string, unknown>; values: Record<string, unknown>; tokenColumn?: string },
+  ): Promise<boolean>;
+  /**
+   * Runs `work` in a transaction and completes this attempt in the same transaction: your
+   * writes and the job's success commit together, or not at all. The completion is fenced:
+   * if this attempt no longer holds its job (its lease was reaped, another attempt claimed
+   * it, it was cancelled), everything rolls back and a StaleLeaseError is thrown, so your
+   * writes in this database happen exactly once per job even with a zombie worker. Once it
+   * returns, the job is finished, whatever the handler does next. Once per attempt.
+   *
+   * `tx` is a connection with the server's default search_path (your tables, not
+   * Leasehold's schema), from a small pool of the worker's own; pass `{ pool }` to use yours
+   * (same database). Workers connected through `leasehold serve` cannot use it.
+   */
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }): Promise<T>;
+  logger: Logger;
+}
+
+export type Handler<P = any> = (payload: P, ctx: JobContext) => unknown;
+
+export interface TaskDefinition<P = any> {
+  handler: Handler<P>;
+  /** Retry backoff for this task; fields left out take the worker's policy. */
+  backoff?: Partial<BackoffPolicy>;
+  /** An attempt that calls neither ctx.progress nor ctx.checkpoint for this long has stalled. */
+  progressTimeoutMs?: number;
+  /** An attempt running longer than this has timed out (default: the worker's, 15 minutes); `null`: no limit. */
+  maxRunMs?: number | null;
+}
+
+/** A tasks module's default export: task name to handler. */
+export type TaskHandlers = Record<string, Handler | TaskDefinition>;
+
+export type AbortReason =
+  LostLeaseReason | "shutdown" | "renewal_failed" | "liveness_lost" | "progress_refused" | "stalled" | "timed_out" | "fence_refused";
+
+/** The `signal.reason` of an aborted handler: says why it must stop. */
+export class JobAbortedError extends LeaseholdError {
+  constructor(
+    readonly jobId: string,
+    readonly attempt: number,
+    readonly reason: AbortReason,
+  ) {
+    super("job_aborted", `job ${jobId} attempt ${attempt} aborted: ${describeAbort(reason)}`);
+  }
+}
+
+function describeAbort(reason: AbortReason): string {
+  switch (reason) {
+    case "cancelled":
+      return "the job was cancelled";
+    case "lease_expired":
+      return "the lease expired and the watchdog reaped the job";
+    case "reclaimed":
+      return "another attempt holds the job now";
+    case "finished":
+      return "the job already finished";
+    case "missing":
+      return "the job no longer exists";
+    case "shutdown":
+      return "the worker is shutting down; the job is released to run again";
+    case "renewal_failed":
+      return "the lease could not be renewed (database unreachable) and may run out";
+    case "liveness_lost":
+      return "the worker lost its liveness session (its connection to the database) and the watchdog may hand the job to another worker";
+    case "progress_refused":
+      return "the database refused its progress or checkpoint; the attempt fails";
+    case "stalled":
+      return "no progress within the progress timeout; the attempt fails as stalled";
+    case "timed_out":
+      return "it ran past its maximum run time; the attempt fails as timed out";
+    case "fence_refused":
+      return "a fenced write was refused: a newer claim wrote first, so the attempt ends as superseded";
+  }
+}
+
+/**
+ * Throw from a handler whose `ctx.fencedWrite` was refused to have the job retried anyway: the
+ * attempt then ends as an ordinary failure (it spends its retry budget, and the retry runs
+ * after the task's backoff with a newer fence) instead of as superseded. Use it when this
+ * job's write must land even after a newer claim's, say when it adds to the row rather than
+ * replacing it. Thrown without a refused write, it is an ordinary failure too.
+ */
+export class RetrySupersededError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "RetrySupersededError";
+  }
+}
+
+/** Throw from a handler to send the job to the dead letter now, without retries. */
+export class PermanentJobError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "PermanentJobError";
+  }
+}

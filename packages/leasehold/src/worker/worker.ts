@@ -1,0 +1,666 @@
+/**
+ * The worker runtime: claims jobs ahead into a bounded local buffer (the claim is the lease
+ * grant), runs their handlers with up to `concurrency` at once, keeps every lease it holds
+ * alive with one heartbeat statement per tick, ends handlers that stall or run too long,
+ * and reports their ends in batches, every write fenced by (job id, attempt, worker id).
+ *
+ * Events (for tests and dashboards): "job:start" (job), "job:end" (job, outcome),
+ * "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
+ * "identity:lost" (err), "stopped".
+ */
+import { EventEmitter } from "node:events";
+import os from "node:os";
+import { randomBytes } from "node:crypto";
+import { silentLogger, type Logger } from "../logger.js";
+import type { Counter, Histogram, Registry } from "prom-client";
+import type { ClaimedJob } from "../jobs/types.js";
+import type pg from "pg";
+import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import { metricsFor, type Metrics } from "../metrics.js";
+import { Claimer } from "./claimer.js";
+import { JobAbortedError, type AbortReason } from "./context.js";
+import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
+import { createJobContext } from "./job-context.js";
+import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
+import { Outage } from "./outage.js";
+import { reportEnd, type JobOutcome } from "./report-end.js";
+import { Reporter } from "./reporter.js";
+import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import type { MaintenanceService } from "../maintenance/service.js";
+import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
+
+export type { JobOutcome };
+
+export interface WorkerOptions extends WorkerSettingsInput {
+  transport: WorkerTransport;
+  /** Maintenance services (a watchdog) that start and stop with this worker. */
+  services?: MaintenanceService<unknown>[];
+  /** A dispatch mode beside polling (NATS, docs/nats.md), made at start. */
+  dispatch?: DispatchFactory;
+  logger?: Logger;
+  metricsRegistry?: Registry;
+}
+
+/** How long a stopping worker waits for its last reports. */
+const SHUTDOWN_REPORT_WAIT_MS = 5_000;
+/** Start-up reconciliation retries connection errors for about 30 s in all. */
+const RECONCILE_RETRY_MAX_MS = 16_000;
+/** A buffered job not started within this share of its lease is given back. */
+const BUFFER_MAX_LEASE_SHARE = 0.25;
+const BUFFER_MAX_AGE_MS = 10_000;
+
+/** Why a live worker gives jobs back, and the `cause` label it is counted under. */
+const RELEASE_CAUSE = {
+  shutdown: "shutdown",
+  "buffered too long": "buffer_age",
+  cancelled: "cancelled",
+  "not vouched for": "unvouched",
+  "liveness lost": "liveness_lost",
+} as const;
+
+/** "<name>/<host>-<pid>-<random>", or without the name part. */
+export function makeWorkerId(name?: string): string {
+  const base = `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
+  return name ? `${name}/${base}` : base;
+}
+
+export class Worker extends EventEmitter {
+  readonly id: string;
+  readonly settings: WorkerSettings;
+  readonly transport: WorkerTransport;
+  readonly logger: Logger;
+  readonly metrics: Metrics;
+  /** Every lease held, keyed by attemptKey (job id and attempt). */
+  readonly inFlight = new Map<string, InFlight>();
+  /** The newest attempt this worker holds of each job. */
+  private readonly newestAttempt = new Map<string, InFlight>();
+  /** Claimed, not yet started, in claim order (`head` is the next to start). */
+  private buffer: InFlight[] = [];
+  private head = 0;
+  private running = 0;
+  private reporting = 0;
+  private readonly outage: Outage;
+  private readonly claimer: Claimer;
+  private readonly heartbeater: Heartbeater;
+  readonly reporter: Reporter;
+  private attachment?: Attachment;
+  private sweepTimer?: NodeJS.Timeout;
+  private state: "new" | "started" | "stopping" | "stopped" = "new";
+  private readonly services: MaintenanceService<unknown>[];
+  private readonly dispatchFactory?: DispatchFactory;
+  private dispatch?: WorkerDispatch;
+  private readonly tasks: string[];
+  private readonly heldLeases = () => this.inFlight.size;
+  /** Monotonic ms at which the liveness session was lost, while it is gone. */
+  private livenessLostAt?: number;
+  private livenessTimer?: NodeJS.Timeout;
+  /** Monotonic ms of the last give-up on liveness: a claim sent before it must not start. */
+  private gaveUpAt = -Infinity;
+  /** Buffered attempts given up with the liveness session: released once it is back. */
+  private givenUp: InFlight[] = [];
+  /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
+  private readonly durations = new Map<string, Histogram.Internal<"task">>();
+  private readonly endings = new Map<string, Counter.Internal>();
+
+  constructor(options: WorkerOptions) {
+    super();
+    const { transport, logger, metricsRegistry, services, dispatch, ...rest } = options;
+    this.dispatchFactory = dispatch;
+    this.settings = resolveWorkerSettings(rest);
+    this.services = services ?? [];
+    this.transport = transport;
+    this.id = makeWorkerId(this.settings.name);
+    this.logger = (logger ?? silentLogger).child({ worker: this.id });
+    this.metrics = metricsFor(metricsRegistry);
+    this.outage = new Outage(this.logger);
+    this.reporter = new Reporter(transport, this.id, this.outage);
+    const tasks = [...this.settings.tasks.keys()];
+    this.tasks = tasks;
+    this.claimer = new Claimer(
+      {
+        buffered: () => this.buffer.length - this.head,
+        running: () => this.running,
+        reporting: () => this.reporting,
+        deliver: (j, at) => this.deliver(j, at),
+        idle: () => this.emit("idle"),
+      },
+      transport,
+      this.id,
+      this.settings,
+      tasks,
+      this.metrics,
+      this.outage,
+      this.logger,
+    );
+    this.heartbeater = new Heartbeater(
+      this.inFlight,
+      {
+        lost: (e, reason) => this.leaseLost(e, reason),
+        cancelRequested: (e) => this.cancelRequested(e),
+        refused: (e, why) => {
+          e.refusedValue = why;
+          this.logger.warn({ jobId: e.job.id, attempt: e.job.attempt, err: why }, "progress refused; failing this attempt");
+          if (e.phase === "running") this.abortJob(e, "progress_refused");
+        },
+        unrenewable: (e) => (e.phase === "buffered" ? this.drop(e, "renewal_failed") : this.abortJob(e, "renewal_failed")),
+      },
+      transport,
+      this.id,
+      this.settings.leaseMs,
+      this.settings.heartbeatMs,
+      this.metrics,
+      this.outage,
+      this.logger,
+    );
+  }
+
+  /** Jobs whose leases this worker holds now (buffered, running or being reported). */
+  get inFlightCount(): number {
+    return this.inFlight.size;
+  }
+
+  async start(): Promise<this> {
+    if (this.state !== "new") throw new Error("a worker can be started once");
+    this.state = "started";
+    const s = this.settings;
+    this.attachment = await this.transport.attach({
+      workerId: this.id,
+      name: s.name,
+      waitForName: s.waitForName,
+      livenessGraceMs: s.livenessGraceMs,
+      queues: s.queues,
+      concurrency: s.concurrency,
+      leaseMs: s.leaseMs,
+      heartbeatMs: s.heartbeatMs,
+      policies: [...s.tasks].map(([task, t]) => ({ task, backoff: t.backoff, progressTimeoutMs: t.progressTimeoutMs, maxRunMs: t.maxRunMs })),
+      wake: () => this.claimer.wake(),
+      onIdentityLost: (err) => {
+        this.logger.error({ err: err.message }, "this worker's name was taken by another process; stopping");
+        this.emit("identity:lost", err);
+        void this.stop();
+      },
+      onConnection: (state, err) => {
+        if (state === "up") this.outage.ok();
+        else this.outage.failed("listen", err);
+        this.livenessChanged(state);
+      },
+    });
+    if (s.name) {
+      const recovered = await this.reconcile(s.name);
+      if (recovered > 0) {
+        this.metrics.recoveries.inc({ cause: "reconciliation" }, recovered);
+        this.logger.info({ recovered }, "recovered the jobs an earlier process of this worker name still held");
+      }
+    }
+    this.metrics.leaseHolders.add(this.heldLeases);
+    this.heartbeater.start();
+    if (this.dispatchFactory) {
+      // Polling waits until the dispatch says it is unavailable.
+      this.claimer.setPaused(true);
+      this.dispatch = await this.dispatchFactory();
+      try {
+        await this.dispatch.start({
+          workerId: this.id,
+          settings: s,
+          tasks: this.tasks,
+          logger: this.logger,
+          metrics: this.metrics,
+          capacity: () => (this.livenessLostAt !== undefined ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
+          deliver: (jobs, at) => this.deliver(jobs, at),
+          setPolling: (on) => this.claimer.setPaused(!on),
+        });
+      } catch (err) {
+        await this.heartbeater.stop();
+        await this.attachment.detach(true).catch(() => {});
+        this.state = "stopped";
+        throw err;
+      }
+    }
+    this.claimer.start();
+    const sweepMs = Math.max(50, Math.min(1_000, Math.floor(s.leaseMs * BUFFER_MAX_LEASE_SHARE)));
+    this.sweepTimer = setInterval(() => this.sweepBuffer(), sweepMs);
+    this.sweepTimer.unref();
+    for (const service of this.services) service.start();
+    this.logger.info({ queues: s.queues, concurrency: s.concurrency, tasks: [...s.tasks.keys()] }, "worker started");
+    return this;
+  }
+
+  /** Recovers what an earlier process of this name left running; retried through a restart. */
+  private async reconcile(name: string): Promise<number> {
+    for (let delay = 200; ; delay *= 2) {
+      try {
+        return await this.transport.reconcile({ workerName: name, currentWorkerId: this.id, backoff: this.settings.backoff });
+      } catch (err) {
+        if (!isConnectionError(err) || delay > RECONCILE_RETRY_MAX_MS) throw err;
+        this.outage.failed("reconciliation", err);
+        await new Promise((r) => setTimeout(r, delay));
+      }
+    }
+  }
+
+  /** Beat now, outside the schedule (tests, or before a known pause). */
+  heartbeatNow(): Promise<void> {
+    return this.heartbeater.beatNow();
+  }
+
+  /**
+   * Graceful shutdown: stop claiming; give back jobs not started; let running handlers
+   * finish until the deadline; then abort the rest and release their jobs to run again
+   * without spending an attempt.
+   */
+  async stop(timeoutMs = this.settings.shutdownTimeoutMs): Promise<void> {
+    if (this.state !== "started") return;
+    this.state = "stopping";
+    this.transport.interrupt?.();
+    clearInterval(this.sweepTimer);
+    clearTimeout(this.livenessTimer);
+    await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
+    await this.release(this.takeBuffered(), "shutdown");
+    const deadline = Date.now() + timeoutMs;
+    while (this.running > 0 && Date.now() < deadline) {
+      await new Promise<void>((resolve) => {
+        this.once("slot", resolve);
+        setTimeout(resolve, Math.max(0, deadline - Date.now())).unref();
+      });
+    }
+    const unfinished = [...this.inFlight.values()].filter((e) => e.phase === "running" && !e.lostReason);
+    for (const e of unfinished) {
+      e.lostReason = "shutdown";
+      this.abortJob(e, "shutdown");
+    }
+    await this.release(unfinished, "shutdown");
+    // Reports still unsent after this are abandoned: their leases expire and the watchdog
+    // puts the jobs through the retry path.
+    this.reporter.giveUpAfter = Date.now() + SHUTDOWN_REPORT_WAIT_MS;
+    await Promise.race([this.reporter.drain(), new Promise((r) => setTimeout(r, SHUTDOWN_REPORT_WAIT_MS).unref())]);
+    await this.heartbeater.stop();
+    await this.attachment?.detach(true).catch(() => {});
+    this.metrics.leaseHolders.delete(this.heldLeases);
+    this.state = "stopped";
+    this.logger.info("worker stopped");
+    this.emit("stopped");
+  }
+
+  /** Gives jobs back without spending an attempt (this worker is alive and chose to). */
+  private async release(entries: InFlight[], why: keyof typeof RELEASE_CAUSE): Promise<void> {
+    if (entries.length === 0) return;
+    for (const e of entries) this.forget(e);
+    try {
+      const released = await this.transport.release({
+        workerId: this.id,
+        jobs: entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
+        reason: why === "shutdown" ? "released: worker shut down" : `released: ${why}`,
+      });
+      this.metrics.released.inc({ cause: RELEASE_CAUSE[why] }, released.size);
+      if (why === "shutdown") this.logger.info({ released: released.size }, "released unfinished jobs");
+    } catch (err) {
+      // Their leases will expire and the watchdog will recover them.
+      this.logger.warn({ err: String(err), jobs: entries.length }, `could not release jobs (${why})`);
+    }
+  }
+
+  private deliver(jobs: ClaimedJob[], sentAt: number): void {
+    let shortestLease = Infinity;
+    const stale: InFlight[] = [];
+    const perQueue = new Map<string, number>();
+    for (const job of jobs) {
+      const task = this.settings.tasks.get(job.task);
+      const entry: InFlight = {
+        job,
+        renewedAt: sentAt,
+        claimedAt: sentAt,
+        phase: "buffered",
+        progressTimeoutMs: job.progressTimeoutMs ?? task?.progressTimeoutMs ?? null,
+        // the job's own limit or opt-out, else its task's (the worker's default included)
+        maxRunMs: job.maxRunUnlimited ? null : (job.maxRunMs ?? task?.maxRunMs ?? null),
+      };
+      const older = this.newestAttempt.get(job.id);
+      // This worker lost the older attempt's lease (it was too slow to beat) and has now
+      // claimed the job again: the older attempt can only be refused, so stop it.
+      if (older) this.leaseLost(older, "reclaimed");
+      this.inFlight.set(attemptKey(job), entry);
+      this.newestAttempt.set(job.id, entry);
+      // Claimed before this worker gave up on its liveness: the watchdog may recover it.
+      if (sentAt <= this.gaveUpAt) stale.push(entry);
+      else this.buffer.push(entry);
+      shortestLease = Math.min(shortestLease, job.leaseMs);
+      perQueue.set(job.queue, (perQueue.get(job.queue) ?? 0) + 1);
+    }
+    for (const [queue, n] of perQueue) this.metrics.jobsClaimed.inc({ queue: this.metrics.queueLabel(queue) }, n);
+    if (jobs.length > 0) this.heartbeater.jobsClaimed(shortestLease);
+    this.giveBack(stale);
+    this.pump();
+  }
+
+  /**
+   * Starts buffered jobs while slots are free, never one whose lease this process cannot
+   * vouch for by its own clock (after a freeze, a job that waited in the buffer may already
+   * have been recovered and started elsewhere: the renewal check is a timer and may not have
+   * run yet), and none while the liveness session is gone.
+   */
+  private pump(): void {
+    if (this.livenessLostAt !== undefined) return;
+    let unvouched: InFlight[] | undefined;
+    let now = performance.now();
+    while (this.running < this.settings.concurrency && this.head < this.buffer.length && this.state === "started") {
+      const entry = this.buffer[this.head++]!;
+      if (!this.waiting(entry)) continue;
+      // Handlers may have started since `now` was read; a stale `now` only errs toward vouching
+      // less, so read the clock again only when the answer would be no.
+      if (!canVouchFor(entry, this.settings.heartbeatMs, now) && !canVouchFor(entry, this.settings.heartbeatMs, (now = performance.now()))) {
+        (unvouched ??= []).push(entry);
+        continue;
+      }
+      this.runJob(entry);
+    }
+    if (this.head > 1_024 && this.head * 2 > this.buffer.length) {
+      this.buffer = this.buffer.slice(this.head);
+      this.head = 0;
+    }
+    if (unvouched) {
+      this.logger.warn(
+        { jobs: unvouched.map((e) => e.job.id) },
+        "buffered jobs not started: their leases could not be vouched for (the process was paused?)",
+      );
+      this.giveBack(unvouched);
+    }
+  }
+
+  /**
+   * Attempts that must not start, given back: the release is fenced, so one the watchdog
+   * already recovered is refused, and one still held runs again without spending an attempt.
+   */
+  private giveBack(entries: InFlight[]): void {
+    if (entries.length === 0) return;
+    for (const e of entries) {
+      e.lostReason = "renewal_failed";
+      this.metrics.leasesLost.inc({ reason: "renewal_failed" });
+    }
+    void this.release(entries, "not vouched for");
+  }
+
+  /**
+   * The liveness session (which holds this worker's liveness lock) went down or came back.
+   * While it is gone nothing starts and nothing is claimed; if it is not back within half the
+   * grace the watchdog waits before recovering this worker's jobs, the worker gives them all
+   * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
+   * released once the session is back.
+   */
+  private livenessChanged(state: "up" | "down"): void {
+    const grace = this.settings.livenessGraceMs;
+    if (grace === null || this.state !== "started") return;
+    if (state === "down") {
+      if (this.livenessLostAt !== undefined) return;
+      this.livenessLostAt = performance.now();
+      this.claimer.setHeld(true);
+      this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
+      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.floor(grace / 2));
+      this.livenessTimer.unref();
+      return;
+    }
+    clearTimeout(this.livenessTimer);
+    if (this.livenessLostAt === undefined) return;
+    this.logger.info({ downMs: Math.round(performance.now() - this.livenessLostAt) }, "liveness session back");
+    this.livenessLostAt = undefined;
+    const givenUp = this.givenUp;
+    this.givenUp = [];
+    if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
+    this.claimer.setHeld(false);
+    this.dispatch?.kick();
+    this.pump();
+  }
+
+  private giveUpOnLiveness(): void {
+    if (this.livenessLostAt === undefined || this.state !== "started") return;
+    this.gaveUpAt = performance.now();
+    const entries = [...this.inFlight.values()];
+    this.logger.warn({ jobs: entries.length }, "liveness session not back within half its grace: aborting this worker's attempts");
+    for (const e of entries) {
+      if (e.lostReason || e.within) continue;
+      if (e.phase === "buffered") {
+        this.drop(e, "liveness_lost");
+        this.givenUp.push(e);
+      } else if (e.phase === "running") this.abortJob(e, "liveness_lost");
+    }
+  }
+
+  /**
+   * Whether a buffered entry may still start: not dropped, and still held (not given back by
+   * a release: one that waited too long, or was cancelled, stays in the buffer array).
+   */
+  private waiting(e: InFlight): boolean {
+    return e.phase === "buffered" && !e.lostReason && this.newestAttempt.get(e.job.id) === e;
+  }
+
+  /** Takes every job still buffered (not started), in order. */
+  private takeBuffered(): InFlight[] {
+    const rest = this.buffer.slice(this.head).filter((e) => this.waiting(e));
+    this.buffer = [];
+    this.head = 0;
+    return rest;
+  }
+
+  /** Gives back buffered jobs that waited too long for a slot (handlers slowed down). */
+  private sweepBuffer(): void {
+    const now = performance.now();
+    const stale = this.buffer.slice(this.head).filter((e) => {
+      const maxAge = Math.min(BUFFER_MAX_AGE_MS, e.job.leaseMs * BUFFER_MAX_LEASE_SHARE);
+      return this.waiting(e) && now - e.claimedAt > maxAge;
+    });
+    if (stale.length > 0) void this.release(stale, "buffered too long");
+  }
+
+  private runJob(entry: InFlight): void {
+    const { job } = entry;
+    entry.phase = "running";
+    entry.startedAt = entry.lastProgressAt = performance.now();
+    this.running++;
+    this.armLimits(entry);
+    this.emit("job:start", job);
+    const task = this.settings.tasks.get(job.task);
+    const run = async () => {
+      if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
+      return task.handler(job.payload, createJobContext(entry, this));
+    };
+    run().then(
+      () => this.handlerEnded(entry, undefined),
+      (err: unknown) => this.handlerEnded(entry, err ?? new Error("handler threw a nullish value")),
+    );
+  }
+
+  private durationOf(task: string): Histogram.Internal<"task"> {
+    let child = this.durations.get(task);
+    if (!child) this.durations.set(task, (child = this.metrics.jobDuration.labels({ task })));
+    return child;
+  }
+
+  /** @internal Counts an attempt's end by queue and outcome. */
+  countEnded(queue: string, outcome: string): void {
+    const key = `${queue}\u0000${outcome}`;
+    let child = this.endings.get(key);
+    if (!child) this.endings.set(key, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
+    child.inc();
+  }
+
+  /** @internal The handler made progress (ctx.progress or ctx.checkpoint). */
+  progressed(entry: InFlight): void {
+    entry.lastProgressAt = performance.now();
+  }
+
+  /** @internal */
+  abort(entry: InFlight, reason: AbortReason): void {
+    this.abortJob(entry, reason);
+  }
+
+  /**
+   * @internal ctx.transaction: the handler's writes and the attempt's completion in one
+   * transaction. Committed, the job is finished (nothing is reported when the handler
+   * returns); refused, everything is rolled back and the handler gets a StaleLeaseError.
+   */
+  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T> {
+    const { job } = entry;
+    if (!this.transport.completeWithin) {
+      throw new ConfigError("ctx.transaction needs a worker on the database: a remote worker cannot join the server's transactions");
+    }
+    if (entry.within)
+      throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
+    if (entry.abortedWith) throw entry.abortedWith;
+    let result: CompleteWithinResult<T>;
+    try {
+      result = await this.transport.completeWithin({
+        workerId: this.id,
+        job: { id: job.id, attempt: job.attempt },
+        work,
+        pool,
+        committing: () => (entry.within = "committing"),
+      });
+    } catch (err) {
+      entry.within = undefined;
+      throw err;
+    }
+    if (!result.completed) {
+      entry.within = undefined;
+      const reason = result.lost?.reason ?? "missing";
+      const stale = new StaleLeaseError(job.id, job.attempt, reason);
+      this.metrics.fencingRejections.inc({ kind: "complete", reason });
+      recordRefusals(this.transport, [{ jobId: job.id, attempt: job.attempt, workerId: this.id, kind: "complete", reason }]);
+      this.logger.warn({ jobId: job.id, attempt: job.attempt, reason }, "transaction rolled back: the attempt no longer holds its job");
+      this.emit("job:stale", job, stale);
+      // A cancelled job is still this attempt's to end: the handler's end is reported as usual
+      // and ends it as cancelled. Any other reason: the lease is gone, nothing is reported.
+      if (reason === "cancelled") this.abortJob(entry, "cancelled");
+      else this.leaseLost(entry, reason);
+      throw stale;
+    }
+    entry.within = "committed";
+    clearTimeout(entry.limitTimer);
+    this.forget(entry); // finished: no more beats, and a late beat's miss is not a loss
+    return result.value;
+  }
+
+  /**
+   * Progress timeout and maximum run time: one timer per attempt with limits, armed for the
+   * earlier deadline and re-armed when it fires early (progress moved the deadline).
+   */
+  private armLimits(entry: InFlight): void {
+    if (entry.progressTimeoutMs === null && entry.maxRunMs === null) return;
+    const check = () => {
+      if (entry.phase !== "running") return;
+      const now = performance.now();
+      const runLeft = entry.maxRunMs === null ? Infinity : entry.startedAt! + entry.maxRunMs - now;
+      const progressLeft = entry.progressTimeoutMs === null ? Infinity : entry.lastProgressAt! + entry.progressTimeoutMs - now;
+      if (runLeft <= 0) return this.endAtLimit(entry, "timed_out");
+      if (progressLeft <= 0) return this.endAtLimit(entry, "stalled");
+      entry.limitTimer = setTimeout(check, Math.min(runLeft, progressLeft) + 1);
+    };
+    check();
+  }
+
+  /**
+   * A handler past its limit: abort it, stop renewing it, and report the attempt's end now;
+   * whatever the handler does later (if it ever settles) is ignored, and its slot is free.
+   */
+  private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
+    if (entry.within) return; // its transaction is finishing the job: that decides
+
+    const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
+    this.logger.warn(
+      { jobId: entry.job.id, attempt: entry.job.attempt, outcome },
+      `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
+    );
+    this.abortJob(entry, outcome);
+    this.slotFreed(entry);
+    void this.report(
+      entry,
+      new JobAbortedError(entry.job.id, entry.job.attempt, outcome),
+      outcome,
+      `${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
+    );
+  }
+
+  private handlerEnded(entry: InFlight, err: unknown): void {
+    // Ended already (at a limit) or dropped: nothing is reported twice.
+    if (entry.phase !== "running") return;
+    this.slotFreed(entry);
+    if (entry.within === "committed") {
+      // Its transaction finished the job; what the handler did after cannot change that.
+      if (err !== undefined) {
+        this.logger.warn(
+          { jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) },
+          "handler threw after its transaction completed the job",
+        );
+      }
+      this.countEnded(entry.job.queue, "succeeded");
+      this.emit("job:end", entry.job, { state: "succeeded" } satisfies JobOutcome);
+      return;
+    }
+    if (entry.lostReason) {
+      // The lease is known to be gone (or released at shutdown): a report would be refused.
+      this.forget(entry);
+      this.emit("job:end", entry.job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
+      return;
+    }
+    void this.report(entry, err);
+  }
+
+  private slotFreed(entry: InFlight): void {
+    clearTimeout(entry.limitTimer);
+    if (entry.startedAt !== undefined) this.durationOf(entry.job.task).observe((performance.now() - entry.startedAt) / 1000);
+    entry.phase = "reporting";
+    this.running--;
+    this.emit("slot");
+    this.claimer.jobFinished();
+    this.dispatch?.kick();
+    this.pump();
+  }
+
+  private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
+    this.reporting++;
+    try {
+      const result = await reportEnd(this, entry, err, outcome, message);
+      this.emit("job:end", entry.job, result);
+    } finally {
+      this.reporting--;
+      this.forget(entry);
+      this.claimer.kick(); // a report that landed may let claims resume (see Claimer)
+    }
+  }
+
+  private forget(entry: InFlight): void {
+    clearTimeout(entry.limitTimer);
+    this.inFlight.delete(attemptKey(entry.job));
+    if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
+  }
+
+  private leaseLost(entry: InFlight, reason: LostLeaseReason | "reclaimed"): void {
+    if (entry.within) return; // being finished by its own transaction
+    if (entry.phase === "buffered") return this.drop(entry, reason);
+    if (entry.phase !== "running") return;
+    entry.lostReason = reason;
+    this.abortJob(entry, reason);
+  }
+
+  /** A buffered job that must not start: its lease is gone or may be. */
+  private drop(entry: InFlight, reason: AbortReason): void {
+    entry.lostReason = reason;
+    this.forget(entry);
+  }
+
+  private cancelRequested(entry: InFlight): void {
+    if (entry.phase === "running") return this.abortJob(entry, "cancelled");
+    // Not started: give it back; the release ends it as cancelled.
+    if (entry.phase === "buffered" && !entry.lostReason) {
+      entry.lostReason = "cancelled";
+      void this.release([entry], "cancelled");
+    }
+  }
+
+  private abortJob(entry: InFlight, reason: AbortReason): void {
+    if (entry.abortedWith) return;
+    const error = new JobAbortedError(entry.job.id, entry.job.attempt, reason);
+    this.metrics.leasesLost.inc({ reason });
+    this.emit("job:aborted", entry.job, error);
+    entry.abortedWith = error;
+    entry.controller?.abort(error);
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * `npm test` (run with tsx): starts a throwaway PostgreSQL (the embedded one, on a free port, in a temp
+ * directory) unless DATABASE_URL names a server, then runs every test file with node's
+ * test runner. Each test file creates its own schema, so files never see each other's jobs.
+ *
+ *   npm test                      # everything in test/
+ *   npm test -- test/claim.test.ts  # some files
+ *
+ * The dashboard's browser tests (*.browser.test.ts) drive a real Chromium: without one, they
+ * are left out and one line says so and how to install it.
+ * With a `nats-server` on the PATH (or in /usr/sbin) it also starts one with JetStream, for
+ * the NATS dispatch tests (LEASEHOLD_TEST_NATS_URL); without one they are skipped, and this
+ * says so in one line.
+ */
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { EmbeddedPostgres } from "../../packages/cli/src/embedded/postgres.js";
+import { CHROMIUM_HINT, findChromium } from "./chromium.js";
+import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "./nats-server.js";
+
+const args = process.argv.slice(2);
+let files = args.length > 0 ? args : listTests("test");
+const browserTests = files.filter((f) => f.endsWith(".browser.test.ts"));
+if (browserTests.length > 0 && !findChromium()) {
+  console.log(`# browser tests skipped (${browserTests.join(", ")}): no Chromium found; ${CHROMIUM_HINT}`);
+  files = files.filter((f) => !browserTests.includes(f));
+  // node --test with no file would look for tests everywhere.
+  if (files.length === 0) process.exit(0);
+}
+let server: EmbeddedPostgres | undefined;
+let dataRoot: string | undefined;
+let url = process.env.DATABASE_URL;
+if (!url) {
+  dataRoot = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-test-"));
+  fs.chmodSync(dataRoot, 0o755);
+  server = new EmbeddedPostgres({
+    dataDir: path.join(dataRoot, "pgdata"),
+    // Crash tests cut connections and run many processes at once.
+    settings: { max_connections: 400 },
+  });
+  try {
+    url = await server.start();
+  } catch (err) {
+    // One line, and no temp directory left behind.
+    await server.stop();
+    fs.rmSync(dataRoot, { recursive: true, force: true });
+    console.error(`npm test: cannot start the test PostgreSQL: ${(err as Error).message}`);
+    process.exit(1);
+  }
+  console.log(`# test PostgreSQL (${server.binaries?.source}) at ${server.redactedUrl}`);
+}
+
+let nats: NatsServer | undefined;
+const natsBinary = findNatsServer();
+if (natsBinary) {
+  nats = await NatsServer.start(natsBinary);
+  console.log(`# test nats-server (${natsBinary}) at ${nats.url}`);
+} else {
+  console.log(`# NATS dispatch tests SKIPPED: no nats-server on the PATH; ${NATS_INSTALL_HINT}`);
+}
+
+// The "source" condition resolves the workspace packages (leasehold, @leasehold/*) to their
+// TypeScript sources, in the test processes and every process they start: one copy of each
+// module, the one the tests import. (Tests of the built CLI clear it: test/helpers/cli.ts.)
+const child = spawn(
+  process.execPath,
+  ["--conditions=source", "--import", "tsx", "--test", "--test-reporter=spec", "--test-timeout=180000", ...files],
+  {
+    stdio: "inherit",
+    env: {
+      ...process.env,
+      NODE_OPTIONS: [process.env.NODE_OPTIONS, "--conditions=source"].filter(Boolean).join(" "),
+      DATABASE_URL: url,
+      LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? ""),
+      LEASEHOLD_TEST_NATS_URL: nats?.url ?? "",
+      LEASEHOLD_TEST_NATS_SERVER: natsBinary ?? "",
+    },
+  },
+);
+const code: number = await new Promise((resolve) => child.on("exit", (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+await nats?.dispose();
+await server?.stop();
+if (dataRoot) fs.rmSync(dataRoot, { recursive: true, force: true });
+process.exit(code);
+
+function listTests(dir: string): string[] {
+  return fs
+    .readdirSync(dir, { recursive: true, encoding: "utf8" })
+    .filter((f) => f.endsWith(".test.ts"))
+    .sort()
+    .map((f) => path.join(dir, f));
+}
