@@ -3,7 +3,56 @@
  * server in one process share counters instead of colliding on registration. docs/metrics.md
  * lists each with an example alert.
  */
-import { Counter, Gauge, Histogram, Registry, register as globalRegistry } from "prom-client";
+import { createRequire } from "node:module";
+import type * as PromClient from "prom-client";
+import type { Counter, Gauge, Histogram, Registry } from "prom-client";
+
+/**
+ * prom-client is an optional peer dependency: an app that exports metrics has it (its own
+ * registry is passed as `metricsRegistry`), and the library then records into it. Without it
+ * (an app that only enqueues, a serverless function) nothing is recorded, and its install
+ * stays small: prom-client brings 4.6 MB of dependencies. It is CommonJS, so it loads
+ * synchronously here, with no top-level await (which would keep CommonJS apps from
+ * require()-ing the library).
+ */
+const prom: typeof PromClient = (() => {
+  try {
+    return createRequire(import.meta.url)("prom-client") as typeof PromClient;
+  } catch {
+    return recordNothing();
+  }
+})();
+
+/** Whether metrics are recorded (prom-client is installed). */
+export const metricsRecorded = !(prom as { nothing?: boolean }).nothing;
+
+/** The parts of prom-client the library uses, recording nothing. */
+function recordNothing(): typeof PromClient {
+  class Metric {
+    labels(): this {
+      return this;
+    }
+    inc(): void {}
+    dec(): void {}
+    set(): void {}
+    observe(): void {}
+    reset(): void {}
+  }
+  class NoRegistry {
+    registerMetric(): void {}
+    metrics(): Promise<string> {
+      return Promise.resolve("");
+    }
+  }
+  return {
+    nothing: true,
+    Counter: Metric,
+    Gauge: Metric,
+    Histogram: Metric,
+    Registry: NoRegistry,
+    register: new NoRegistry(),
+  } as unknown as typeof PromClient;
+}
 
 /**
  * Queues get a label value each, up to this many per process; later ones are counted under
@@ -55,7 +104,7 @@ const cache = new WeakMap<Registry, Metrics>();
 
 const SECONDS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
 
-export function metricsFor(registry: Registry = globalRegistry): Metrics {
+export function metricsFor(registry: Registry = prom.register): Metrics {
   const existing = cache.get(registry);
   if (existing) return existing;
   const registers = [registry];
@@ -70,7 +119,7 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       queues.add(queue);
       return queue;
     },
-    leasesHeld: new Gauge({
+    leasesHeld: new prom.Gauge({
       name: "leasehold_worker_leases",
       help: "Leases this process's workers hold now: jobs buffered, running, or being reported.",
       registers,
@@ -80,130 +129,135 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
         this.set(n);
       },
     }),
-    activeLeases: new Gauge({
+    activeLeases: new prom.Gauge({
       name: "leasehold_active_leases",
       help: "Running jobs in the database (each holds a lease), as the watchdog or server last counted.",
       registers,
     }),
-    claimDuration: new Histogram({
+    claimDuration: new prom.Histogram({
       name: "leasehold_lease_acquisition_seconds",
       help: "Claim round trip: from sending a claim to holding its leases.",
       buckets: SECONDS,
       registers,
     }),
-    heartbeatLeases: new Counter({
+    heartbeatLeases: new prom.Counter({
       name: "leasehold_heartbeat_leases_total",
       help: "Leases a heartbeat tried to renew, by outcome: renewed, lost (reaped, re-claimed, finished), cancelled (a cancel was requested), error (the beat failed).",
       labelNames: ["outcome"],
       registers,
     }),
-    heartbeatDuration: new Histogram({
+    heartbeatDuration: new prom.Histogram({
       name: "leasehold_heartbeat_seconds",
       help: "Heartbeat round trip (one statement renews all of a worker's leases).",
       buckets: SECONDS,
       registers,
     }),
-    leaseExpirations: new Counter({
+    leaseExpirations: new prom.Counter({
       name: "leasehold_lease_expirations_total",
       help: "Leases that ran out and were reaped by a watchdog, by what became of the job: retry, dead, cancelled.",
       labelNames: ["result"],
       registers,
     }),
-    recoveries: new Counter({
+    recoveries: new prom.Counter({
       name: "leasehold_recoveries_total",
       help: "Attempts ended and their jobs requeued (or sent to the dead letter) by recovery, by cause: lease_expired, worker_lost, stalled, timed_out, reconciliation, undelivered.",
       labelNames: ["cause"],
       registers,
     }),
-    fencingRejections: new Counter({
+    fencingRejections: new prom.Counter({
       name: "leasehold_fencing_rejections_total",
       help: "Writes refused by a fence because the attempt no longer held its lease (heartbeat, complete, fail, release, supersede) or a newer claim had written first (downstream, from ctx.fencedWrite).",
       labelNames: ["kind", "reason"],
       registers,
     }),
-    orphanedJobs: new Gauge({
+    orphanedJobs: new prom.Gauge({
       name: "leasehold_orphaned_jobs",
       help: "Jobs in states that should not exist, as the last scan found them, by kind (see docs/metrics.md).",
       labelNames: ["kind"],
       registers,
     }),
-    recoveryDelay: new Histogram({
+    recoveryDelay: new prom.Histogram({
       name: "leasehold_recovery_delay_seconds",
       help: "From an attempt's last heartbeat to its job being requeued by recovery, by cause.",
       labelNames: ["cause"],
       buckets: [0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300],
       registers,
     }),
-    jobs: new Gauge({
+    jobs: new prom.Gauge({
       name: "leasehold_jobs",
       help: "Jobs by queue and state, as the watchdog or server last counted (finished states over the retention window).",
       labelNames: ["queue", "state"],
       registers,
     }),
-    jobsEnqueued: new Counter({ name: "leasehold_jobs_enqueued_total", help: "Jobs enqueued by this process.", labelNames: ["queue"], registers }),
-    jobsClaimed: new Counter({ name: "leasehold_jobs_claimed_total", help: "Jobs claimed (leases granted).", labelNames: ["queue"], registers }),
-    jobsEnded: new Counter({
+    jobsEnqueued: new prom.Counter({
+      name: "leasehold_jobs_enqueued_total",
+      help: "Jobs enqueued by this process.",
+      labelNames: ["queue"],
+      registers,
+    }),
+    jobsClaimed: new prom.Counter({ name: "leasehold_jobs_claimed_total", help: "Jobs claimed (leases granted).", labelNames: ["queue"], registers }),
+    jobsEnded: new prom.Counter({
       name: "leasehold_job_attempts_ended_total",
       help: "Attempts ended by this process, by outcome: succeeded, retry, dead, cancelled, superseded (a ctx.fencedWrite a newer claim overtook: finished, not retried).",
       labelNames: ["queue", "outcome"],
       registers,
     }),
-    jobDuration: new Histogram({
+    jobDuration: new prom.Histogram({
       name: "leasehold_job_duration_seconds",
       help: "Handler run time.",
       labelNames: ["task"],
       buckets: [0.001, 0.01, 0.1, 0.5, 1, 5, 15, 60, 300, 1800],
       registers,
     }),
-    leasesLost: new Counter({
+    leasesLost: new prom.Counter({
       name: "leasehold_leases_lost_total",
       help: "Handlers aborted before their end, by reason: lease lost, cancelled, renewal failed, stalled, timed out, shutdown, ...",
       labelNames: ["reason"],
       registers,
     }),
-    heartbeats: new Counter({
+    heartbeats: new prom.Counter({
       name: "leasehold_heartbeats_total",
       help: "Heartbeat statements, by result (ok, error).",
       labelNames: ["result"],
       registers,
     }),
-    released: new Counter({
+    released: new prom.Counter({
       name: "leasehold_jobs_released_total",
       help: "Jobs given back without spending an attempt, by cause: shutdown, buffer_age and cancelled (a live worker), response_cap (a claim answer over the server's size cap).",
       labelNames: ["cause"],
       registers,
     }),
-    orphansRepaired: new Counter({
+    orphansRepaired: new prom.Counter({
       name: "leasehold_orphans_repaired_total",
       help: "Jobs in states that should not exist that the watchdog repaired, by kind.",
       labelNames: ["kind"],
       registers,
     }),
-    retentionDeleted: new Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs forgotten by retention.", registers }),
-    scheduledJobs: new Counter({ name: "leasehold_scheduled_jobs_total", help: "Jobs enqueued by schedules (one per tick).", registers }),
-    natsPublished: new Counter({
+    retentionDeleted: new prom.Counter({ name: "leasehold_retention_deleted_total", help: "Finished jobs forgotten by retention.", registers }),
+    scheduledJobs: new prom.Counter({ name: "leasehold_scheduled_jobs_total", help: "Jobs enqueued by schedules (one per tick).", registers }),
+    natsPublished: new prom.Counter({
       name: "leasehold_nats_published_total",
       help: "NATS dispatch: doorbells (job messages) JetStream stored, by kind: new (enqueued, due, retried after a failure) or recovery (back after recovery or a release).",
       labelNames: ["kind"],
       registers,
     }),
-    natsPublishFailures: new Counter({
+    natsPublishFailures: new prom.Counter({
       name: "leasehold_nats_publish_failures_total",
       help: "NATS dispatch: doorbells whose publish failed; each stays owed in the outbox and is published again.",
       registers,
     }),
-    natsMessages: new Counter({
+    natsMessages: new prom.Counter({
       name: "leasehold_nats_messages_total",
       help: "NATS dispatch: messages workers received, by result (claimed; skipped: their job was claimed, finished, cancelled or had moved on; redelivered: given back to JetStream) and kind (new, recovery).",
       labelNames: ["result", "kind"],
       registers,
     }),
-    natsFallback: new Gauge({
+    natsFallback: new prom.Gauge({
       name: "leasehold_nats_fallback",
       help: "NATS dispatch: workers of this process claiming from the database by polling because NATS is unavailable.",
       registers,
     }),
-    natsFallbacks: new Counter({
+    natsFallbacks: new prom.Counter({
       name: "leasehold_nats_fallbacks_total",
       help: "NATS dispatch: times a worker of this process fell back to claiming from the database by polling.",
       registers,

@@ -4,13 +4,18 @@
  */
 import { ConfigError } from "./errors.js";
 
-export async function loadOptional<T>(name: string, neededFor: string): Promise<T> {
+/** Imports `specifier` (a package, or a subpath of one); a missing package is a ConfigError saying what to install. */
+export async function loadOptional<T>(specifier: string, neededFor: string): Promise<T> {
+  const pkg = specifier
+    .split("/")
+    .slice(0, specifier.startsWith("@") ? 2 : 1)
+    .join("/");
   try {
-    return (await import(name)) as T;
+    return (await import(specifier)) as T;
   } catch (err) {
     const e = err as { code?: string; message?: string };
-    if (e.code === "ERR_MODULE_NOT_FOUND" && e.message?.includes(`'${name}'`)) {
-      throw new ConfigError(`${neededFor} needs the ${name} package: npm install ${name}`);
+    if (e.code === "ERR_MODULE_NOT_FOUND" && e.message?.includes(`'${pkg}'`)) {
+      throw new ConfigError(`${neededFor} needs the ${pkg} package: npm install ${pkg}`);
     }
     throw err;
   }
