@@ -2,7 +2,8 @@
  * A worker in a process of its own, for tests that kill it for real: it runs task "hold"
  * (never ends) and "quick" with the default lease, no watchdog, and prints "started <job id>"
  * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional),
- * NATS_URL (optional: NATS dispatch).
+ * NATS_URL (optional: NATS dispatch), HEARTBEAT_MS (optional: beat this often, lease three
+ * times that; a long one keeps beats out of a test's way).
  */
 import pino from "pino";
 import { Leasehold } from "../../src/client.js";
@@ -11,6 +12,7 @@ const lh = await Leasehold.connect({ logger: pino({ level: "silent" }), ...(proc
 const worker = lh.worker({
   watchdog: false,
   ...(process.env.WORKER_NAME && { name: process.env.WORKER_NAME }),
+  ...(process.env.HEARTBEAT_MS && { heartbeatMs: Number(process.env.HEARTBEAT_MS), leaseMs: 3 * Number(process.env.HEARTBEAT_MS) }),
   handlers: {
     hold: () => new Promise(() => {}),
     quick: () => undefined,
