@@ -136,6 +136,33 @@ test("recovery checks the liveness lock again as it recovers: a worker whose ses
   await eventually(async () => (await recover()).get(id) === "waiting", "the dead worker's job recovered", 5_000);
 });
 
+test("a worker that first announced itself after the database started is lost at once, even within the start-up grace", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = await workerProcess(lh.schema);
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { rows } = await lh.pool.query<{ id: string; up_ms: number }>(
+    "SELECT id, ceil(extract(epoch FROM now() - pg_postmaster_start_time()) * 1000)::float8 AS up_ms FROM workers WHERE kind = 'worker'",
+  );
+  const { id: workerId, up_ms: upMs } = rows[0]!;
+  worker.child.kill("SIGKILL");
+  // As if the server had started a moment ago: its sessions are all new, but this worker's was
+  // never anywhere else, so its lock gone means its process is gone.
+  await eventually(async () => (await store.markLostWorkers(lh.pool, { startupGraceMs: upMs + 60_000 })).lost.includes(workerId), "marked lost");
+  // A worker announced before the server started still gets the grace to reconnect.
+  await store.announceWorker(lh.pool, {
+    workerId: "w-before",
+    kind: "worker",
+    host: "h",
+    pid: 1,
+    queues: ["default"],
+    livenessKey: "42",
+    policies: [],
+  });
+  await lh.pool.query("UPDATE workers SET started_at = pg_postmaster_start_time() - interval '1 s' WHERE id = 'w-before'");
+  assert.deepEqual((await store.markLostWorkers(lh.pool, { startupGraceMs: upMs + 60_000 })).lost, []);
+  assert.deepEqual((await store.markLostWorkers(lh.pool, { startupGraceMs: 0 })).lost, ["w-before"]);
+});
+
 test("after an outage a worker is back within a second of the database, and logs the outage once", async (t) => {
   const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
   await proxy.start();
