@@ -28,6 +28,8 @@ import { Worker, type WorkerOptions } from "./worker/worker.js";
 import type { NatsLink } from "./dispatch/nats.js";
 import type { DispatchFactory } from "./worker/dispatch.js";
 import { PUBLISH_GRACE_MS, resolveNatsOptions, type NatsOptions } from "./dispatch/options.js";
+import { TypedLeasehold } from "./tasks/client.js";
+import type { AnyTask } from "./tasks/define.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -373,6 +375,15 @@ export class Leasehold {
 
   retention(options: RetentionOptions = {}): Retention {
     return new Retention(this.pool, this.metrics, this.logger, options);
+  }
+
+  /**
+   * This client typed by a set of tasks made by `defineTask` (docs/typescript.md): its
+   * `enqueue`, `enqueueMany` and `schedule` take only their names and payloads, checked by
+   * their schemas, and its `worker()` runs their handlers.
+   */
+  typed<const T extends readonly AnyTask[]>(tasks: T): TypedLeasehold<T> {
+    return new TypedLeasehold(this, tasks);
   }
 
   async close(): Promise<void> {

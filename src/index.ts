@@ -14,6 +14,13 @@ export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.
 export type { NatsOptions } from "./dispatch/options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
+export type { WorkerEvents, WorkerEventName } from "./worker/events.js";
+export { defineTask } from "./tasks/define.js";
+export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput } from "./tasks/define.js";
+export type { TypedLeasehold, TypedNewJob, TypedScheduleDefinition, TypedWorkerOptions } from "./tasks/client.js";
+export { PayloadValidationError } from "./tasks/validate.js";
+export type { PayloadIssue } from "./tasks/validate.js";
+export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
 export { JobAbortedError, PermanentJobError, RetrySupersededError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";

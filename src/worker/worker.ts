@@ -4,11 +4,10 @@
  * alive with one heartbeat statement per tick, ends handlers that stall or run too long,
  * and reports their ends in batches, every write fenced by (job id, attempt, worker id).
  *
- * Events (for tests and dashboards): "job:start" (job), "job:end" (job, outcome),
- * "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
+ * Events (for tests and dashboards), typed in ./events.ts: "job:start" (job), "job:end" (job,
+ * outcome), "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
  * "identity:lost" (err), "stopped".
  */
-import { EventEmitter } from "node:events";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import pino, { type Logger } from "pino";
@@ -28,6 +27,7 @@ import { Reporter } from "./reporter.js";
 import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
+import { WorkerEmitter } from "./events.js";
 
 export type { JobOutcome };
 
@@ -64,7 +64,7 @@ export function makeWorkerId(name?: string): string {
   return name ? `${name}/${base}` : base;
 }
 
-export class Worker extends EventEmitter {
+export class Worker extends WorkerEmitter {
   readonly id: string;
   readonly settings: WorkerSettings;
   readonly transport: WorkerTransport;
