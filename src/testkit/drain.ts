@@ -96,7 +96,12 @@ export interface DrainHost {
 }
 
 export async function drain(host: DrainHost, options: DrainOptions = {}): Promise<DrainResult> {
-  const settings: DrainSettings = { ...DRAIN_DEFAULTS, ...options };
+  const settings: DrainSettings = {
+    ...options,
+    concurrency: options.concurrency ?? DRAIN_DEFAULTS.concurrency,
+    maxJobs: options.maxJobs ?? DRAIN_DEFAULTS.maxJobs,
+    timeoutMs: options.timeoutMs ?? DRAIN_DEFAULTS.timeoutMs,
+  };
   const tasks = Object.keys(host.handlers);
   if (tasks.length === 0) throw new Error("drain() has no handlers to run: pass them to createTestQueue({ handlers }) or queue.register()");
   const queues = options.queues ?? null;
