@@ -36,7 +36,16 @@ export interface EnqueueOptions {
   progressTimeoutMs?: number;
   /** Fail an attempt that runs longer than this; default: the task's. */
   maxRunMs?: number;
+  /**
+   * Small string values carried with the job to every attempt (`ctx.headers`), beside the
+   * payload: a W3C trace context (`traceparent`, `tracestate`: docs/tracing.md), a correlation
+   * id. At most 32 of them, names of letters, digits and `_ . -`, 8 KiB in all.
+   */
+  headers?: JobHeaders;
 }
+
+/** A job's headers: names to string values (see `EnqueueOptions.headers`). */
+export type JobHeaders = Record<string, string>;
 
 export interface NewJob extends EnqueueOptions {
   task: string;
@@ -70,6 +79,8 @@ export interface ClaimedJob {
   /** The job's own limits, if it was enqueued with any. */
   progressTimeoutMs: number | null;
   maxRunMs: number | null;
+  /** The headers it was enqueued with (a trace context, metadata); null when none. */
+  headers: JobHeaders | null;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

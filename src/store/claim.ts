@@ -31,7 +31,7 @@ UPDATE jobs
  WHERE id = ANY(ARRAY(SELECT id FROM next))
    AND state = 'waiting'
 RETURNING id, queue, task, payload, attempt, fence, spent_attempts, max_attempts,
-          coalesce(lease_ms, $4) AS lease_ms, checkpoint, last_outcome, last_error, progress_timeout_ms, max_run_ms`;
+          coalesce(lease_ms, $4) AS lease_ms, checkpoint, last_outcome, last_error, progress_timeout_ms, max_run_ms, headers`;
 
 const CLAIMED = {
   id: "int8",
@@ -48,6 +48,7 @@ const CLAIMED = {
   last_error: "text?",
   progress_timeout_ms: "int4?",
   max_run_ms: "int4?",
+  headers: "jsonb?",
 } as const;
 
 /** One queue (the common case): a plain walk of its partial index in claim order. */
@@ -151,5 +152,6 @@ function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): Claim
     lastError: r.last_error,
     progressTimeoutMs: r.progress_timeout_ms,
     maxRunMs: r.max_run_ms,
+    headers: r.headers as ClaimedJob["headers"],
   }));
 }

@@ -113,6 +113,7 @@ export class RemoteTransport implements WorkerTransport {
           lastError: j.lastError ?? null,
           progressTimeoutMs: j.progressTimeoutMs ?? null,
           maxRunMs: j.maxRunMs ?? null,
+          headers: j.headers ?? null,
         };
       });
     } catch (err) {
