@@ -30,6 +30,8 @@ import type { DispatchFactory } from "./worker/dispatch.js";
 import { PUBLISH_GRACE_MS, resolveNatsOptions, type NatsOptions } from "./dispatch/options.js";
 import { TypedLeasehold } from "./tasks/client.js";
 import type { AnyTask } from "./tasks/define.js";
+import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
+import type { TracingOptions } from "./otel/options.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -54,6 +56,17 @@ export interface LeaseholdOptions {
    * (falling back to polling while NATS is unavailable). The NATS client is loaded only then.
    */
   nats?: string | NatsOptions;
+  /**
+   * Hooks for this client's enqueues and the workers it makes (docs/tracing.md#hooks); more
+   * can be added with `use()`.
+   */
+  hooks?: LeaseholdHooks | LeaseholdHooks[];
+  /**
+   * OpenTelemetry tracing (docs/tracing.md): spans for enqueues, attempts, claims and reports,
+   * through the global tracer provider. Needs the optional peer `@opentelemetry/api`, which
+   * is loaded only then.
+   */
+  tracing?: boolean | TracingOptions;
 }
 
 export interface ListJobsOptions {
@@ -91,6 +104,9 @@ export interface EnqueueTarget {
 }
 
 export class Leasehold {
+  private readonly hookSets: LeaseholdHooks[] = [];
+  private hooks: ComposedHooks = {};
+
   private constructor(
     readonly pool: pg.Pool,
     readonly databaseUrl: string,
@@ -150,7 +166,31 @@ export class Leasehold {
       // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
       await nats.waitConnected(NATS_CONNECT_WAIT_MS);
     }
-    return new Leasehold(pool, url, schema, logger, metrics, embedded, nats);
+    const lh = new Leasehold(pool, url, schema, logger, metrics, embedded, nats);
+    try {
+      // Tracing first: its middlewares are the outermost, so the user's run inside its spans.
+      if (options.tracing) lh.use(await loadTracing(options.tracing));
+      const hooks = options.hooks === undefined ? [] : Array.isArray(options.hooks) ? options.hooks : [options.hooks];
+      for (const h of hooks) lh.use(h);
+    } catch (err) {
+      await lh.close();
+      throw err;
+    }
+    return lh;
+  }
+
+  /**
+   * Registers hooks (docs/tracing.md#hooks): for this client's enqueues from now on, and for
+   * the workers it makes from now on. Later sets run inside earlier ones.
+   */
+  use(hooks: LeaseholdHooks): this {
+    try {
+      this.hookSets.push(checkHooks(hooks));
+    } catch (err) {
+      throw new ConfigError((err as Error).message);
+    }
+    this.hooks = composeHooks(this.hookSets, (hook, err) => this.logger.warn({ hook, err: String(err) }, "a hook threw; ignored"));
+    return this;
   }
 
   async enqueue(task: string, payload?: unknown, options: EnqueueOptions & EnqueueTarget = {}): Promise<EnqueuedJob> {
@@ -165,6 +205,16 @@ export class Leasehold {
    */
   async enqueueMany(jobs: NewJob[], target: EnqueueTarget = {}): Promise<EnqueuedJob[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    const { beforeEnqueue, aroundEnqueue } = this.hooks;
+    if (!beforeEnqueue && !aroundEnqueue) return this.writeJobs(jobs, target);
+    // Hooks may change the jobs: they get copies, never the caller's objects.
+    const copies = jobs.map((j) => (j !== null && typeof j === "object" ? { ...j, ...(j.headers && { headers: { ...j.headers } }) } : j));
+    const info = target?.db !== undefined ? { db: target.db } : {};
+    if (beforeEnqueue) await beforeEnqueue(copies, info);
+    return aroundEnqueue ? aroundEnqueue(copies, info, () => this.writeJobs(copies, target)) : this.writeJobs(copies, target);
+  }
+
+  private async writeJobs(jobs: NewJob[], target: EnqueueTarget): Promise<EnqueuedJob[]> {
     const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
     const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
@@ -337,7 +387,7 @@ export class Leasehold {
    * `watchdog: false` or `scheduler: false` to run them elsewhere). Call `start()` on it.
    */
   worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions; scheduler?: boolean | SchedulerOptions }): Worker {
-    const { watchdog = true, scheduler = true, ...rest } = options;
+    const { watchdog = true, scheduler = true, hooks, ...rest } = options;
     const services: MaintenanceService<unknown>[] = [];
     if (watchdog) services.push(this.watchdog(typeof watchdog === "object" ? watchdog : {}));
     if (scheduler) services.push(this.scheduler(typeof scheduler === "object" ? scheduler : {}));
@@ -348,6 +398,7 @@ export class Leasehold {
       transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
       services,
       dispatch: this.dispatchFactory(),
+      hooks: [...this.hookSets, ...(hooks === undefined ? [] : Array.isArray(hooks) ? hooks : [hooks])],
     });
   }
 
@@ -391,6 +442,20 @@ export class Leasehold {
     await this.pool.end();
     await this.embedded?.stop();
   }
+}
+
+/** The tracing hooks, loaded only when asked for: without tracing, OpenTelemetry is never imported. */
+async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHooks> {
+  let otel: typeof import("./otel/tracing.js");
+  try {
+    otel = await import("./otel/tracing.js");
+  } catch (err) {
+    if ((err as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && /@opentelemetry\/api/.test(String(err))) {
+      throw new ConfigError("tracing needs the @opentelemetry/api package, an optional peer dependency: npm install @opentelemetry/api");
+    }
+    throw err;
+  }
+  return otel.tracingHooks(options === true ? {} : options);
 }
 
 /**

@@ -11,6 +11,17 @@
  */
 export { Leasehold } from "./client.js";
 export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
+export type {
+  LeaseholdHooks,
+  EnqueueInfo,
+  AttemptEnd,
+  ClaimBatch,
+  SettleBatch,
+  HandlerMiddleware,
+  EnqueueMiddleware,
+  BatchMiddleware,
+} from "./hooks.js";
+export type { TracingOptions } from "./otel/options.js";
 export type { NatsOptions } from "./dispatch/options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";

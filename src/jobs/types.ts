@@ -39,7 +39,16 @@ export interface EnqueueOptions {
    * or its worker sets another). `null`: this job runs without a time limit, whatever its task says.
    */
   maxRunMs?: number | null;
+  /**
+   * Small string values carried with the job to every attempt (`ctx.headers`), beside the
+   * payload: a W3C trace context (`traceparent`, `tracestate`: docs/tracing.md), a correlation
+   * id. At most 32 of them, names of letters, digits and `_ . -`, 8 KiB in all.
+   */
+  headers?: JobHeaders;
 }
+
+/** A job's headers: names to string values (see `EnqueueOptions.headers`). */
+export type JobHeaders = Record<string, string>;
 
 export interface NewJob extends EnqueueOptions {
   task: string;
@@ -75,6 +84,8 @@ export interface ClaimedJob {
   maxRunMs: number | null;
   /** Enqueued with `maxRunMs: null`: no time limit, whatever its task's. */
   maxRunUnlimited: boolean;
+  /** The headers it was enqueued with (a trace context, metadata); null when none. */
+  headers: JobHeaders | null;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

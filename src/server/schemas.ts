@@ -105,6 +105,11 @@ export const claimedJobSchema = {
     progressTimeoutMs: NULLABLE_LIMIT,
     maxRunMs: NULLABLE_LIMIT,
     maxRunUnlimited: { type: "boolean", description: "enqueued with maxRunMs null: no time limit, whatever its task's" },
+    headers: {
+      type: ["object", "null"],
+      additionalProperties: { type: "string" },
+      description: "the headers the job was enqueued with (a trace context, metadata); null when none",
+    },
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
   required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "receipt"],
@@ -177,6 +182,13 @@ const newJob = object(
     leaseMs: LEASE_MS,
     progressTimeoutMs: LIMIT_MS,
     maxRunMs: { ...NULLABLE_LIMIT, description: "null: no time limit for this job, whatever its task's (absent: the task's, 15 minutes by default)" },
+    headers: {
+      type: "object",
+      additionalProperties: { type: "string" },
+      description:
+        "string values carried with the job to its handler (ctx.headers): at most 32, names of letters, digits and _ . -, 8 KiB in all. " +
+        "Without a traceparent here, the request's traceparent and tracestate headers are used (docs/tracing.md)",
+    },
   },
   ["task"],
 );

@@ -18,6 +18,7 @@ import {
   type FencedWriteDb,
   type Handler,
   type JobContext,
+  type JobHeaders,
   type JsonValue,
   type TaskDefinition,
 } from "../index.js";
@@ -35,6 +36,8 @@ export interface InlineOptions {
   /** How the previous attempt ended (`ctx.previousOutcome`, and so `ctx.recovered`); default null. */
   previousOutcome?: AttemptOutcome | null;
   lastError?: string | null;
+  /** `ctx.headers` (a trace context, metadata); default null. */
+  headers?: JobHeaders | null;
   /**
    * Aborting this aborts `ctx.signal`. Its reason becomes the JobAbortedError's reason when it
    * is one (`"cancelled"`, `"lease_expired"`, ...) or a JobAbortedError; otherwise `"cancelled"`.
@@ -122,6 +125,9 @@ class InlineContext implements JobContext {
   }
   get previousOutcome(): AttemptOutcome | null {
     return this.options.previousOutcome ?? null;
+  }
+  get headers(): JobHeaders | null {
+    return this.options.headers ?? null;
   }
   get recovered(): boolean {
     const p = this.previousOutcome;

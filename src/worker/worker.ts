@@ -28,6 +28,8 @@ import { isConnectionError, recordRefusals, type Attachment, type CompleteWithin
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
+import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "../hooks.js";
+import { withBatchHooks } from "./hooked-transport.js";
 
 export type { JobOutcome };
 
@@ -39,6 +41,8 @@ export interface WorkerOptions extends WorkerSettingsInput {
   dispatch?: DispatchFactory;
   logger?: Logger;
   metricsRegistry?: Registry;
+  /** Hooks around this worker's handlers, attempts, claims and reports (src/hooks.ts, docs/tracing.md#hooks). */
+  hooks?: LeaseholdHooks | LeaseholdHooks[];
 }
 
 /** How long a stopping worker waits for its last reports. */
@@ -101,19 +105,29 @@ export class Worker extends WorkerEmitter {
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, Histogram.Internal<"task">>();
   private readonly endings = new Map<string, Counter.Internal>();
+  /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
+  private readonly hooks: ComposedHooks;
 
   constructor(options: WorkerOptions) {
     super();
-    const { transport, logger, metricsRegistry, services, dispatch, ...rest } = options;
+    const { transport, logger, metricsRegistry, services, dispatch, hooks, ...rest } = options;
     this.dispatchFactory = dispatch;
     this.settings = resolveWorkerSettings(rest);
     this.services = services ?? [];
-    this.transport = transport;
+    const hookSets = (hooks === undefined ? [] : Array.isArray(hooks) ? hooks : [hooks]).map((h, i) => {
+      try {
+        return checkHooks(h, `hooks[${i}]`);
+      } catch (err) {
+        throw new ConfigError((err as Error).message);
+      }
+    });
+    this.hooks = composeHooks(hookSets, (hook, err) => this.logger.warn({ hook, err: String(err) }, "a hook threw; ignored"));
+    this.transport = withBatchHooks(transport, this.hooks);
     this.id = makeWorkerId(this.settings.name);
     this.logger = (logger ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" })).child({ worker: this.id });
     this.metrics = metricsFor(metricsRegistry);
     this.outage = new Outage(this.logger);
-    this.reporter = new Reporter(transport, this.id, this.outage);
+    this.reporter = new Reporter(this.transport, this.id, this.outage);
     const tasks = [...this.settings.tasks.keys()];
     this.tasks = tasks;
     this.claimer = new Claimer(
@@ -124,7 +138,7 @@ export class Worker extends WorkerEmitter {
         deliver: (j, at) => this.deliver(j, at),
         idle: () => this.emit("idle"),
       },
-      transport,
+      this.transport,
       this.id,
       this.settings,
       tasks,
@@ -144,7 +158,7 @@ export class Worker extends WorkerEmitter {
         },
         unrenewable: (e) => (e.phase === "buffered" ? this.drop(e, "renewal_failed") : this.abortJob(e, "renewal_failed")),
       },
-      transport,
+      this.transport,
       this.id,
       this.settings.leaseMs,
       this.settings.heartbeatMs,
@@ -458,9 +472,12 @@ export class Worker extends WorkerEmitter {
     this.armLimits(entry);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
+    const around = this.hooks.aroundHandler;
     const run = async () => {
       if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
-      return task.handler(job.payload, createJobContext(entry, this));
+      const ctx = createJobContext(entry, this);
+      // Without middleware, no closure is made for `next`.
+      return around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
     };
     run().then(
       () => this.handlerEnded(entry, undefined),
@@ -591,13 +608,13 @@ export class Worker extends WorkerEmitter {
         );
       }
       this.countEnded(entry.job.queue, "succeeded");
-      this.emit("job:end", entry.job, { state: "succeeded" } satisfies JobOutcome);
+      this.ended(entry, { state: "succeeded" }, err);
       return;
     }
     if (entry.lostReason) {
       // The lease is known to be gone (or released at shutdown): a report would be refused.
       this.forget(entry);
-      this.emit("job:end", entry.job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
+      this.ended(entry, { state: "lost", reason: entry.lostReason }, err);
       return;
     }
     void this.report(entry, err);
@@ -618,12 +635,19 @@ export class Worker extends WorkerEmitter {
     this.reporting++;
     try {
       const result = await reportEnd(this, entry, err, outcome, message);
-      this.emit("job:end", entry.job, result);
+      this.ended(entry, result, err);
     } finally {
       this.reporting--;
       this.forget(entry);
       this.claimer.kick(); // a report that landed may let claims resume (see Claimer)
     }
+  }
+
+  /** An attempt whose handler started has ended: the job:end event, and the afterAttempt hooks. */
+  private ended(entry: InFlight, outcome: JobOutcome, err: unknown): void {
+    this.emit("job:end", entry.job, outcome);
+    const after = this.hooks.afterAttempt;
+    if (after) after(entry.job, { outcome, error: err, durationMs: performance.now() - entry.startedAt! });
   }
 
   private forget(entry: InFlight): void {
