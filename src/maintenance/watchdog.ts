@@ -24,6 +24,7 @@ import type { Queryable } from "../store/db.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import type { Metrics } from "../metrics.js";
+import { HANDLER_ALIVE_MS } from "./handler-gaps.js";
 import { MaintenanceService } from "./service.js";
 import type { BackoffPolicy } from "../store/end-attempts.js";
 
@@ -40,6 +41,11 @@ export const DEFAULT_ORPHAN_AFTER_MS = 5 * 60_000;
 export const HOT_TABLE_VACUUM_MIN_DEAD = 10_000;
 /** One statement moved 10,000 expired jobs in ~70 ms on 2 cores; keep each short. */
 export const REAP_BATCH = 1_000;
+/**
+ * leasehold_jobs_without_handler is counted this often: it reads the waiting jobs again, so
+ * not on every reap tick of every watchdog (the live views and `doctor` count it when asked).
+ */
+export const HANDLER_GAUGE_INTERVAL_MS = 10_000;
 
 export interface WatchdogOptions {
   intervalMs?: number;
@@ -76,6 +82,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   /** Live watchdogs, as last counted: each checks liveness on one tick in this many. */
   private fleetSize = 1;
   private lastOrphanScan = -Infinity;
+  private lastHandlerGauge = -Infinity;
   private announced = false;
 
   constructor(
@@ -212,6 +219,12 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       if (c.state === "running") running += c.count;
     }
     this.metrics.activeLeases.set(running);
+    if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
+      this.lastHandlerGauge = performance.now();
+      const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });
+      this.metrics.jobsWithoutHandler.reset();
+      for (const g of gaps) this.metrics.jobsWithoutHandler.inc({ queue: this.metrics.queueLabel(g.queue), task: g.task }, g.waiting + g.scheduled);
+    }
   }
 
   /** States that should not exist: each kind counted (a gauge and a log line), repaired where safe. */

@@ -10,13 +10,14 @@ import readline from "node:readline";
 import type { Command } from "commander";
 import { ENQUEUE_CHUNK, type Leasehold } from "../../client.js";
 import { LeaseholdError } from "../../errors.js";
-import type { EnqueuedJob, EnqueueOptions, NewJob } from "../../jobs/types.js";
+import type { EnqueuedJob, EnqueueOptions, EnqueueWarning, NewJob } from "../../jobs/types.js";
 import { checkName, serializePayload } from "../../jobs/validate.js";
 import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError, describeFailure, EXIT } from "../errors.js";
 import { withTransaction } from "../../store/db.js";
 import { duration, int, isoDate, json, readFile } from "../parse.js";
+import { printWarnings, unknownTasksOption, useUnknownTasks } from "../unknown-tasks.js";
 
 interface EnqueueFlags {
   nats?: string;
@@ -30,10 +31,11 @@ interface EnqueueFlags {
   maxAttempts?: number;
   uniqueKey?: string;
   lease?: number;
+  unknownTasks?: string;
 }
 
 export function registerEnqueue(program: Command, run: Run): void {
-  program
+  const command = program
     .command("enqueue <task>")
     .description("enqueue a job (or many with --payloads)")
     .option("--payload <json>", "the job's payload as JSON (default {})")
@@ -46,42 +48,44 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--run-at <iso>", "run no earlier than this moment", isoDate("--run-at"))
     .option("--max-attempts <n>", "attempts before the job is dead (default 25)", int("--max-attempts", 1, 1000))
     .option("--unique-key <key>", "while an unfinished job has this key, return it instead of enqueueing again")
-    .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
-    .action(
-      run(async (cli, task: string, flags: EnqueueFlags) => {
-        cli.useNats(flags.nats);
-        checkName(task, "task");
-        if (flags.queue !== undefined) checkName(flags.queue, "--queue");
-        const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
-        if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
-        if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
-        if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
-          throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
-        const options: EnqueueOptions = {
-          ...(flags.queue !== undefined && { queue: flags.queue }),
-          ...(flags.priority !== undefined && { priority: flags.priority }),
-          ...(flags.delay !== undefined && { delayMs: flags.delay }),
-          ...(flags.runAt !== undefined && { runAt: flags.runAt }),
-          ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
-          ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
-          ...(flags.lease !== undefined && { leaseMs: flags.lease }),
-        };
-        if (flags.payloads !== undefined) return enqueueLines(cli, task, options, flags.payloads);
-        const payload =
-          flags.payload !== undefined
-            ? json(flags.payload, "--payload")
-            : flags.payloadFile !== undefined
-              ? json(readFile(flags.payloadFile, "--payload-file"), `--payload-file ${flags.payloadFile}`)
-              : {};
-        const lh = await cli.operations();
-        const job = await lh.enqueue(task, payload, options);
-        cli.result(job, () =>
-          job.created
-            ? `enqueued job ${job.id} (${task})`
-            : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
-        );
-      }),
-    );
+    .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"));
+  unknownTasksOption(command).action(
+    run(async (cli, task: string, flags: EnqueueFlags) => {
+      cli.useNats(flags.nats);
+      useUnknownTasks(cli, flags.unknownTasks);
+      checkName(task, "task");
+      if (flags.queue !== undefined) checkName(flags.queue, "--queue");
+      const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
+      if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
+      if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
+      if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
+        throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
+      const options: EnqueueOptions = {
+        ...(flags.queue !== undefined && { queue: flags.queue }),
+        ...(flags.priority !== undefined && { priority: flags.priority }),
+        ...(flags.delay !== undefined && { delayMs: flags.delay }),
+        ...(flags.runAt !== undefined && { runAt: flags.runAt }),
+        ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
+        ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
+        ...(flags.lease !== undefined && { leaseMs: flags.lease }),
+      };
+      if (flags.payloads !== undefined) return enqueueLines(cli, task, options, flags.payloads);
+      const payload =
+        flags.payload !== undefined
+          ? json(flags.payload, "--payload")
+          : flags.payloadFile !== undefined
+            ? json(readFile(flags.payloadFile, "--payload-file"), `--payload-file ${flags.payloadFile}`)
+            : {};
+      const lh = await cli.operations();
+      const job = await lh.enqueue(task, payload, options);
+      cli.result(job, () =>
+        job.created
+          ? `enqueued job ${job.id} (${task})`
+          : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
+      );
+      printWarnings(cli, job.warnings);
+    }),
+  );
 }
 
 async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, file: string): Promise<void> {
@@ -143,6 +147,7 @@ async function enqueueLinesRemotely(
 interface Counts {
   enqueued: number;
   created: number;
+  warnings?: EnqueueWarning[];
 }
 
 /**
@@ -175,6 +180,9 @@ async function readBatches(
     }
     counts.enqueued += jobs.length;
     counts.created += jobs.filter((j) => j.created).length;
+    // One task per import: its warning (if any) is the same for every job.
+    const warned = jobs.find((j) => j.warnings)?.warnings;
+    if (warned && !counts.warnings) counts.warnings = warned;
     batch = [];
   };
   try {
@@ -199,9 +207,10 @@ async function readBatches(
   return counts;
 }
 
-function printCounts(cli: Cli, task: string, { enqueued, created }: Counts): void {
+function printCounts(cli: Cli, task: string, { enqueued, created, warnings }: Counts): void {
   cli.result(
-    { enqueued, created },
+    { enqueued, created, ...(warnings && { warnings }) },
     () => `enqueued ${enqueued} jobs (${task})` + (created < enqueued ? `, ${enqueued - created} already existed` : ""),
   );
+  printWarnings(cli, warnings);
 }
