@@ -122,8 +122,13 @@ test("library: once a worker of the task starts, its enqueue no longer warns or 
 });
 
 test("stats, the watchdog's metric and `doctor` show waiting jobs no live worker runs; doctor exits non-zero", async () => {
-  await lh.enqueue("thumbnial", {}, { queue: "images" });
-  await lh.enqueue("thumbnial", {}, { queue: "images", delayMs: 3_600_000 });
+  await lh.enqueueMany([
+    { task: "thumbnial", queue: "images" },
+    { task: "thumbnial", queue: "images", delayMs: 3_600_000 },
+    { task: "reszie", queue: "images" },
+    { task: "resize", queue: "image" },
+    { task: "resize", queue: "images", delayMs: 3_600_000 },
+  ]);
   const stats = await lh.stats();
   const gap = stats.withoutHandler.find((g) => g.task === "thumbnial")!;
   assert.equal(gap.queue, "images");

@@ -1,8 +1,9 @@
 /**
  * `leasehold jobs watch`: the dashboard's live view for a terminal. Every interval it reads
- * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait) and
- * the running jobs (progress as a bar when the handler reports a fraction, lease left, last
- * beat, attempt, worker), from the database or, with --server, from the API's
+ * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait), the
+ * waiting jobs no live worker runs, and the running jobs (progress as a bar when the handler
+ * reports a fraction, lease left, last beat, attempt, worker), from the database or, with
+ * --server, from the API's
  * /v1/overview and /v1/running. The same bounded statements as the dashboard: watching costs
  * the same at any load.
  */
