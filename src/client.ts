@@ -11,10 +11,12 @@ import pino, { type Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { EmbeddedPostgres, EmbeddedPostgresOptions } from "./embedded/postgres.js";
 import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
-import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
 import { checkJobId } from "./jobs/ids.js";
 import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } from "./jobs/known-tasks.js";
+import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
 import type { Queryable } from "./store/db.js";
@@ -67,6 +69,13 @@ export interface LeaseholdOptions {
    * is loaded only then.
    */
   tracing?: boolean | TracingOptions;
+  /**
+   * Enqueue (and `schedule`) of a task that no worker seen in the last 24 h handles in that
+   * queue: "warn" (default: the returned job carries `warnings`; nothing is logged), "refuse"
+   * (NoWorkerForTaskError, nothing enqueued) or "allow" (not checked). Default
+   * LEASEHOLD_UNKNOWN_TASKS, else "warn".
+   */
+  unknownTasks?: UnknownTasksMode;
 }
 
 export interface ListJobsOptions {
@@ -86,6 +95,11 @@ export interface ListJobsOptions {
   /** Default true; false leaves payloads out. */
   includePayload?: boolean;
 }
+
+export type Stats = store.QueueStats & {
+  /** Waiting jobs whose task, in their queue, no live worker runs (at most 100 queue/task pairs). */
+  withoutHandler: HandlerGap[];
+};
 
 /** connect() waits this long for NATS, then goes on without it (it keeps connecting). */
 const NATS_CONNECT_WAIT_MS = 1_000;
@@ -116,11 +130,21 @@ export class Leasehold {
     private readonly embedded?: EmbeddedPostgres,
     /** The NATS connection, when NATS dispatch is configured. */
     readonly nats?: NatsLink,
-  ) {}
+    unknownTasks: UnknownTasksMode = "warn",
+  ) {
+    this.knownTasks = new KnownTasks(pool, unknownTasks);
+  }
+
+  /** Which tasks some worker runs, for enqueue's check (the `unknownTasks` option). */
+  private readonly knownTasks: KnownTasks;
 
   static async connect(options: LeaseholdOptions = {}): Promise<Leasehold> {
     const logger = options.logger ?? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" });
     const schema = store.assertSchemaName(options.schema ?? process.env.LEASEHOLD_SCHEMA ?? store.DEFAULT_SCHEMA);
+    const unknownTasks = unknownTasksMode(
+      options.unknownTasks ?? process.env.LEASEHOLD_UNKNOWN_TASKS,
+      options.unknownTasks === undefined ? "LEASEHOLD_UNKNOWN_TASKS" : "unknownTasks",
+    );
     let url = options.databaseUrl ?? process.env.DATABASE_URL;
     let embedded: EmbeddedPostgres | undefined;
     if (url) {
@@ -166,7 +190,7 @@ export class Leasehold {
       // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
       await nats.waitConnected(NATS_CONNECT_WAIT_MS);
     }
-    const lh = new Leasehold(pool, url, schema, logger, metrics, embedded, nats);
+    const lh = new Leasehold(pool, url, schema, logger, metrics, embedded, nats, unknownTasks);
     try {
       // Tracing first: its middlewares are the outermost, so the user's run inside its spans.
       if (options.tracing) lh.use(await loadTracing(options.tracing));
@@ -216,6 +240,9 @@ export class Leasehold {
 
   private async writeJobs(jobs: NewJob[], target: EnqueueTarget): Promise<EnqueuedJob[]> {
     const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
+    // Refusing must come first; a warning can be worked out while the jobs are written.
+    const checking = this.knownTasks.check(normalized, (i) => `job ${i}`);
+    if (this.knownTasks.mode === "refuse") await checking;
     const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
       for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
@@ -253,7 +280,7 @@ export class Leasehold {
       enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));
     }
     this.countEnqueued(normalized);
-    return enqueued;
+    return attachWarnings(enqueued, normalized, await checking);
   }
 
   /**
@@ -355,8 +382,10 @@ export class Leasehold {
     }
   }
 
-  stats(): Promise<store.QueueStats> {
-    return store.queueStats(this.pool);
+  /** Counts by queue and state, leases, the fleet, and the waiting jobs no live worker can run. */
+  async stats(): Promise<Stats> {
+    const [stats, withoutHandler] = await Promise.all([store.queueStats(this.pool), handlerGaps(this.pool)]);
+    return { ...stats, withoutHandler };
   }
 
   /**
@@ -365,11 +394,12 @@ export class Leasehold {
    * same pattern and time zone it keeps its place (a redeploy neither skips nor repeats a
    * tick), with a new one it starts from its next tick.
    */
-  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean }> {
+  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean; warnings?: EnqueueWarning[] }> {
     const { parsed, ...input } = normalizeSchedule(def);
+    const [warnings] = attachWarnings([{}], [input], await this.knownTasks.check([input], () => `schedule ${def.name}`));
     const firstRunAt = nextTick(parsed, await store.databaseNow(this.pool));
     if (!firstRunAt) throw new ValidationError(`schedule ${def.name}: cron ${JSON.stringify(def.cron)} has no tick in the future`);
-    return store.upsertSchedule(this.pool, { ...input, firstRunAt });
+    return { ...(await store.upsertSchedule(this.pool, { ...input, firstRunAt })), ...warnings };
   }
 
   /** Removes a schedule (its jobs already enqueued stay); false if there was none. */

@@ -10,7 +10,7 @@
  * importing the library never loads it.
  */
 export { Leasehold } from "./client.js";
-export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
+export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./client.js";
 export type {
   LeaseholdHooks,
   EnqueueInfo,
@@ -22,6 +22,8 @@ export type {
   BatchMiddleware,
 } from "./hooks.js";
 export type { TracingOptions } from "./otel/options.js";
+export type { UnknownTasksMode } from "./jobs/known-tasks.js";
+export type { HandlerGap } from "./maintenance/handler-gaps.js";
 export type { NatsOptions } from "./dispatch/options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";

@@ -33,6 +33,7 @@ export interface Metrics {
   recoveryDelay: Histogram<"cause">;
   // Throughput and the rest.
   jobs: Gauge<"queue" | "state">;
+  jobsWithoutHandler: Gauge<"queue" | "task">;
   jobsEnqueued: Counter<"queue">;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
@@ -138,6 +139,12 @@ export function metricsFor(registry: Registry = globalRegistry): Metrics {
       name: "leasehold_jobs",
       help: "Jobs by queue and state, as the watchdog or server last counted (finished states over the retention window).",
       labelNames: ["queue", "state"],
+      registers,
+    }),
+    jobsWithoutHandler: new Gauge({
+      name: "leasehold_jobs_without_handler",
+      help: "Waiting jobs whose task no live worker runs in their queue, as the watchdog last counted (at most 100 queue/task pairs).",
+      labelNames: ["queue", "task"],
       registers,
     }),
     jobsEnqueued: new Counter({ name: "leasehold_jobs_enqueued_total", help: "Jobs enqueued by this process.", labelNames: ["queue"], registers }),

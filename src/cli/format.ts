@@ -1,6 +1,7 @@
 /** Human-readable output: aligned tables and job details. */
 import type { AttemptRecord, JobRecord, ListedJob } from "../jobs/types.js";
-import type { QueueStats } from "../store/index.js";
+import type { Stats } from "../client.js";
+import { describeGap, type HandlerGap } from "../maintenance/handler-gaps.js";
 
 export function table(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
@@ -78,7 +79,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
 
 const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;
 
-export function statsText(stats: QueueStats): string {
+export function statsText(stats: Stats): string {
   const byQueue = new Map<string, Record<string, number>>();
   for (const c of stats.counts) {
     const row = byQueue.get(c.queue) ?? {};
@@ -102,6 +103,13 @@ export function statsText(stats: QueueStats): string {
       : `none running${stats.expiredLeases > 0 ? ": expired leases are not being recovered (start `leasehold watchdog`; `leasehold doctor` says more)" : ""}`;
   return (
     `${counts}\n\nactive leases   ${stats.activeLeases} (expired, awaiting the watchdog: ${stats.expiredLeases})\n` +
-    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}`
+    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}` +
+    gapsText(stats.withoutHandler)
   );
+}
+
+/** Waiting jobs no live worker runs, one line each, under a heading; "" when there are none. */
+export function gapsText(gaps: readonly HandlerGap[]): string {
+  if (gaps.length === 0) return "";
+  return `\n\nNO WORKER CAN RUN THESE (start a worker that handles them, or cancel them)\n${gaps.map((g) => `! ${describeGap(g)}`).join("\n")}`;
 }

@@ -3,11 +3,10 @@
  * (`--server URL --token T`), for operators who can reach the server but not the database.
  * Same shapes and the same typed errors as the `Leasehold` client's methods.
  */
-import type { Leasehold, ListJobsOptions } from "../client.js";
+import type { Leasehold, ListJobsOptions, Stats } from "../client.js";
 import { checkJobId } from "../jobs/ids.js";
 import { JobNotFoundError, JobStateError, ValidationError } from "../errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "../jobs/types.js";
-import type { QueueStats } from "../store/index.js";
 import { ServerError, ServerUnavailableError } from "../worker/remote-transport.js";
 
 /** What the job commands need: the `Leasehold` client has it, and so does this API client. */
@@ -80,8 +79,8 @@ export class RemoteOperations implements JobOperations {
     await this.call("POST", `/v1/jobs/${encodeURIComponent(id)}/retry`, undefined, id);
   }
 
-  async stats(): Promise<QueueStats> {
-    const s = await this.call<Wire<QueueStats>>("GET", "/v1/stats");
+  async stats(): Promise<Stats> {
+    const s = await this.call<Wire<Stats>>("GET", "/v1/stats");
     return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
   }
 

@@ -59,6 +59,21 @@ export interface EnqueuedJob {
   id: string;
   /** False when a unique key matched an unfinished job, whose id this is. */
   created: boolean;
+  /** Present when no worker is known to run this job's task in its queue (see EnqueueWarning). */
+  warnings?: EnqueueWarning[];
+}
+
+/**
+ * Why a job may wait forever: no worker seen in the last 24 h announced its task
+ * (`unknown_task`), or the workers that did take other queues (`task_not_in_queue`).
+ */
+export interface EnqueueWarning {
+  code: "unknown_task" | "task_not_in_queue";
+  queue: string;
+  task: string;
+  message: string;
+  /** The closest known task (unknown_task) or queue of that task (task_not_in_queue), if one is close. */
+  didYouMean?: string;
 }
 
 /** A job as a worker receives it from a claim. */

@@ -270,6 +270,12 @@ function printable(text: string): string {
 
 /** "did you mean" for option names, as Oban does. */
 export function suggest(key: string, known: Iterable<string>): string {
+  const best = closestName(key, known);
+  return best ? ` (did you mean "${best}"?)` : "";
+}
+
+/** The known name closest to `key` (case aside, fewer than 3 edits), or undefined. */
+export function closestName(key: string, known: Iterable<string>): string | undefined {
   let best: string | undefined;
   let bestDistance = 3;
   for (const k of known) {
@@ -279,7 +285,7 @@ export function suggest(key: string, known: Iterable<string>): string {
       bestDistance = d;
     }
   }
-  return best ? ` (did you mean "${best}"?)` : "";
+  return best;
 }
 
 function editDistance(a: string, b: string): number {

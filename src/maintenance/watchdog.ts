@@ -25,6 +25,7 @@ import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import { DEFAULT_MAX_RUN_MS } from "../worker/options.js";
 import type { Metrics } from "../metrics.js";
+import { HANDLER_ALIVE_MS } from "./handler-gaps.js";
 import { MaintenanceService } from "./service.js";
 import type { BackoffPolicy } from "../store/end-attempts.js";
 
@@ -41,6 +42,11 @@ export const DEFAULT_ORPHAN_AFTER_MS = 5 * 60_000;
 export const HOT_TABLE_VACUUM_MIN_DEAD = 10_000;
 /** One statement moved 10,000 expired jobs in ~70 ms on 2 cores; keep each short. */
 export const REAP_BATCH = 1_000;
+/**
+ * leasehold_jobs_without_handler is counted this often: it reads the waiting jobs again, so
+ * not on every reap tick of every watchdog (the live views and `doctor` count it when asked).
+ */
+export const HANDLER_GAUGE_INTERVAL_MS = 10_000;
 
 /**
  * Crash detection by turns, not by chance: the wall clock is cut into slots of the liveness
@@ -98,6 +104,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   /** The wall-clock slot of the previous tick. */
   private lastSlot?: number;
   private lastOrphanScan = -Infinity;
+  private lastHandlerGauge = -Infinity;
   private announced = false;
 
   constructor(
@@ -239,6 +246,12 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       if (c.state === "running") running += c.count;
     }
     this.metrics.activeLeases.set(running);
+    if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
+      this.lastHandlerGauge = performance.now();
+      const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });
+      this.metrics.jobsWithoutHandler.reset();
+      for (const g of gaps) this.metrics.jobsWithoutHandler.inc({ queue: this.metrics.queueLabel(g.queue), task: g.task }, g.waiting + g.scheduled);
+    }
   }
 
   /** States that should not exist: each kind counted (a gauge and a log line), repaired where safe. */

@@ -70,7 +70,8 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
 
   app.post<{ Body: { jobs: WireJob[] } }>("/v1/jobs/batch", { schema: routes.enqueueBatch }, async (request, reply) => {
     const jobs = await lh.enqueueMany(request.body.jobs.map((j, i) => withRequestTrace(fromWire(j, `job ${i}`), request)));
-    return reply.status(201).send({ jobs });
+    const warnings = [...new Set(jobs.flatMap((j) => j.warnings ?? []))];
+    return reply.status(201).send(warnings.length > 0 ? { jobs, warnings } : { jobs });
   });
 
   app.get<{ Querystring: WireFilter & { limit?: string; before?: string; payload?: "true" | "false" } }>(

@@ -11,6 +11,7 @@ import type { Leasehold } from "../client.js";
 import { ValidationError } from "../errors.js";
 import { progressFraction } from "../jobs/progress.js";
 import { DEFAULT_SAMPLE_INTERVAL_MS } from "../maintenance/throughput.js";
+import { handlerGaps } from "../maintenance/handler-gaps.js";
 import * as store from "../store/index.js";
 import { errorBody } from "./errors.js";
 import { filterFromWire, type WireFilter } from "./job-routes.js";
@@ -35,8 +36,8 @@ export function registerMonitorRoutes(app: FastifyInstance, lh: Leasehold, optio
 
   app.get("/v1/overview", { schema: routes.overview }, () =>
     shared.get("overview", async () => {
-      const [queues, processes] = await Promise.all([store.queueOverview(db), store.liveProcesses(db)]);
-      return { queues, processes };
+      const [queues, processes, withoutHandler] = await Promise.all([store.queueOverview(db), store.liveProcesses(db), handlerGaps(db)]);
+      return { queues, processes, withoutHandler };
     }),
   );
 

@@ -4,7 +4,7 @@
  * requests against them and the OpenAPI document is built from them.
  */
 import { MAX_BULK_JOBS } from "../store/bulk.js";
-import { JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, secured } from "./schemas.js";
+import { HANDLER_GAPS, JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, secured } from "./schemas.js";
 
 const MS = { type: "number", description: "milliseconds, by the database's clock" } as const;
 const NULLABLE_MS = { type: ["number", "null"], description: "milliseconds, by the database's clock" } as const;
@@ -161,6 +161,7 @@ export const monitorRoutes = {
         properties: {
           queues: { type: "array", items: queueOverview },
           processes: { type: "array", items: processRecord, description: "seen in the last hour and not stopped; at most 500" },
+          withoutHandler: HANDLER_GAPS,
         },
       },
       ...READ_ERRORS,

@@ -1,8 +1,9 @@
 /**
  * `leasehold jobs watch`: the dashboard's live view for a terminal. Every interval it reads
- * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait) and
- * the running jobs (progress as a bar when the handler reports a fraction, lease left, last
- * beat, attempt, worker), from the database or, with --server, from the API's
+ * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait), the
+ * waiting jobs no live worker runs, and the running jobs (progress as a bar when the handler
+ * reports a fraction, lease left, last beat, attempt, worker), from the database or, with
+ * --server, from the API's
  * /v1/overview and /v1/running. The same bounded statements as the dashboard: watching costs
  * the same at any load.
  */
@@ -12,7 +13,8 @@ import type { Leasehold } from "../../client.js";
 import { progressFraction } from "../../jobs/progress.js";
 import * as store from "../../store/index.js";
 import type { Cli, Run } from "../context.js";
-import { table } from "../format.js";
+import { gapsText, table } from "../format.js";
+import { handlerGaps, type HandlerGap } from "../../maintenance/handler-gaps.js";
 import { int } from "../parse.js";
 import { RemoteOperations } from "../remote-operations.js";
 
@@ -22,6 +24,8 @@ const BAR_WIDTH = 20;
 export interface WatchFrame {
   at: string;
   queues: store.QueueOverview[];
+  /** Waiting jobs no live worker can run. */
+  withoutHandler: HandlerGap[];
   running: {
     id: string;
     queue: string;
@@ -73,20 +77,31 @@ async function source(cli: Cli, queue: string | undefined): Promise<() => Promis
   if (ops instanceof RemoteOperations) {
     return async () => {
       const [overview, running] = await Promise.all([
-        ops.get<{ queues: store.QueueOverview[] }>("/v1/overview"),
+        ops.get<{ queues: store.QueueOverview[]; withoutHandler: HandlerGap[] }>("/v1/overview"),
         ops.get<{ jobs: WatchFrame["running"]; more: boolean }>(
           `/v1/running?limit=${RUNNING_SHOWN}${queue ? `&queue=${encodeURIComponent(queue)}` : ""}`,
         ),
       ]);
-      return { at: new Date().toISOString(), queues: overview.queues, running: running.jobs.map(pick), moreRunning: running.more };
+      return {
+        at: new Date().toISOString(),
+        queues: overview.queues,
+        withoutHandler: overview.withoutHandler,
+        running: running.jobs.map(pick),
+        moreRunning: running.more,
+      };
     };
   }
   const lh = ops as Leasehold;
   return async () => {
-    const [queues, running] = await Promise.all([store.queueOverview(lh.pool), store.runningJobs(lh.pool, { queue, limit: RUNNING_SHOWN + 1 })]);
+    const [queues, withoutHandler, running] = await Promise.all([
+      store.queueOverview(lh.pool),
+      handlerGaps(lh.pool),
+      store.runningJobs(lh.pool, { queue, limit: RUNNING_SHOWN + 1 }),
+    ]);
     return {
       at: new Date().toISOString(),
       queues,
+      withoutHandler,
       running: running.slice(0, RUNNING_SHOWN).map((j) => pick({ ...j, progressFraction: progressFraction(j.progress) })),
       moreRunning: running.length > RUNNING_SHOWN,
     };
@@ -138,5 +153,5 @@ export function render(frame: WatchFrame, intervalMs: number, once: boolean): st
           ]),
         ) + (frame.moreRunning ? `\n(only the ${RUNNING_SHOWN} longest running are shown)` : "");
   const header = `Leasehold  ${frame.at.slice(11, 19)} UTC${once ? "" : `  (every ${seconds(intervalMs)}; Ctrl-C to stop)`}`;
-  return `${header}\n\n${queues}\n\nRUNNING\n${running}`;
+  return `${header}\n\n${queues}${gapsText(frame.withoutHandler)}\n\nRUNNING\n${running}`;
 }
