@@ -44,7 +44,7 @@ export async function reportEnd(
       attempt: job.attempt,
       error: limitMessage ?? describeError(err),
       backoff: worker.settings.tasks.get(job.task)?.backoff ?? worker.settings.backoff,
-      giveUp: err instanceof PermanentJobError,
+      giveUp: err instanceof PermanentJobError || entry.permanent === true,
       outcome: limit ?? "failed",
     };
     outcome = await worker.reporter.fail(failure);
