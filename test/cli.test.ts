@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { databaseUrl, eventually, rawClient, uniqueSchema } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, rawClient, uniqueSchema, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
@@ -242,4 +242,29 @@ test("jobs watch waits out a database outage: it keeps the last frame, says it i
   await eventually(async () => /watched\s+2\s+0\s+0\s+0/.test(watch.output()), "watch resumed with fresh counts", 20_000);
   const ended = await watch.stop("SIGINT");
   assert.equal(ended.code, 0, ended.stderr);
+});
+
+test("jobs list and jobs show count a job that succeeded first time as one attempt made, none of its budget spent", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({ watchdog: false, handlers: { "once.ok": () => undefined, "once.fail": () => Promise.reject(new Error("no")) } });
+  const { id } = await lh.enqueue("once.ok", {});
+  const { id: failedId } = await lh.enqueue("once.fail", {}, { maxAttempts: 1 });
+  const ended = waitForEvent<[{ id: string }]>(worker, "job:end", (job) => job.id === id);
+  const failed = waitForEvent<[{ id: string }]>(worker, "job:end", (job) => job.id === failedId);
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await Promise.all([ended, failed]);
+
+  const list = await runCli(["jobs", "list"], { schema: lh.schema });
+  assert.equal(list.code, 0, list.stderr);
+  const [header, ...rows] = list.stdout.trimEnd().split("\n");
+  assert.match(header!, /ATTEMPTS MADE\s+BUDGET SPENT/);
+  const row = (jobId: string) => rows.find((r) => r.startsWith(`${jobId} `))!.split(/\s{2,}/);
+  assert.deepEqual(row(id).slice(1, 6), ["succeeded", "default", "once.ok", "1", "0/25"]);
+  // A failure spends the budget: one attempt made, the whole (one-attempt) budget spent.
+  assert.deepEqual(row(failedId).slice(1, 6), ["dead", "default", "once.fail", "1", "1/1"]);
+
+  const show = await runCli(["jobs", "show", id], { schema: lh.schema });
+  assert.match(show.stdout, /^attempts made\s+1 /m);
+  assert.match(show.stdout, /^budget spent\s+0 of 25 /m);
 });
