@@ -15,6 +15,7 @@ import type { Cli, Run } from "../context.js";
 import { describeFailure, EXIT } from "../errors.js";
 import { table } from "../format.js";
 import { int } from "../parse.js";
+import { onOutputClosed } from "../signals.js";
 import { RemoteOperations } from "../remote-operations.js";
 
 const RUNNING_SHOWN = 30;
@@ -52,6 +53,8 @@ export function registerWatch(jobs: Command, run: Run): void {
         const onSignal = () => stop.abort();
         process.once("SIGINT", onSignal);
         process.once("SIGTERM", onSignal);
+        // Piped into a reader that has gone (`| head`): nothing more to show.
+        const offOutput = onOutputClosed(onSignal);
         try {
           let shown: WatchFrame | undefined;
           let unreachableSince: string | undefined;
@@ -81,6 +84,7 @@ export function registerWatch(jobs: Command, run: Run): void {
         } finally {
           process.off("SIGINT", onSignal);
           process.off("SIGTERM", onSignal);
+          offOutput();
         }
       }),
     );
