@@ -295,6 +295,24 @@ test(
   },
 );
 
+test("npm start, then Ctrl-C (SIGINT to the whole process group): dev stops gracefully, and npm exits 0", { timeout: 240_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-npm-"));
+  fs.chmodSync(dir, 0o755);
+  const dev = npmStart(dir);
+  try {
+    const id = await longJobRunning(dev, dev.output);
+    dev.ctrlC();
+    // npm forwards the SIGINT to dev, which the terminal's group signal reached too: one Ctrl-C, not two.
+    assert.deepEqual(await dev.exited, { code: 0, signal: null }, dev.output());
+    assert.match(dev.output(), /Leasehold dev stopped\./);
+    assert.equal(fs.existsSync(path.join(dir, ".leasehold", "dev.json")), false);
+    await assertReleased(dev, id);
+  } finally {
+    dev.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);

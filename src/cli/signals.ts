@@ -17,21 +17,32 @@ export type StopReason = NodeJS.Signals | "output closed";
 const output = new EventEmitter();
 let outputClosed = false;
 
+/**
+ * A signal this soon after the first is the same Ctrl-C: `npm start` forwards the terminal's
+ * SIGINT to its child, which the terminal signalled too, so one Ctrl-C arrives twice.
+ */
+const SAME_STOP_MS = 500;
+
 export function untilSignal(cli: Cli, what: string): Promise<StopReason> {
   return new Promise((resolve) => {
-    const first = (reason: StopReason) => {
-      process.off("SIGINT", first);
-      process.off("SIGTERM", first);
-      output.off("closed", first);
-      cli.note(`${reason}: ${what} (${reason === "output closed" ? "a SIGINT or SIGTERM exits" : "send it again to exit"} at once)`);
-      process.once("SIGINT", () => process.exit(130));
-      process.once("SIGTERM", () => process.exit(143));
-      resolve(reason);
+    let firstAt: number | undefined;
+    // One handler for the command's whole life: removing it, even for a moment, would let a
+    // signal arriving then kill the process by default (mid-shutdown, as by a second Ctrl-C).
+    const onStop = (reason: StopReason) => {
+      if (firstAt === undefined) {
+        firstAt = performance.now();
+        output.off("closed", onStop);
+        cli.note(`${reason}: ${what} (${reason === "output closed" ? "a SIGINT or SIGTERM exits" : "send it again to exit"} at once)`);
+        resolve(reason);
+        return;
+      }
+      if (reason === "output closed" || performance.now() - firstAt < SAME_STOP_MS) return;
+      process.exit(reason === "SIGTERM" ? 143 : 130);
     };
-    process.on("SIGINT", first);
-    process.on("SIGTERM", first);
-    if (outputClosed) first("output closed");
-    else output.once("closed", first);
+    process.on("SIGINT", onStop);
+    process.on("SIGTERM", onStop);
+    if (outputClosed) onStop("output closed");
+    else output.once("closed", onStop);
   });
 }
 
