@@ -166,7 +166,9 @@ export function overviewView(ctx: ViewContext): View {
               h(
                 "span",
                 { class: p.lost ? "bad" : isLive(p) ? "" : "warn" },
-                p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : ago(p.lastSeenMsAgo),
+                // Silent but not marked lost (killed with no liveness lock, cut off): said so, and
+                // dropped from the list after ten minutes. A stopped process is not listed at all.
+                p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : isLive(p) ? ago(p.lastSeenMsAgo) : `silent: last beat ${ago(p.lastSeenMsAgo)}`,
               ),
               duration(p.upMs),
             ]),

@@ -31,8 +31,10 @@ function short(text: string | null, max = 60): string {
 export function jobsTable(jobs: ListedJob[]): string {
   if (jobs.length === 0) return "no jobs";
   return table(
-    ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS", "CREATED", "LAST ERROR"],
-    jobs.map((j) => [j.id, j.state, j.queue, j.task, `${j.spentAttempts}/${j.maxAttempts}`, ago(j.createdAt), short(j.lastError)]),
+    // Attempts made (a job that succeeded first time: 1) and, apart, the retry budget: failed
+    // and lost attempts spend it, a success or a release does not.
+    ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS MADE", "BUDGET SPENT", "CREATED", "LAST ERROR"],
+    jobs.map((j) => [j.id, j.state, j.queue, j.task, String(j.attempt), `${j.spentAttempts}/${j.maxAttempts}`, ago(j.createdAt), short(j.lastError)]),
   );
 }
 
@@ -44,8 +46,8 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
     ["queue", job.queue],
     ["task", job.task],
     ["priority", String(job.priority)],
-    ["attempts spent", `${job.spentAttempts} of ${job.maxAttempts}`],
-    ["attempt (fencing token)", String(job.attempt)],
+    ["attempts made", `${job.attempt} (the latest one's number is its fencing token)`],
+    ["budget spent", `${job.spentAttempts} of ${job.maxAttempts} (failed and lost attempts spend it)`],
     ["created", iso(job.createdAt)],
     ["run at", iso(job.runAt)],
     ["started", iso(job.startedAt)],

@@ -123,6 +123,14 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     this.backoff = options.backoff ?? DEFAULT_BACKOFF;
   }
 
+  /** Stops, and says so in its row: a stopped watchdog is not listed as one that went silent. */
+  override async stop(): Promise<void> {
+    await super.stop();
+    if (!this.announced) return;
+    this.announced = false; // started again, it announces itself again
+    await store.markWorkerStopped(this.db, this.id).catch(() => {});
+  }
+
   /** Everything, now: crash detection, expired leases, overdue attempts and the orphan scan. */
   async runOnce(): Promise<RecoverySummary> {
     const summary = await this.recover(true);

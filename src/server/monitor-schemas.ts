@@ -281,10 +281,15 @@ export const monitorRoutes = {
     summary: "The dashboard (a page that calls this API with the token you give it); no token needed, it holds no data",
     response: { 200: { description: "HTML", type: "string" } },
   },
+  favicon: {
+    tags: ["dashboard"],
+    summary: "The dashboard's icon (SVG); no token needed",
+    response: { 200: { description: "SVG", type: "string" } },
+  },
   asset: {
     tags: ["dashboard"],
     summary: "The dashboard's scripts and styles",
     params: object({ name: { type: "string", pattern: "^[A-Za-z0-9_.-]{1,64}$" } }, ["name"]),
-    response: { 200: { description: "JavaScript or CSS", type: "string" }, 404: { description: "no such asset", type: "object" } },
+    response: { 200: { description: "JavaScript, CSS or SVG", type: "string" }, 404: { description: "no such asset", type: "object" } },
   },
 };

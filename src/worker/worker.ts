@@ -17,7 +17,7 @@ import type pg from "pg";
 import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
-import { JobAbortedError, type AbortReason } from "./context.js";
+import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
 import { createJobContext } from "./job-context.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
@@ -517,7 +517,15 @@ export class Worker extends WorkerEmitter {
   async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T> {
     const { job } = entry;
     if (!this.transport.completeWithin) {
-      throw new ConfigError("ctx.transaction needs a worker on the database: a remote worker cannot join the server's transactions");
+      // Retrying cannot help (every attempt runs on this same kind of worker): the attempt
+      // ends the job now, whatever the handler does with this error.
+      entry.permanent = true;
+      throw new PermanentJobError(
+        "ctx.transaction needs a worker on the database: a remote worker (RemoteTransport, through leasehold serve) " +
+          "cannot join the server's transactions, so the job is dead without retries. Run this task on a worker " +
+          "connected to the database (a Worker with a database URL, or leasehold worker without --server), or write without " +
+          "ctx.transaction and fence the writes with ctx.fencedWrite",
+      );
     }
     if (entry.within)
       throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);

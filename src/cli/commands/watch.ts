@@ -13,9 +13,11 @@ import type { Leasehold } from "../../client.js";
 import { progressFraction } from "../../jobs/progress.js";
 import * as store from "../../store/index.js";
 import type { Cli, Run } from "../context.js";
+import { describeFailure, EXIT } from "../errors.js";
 import { gapsText, table } from "../format.js";
 import { handlerGaps, type HandlerGap } from "../../maintenance/handler-gaps.js";
 import { int } from "../parse.js";
+import { onOutputClosed } from "../signals.js";
 import { RemoteOperations } from "../remote-operations.js";
 
 const RUNNING_SHOWN = 30;
@@ -55,17 +57,38 @@ export function registerWatch(jobs: Command, run: Run): void {
         const onSignal = () => stop.abort();
         process.once("SIGINT", onSignal);
         process.once("SIGTERM", onSignal);
+        // Piped into a reader that has gone (`| head`): nothing more to show.
+        const offOutput = onOutputClosed(onSignal);
         try {
+          let shown: WatchFrame | undefined;
+          let unreachableSince: string | undefined;
           while (!stop.signal.aborted) {
-            const frame = await read();
             // A terminal is redrawn in place; a pipe gets one frame after another.
-            cli.result(frame, () => (tty ? "\x1b[H\x1b[2J" : "") + render(frame, opts.interval, opts.once === true));
+            const clear = tty ? "\x1b[H\x1b[2J" : "";
+            try {
+              const frame = await read();
+              shown = frame;
+              unreachableSince = undefined;
+              cli.result(frame, () => clear + render(frame, opts.interval, opts.once === true));
+            } catch (err) {
+              // A blip (the database or the server restarting, a cut connection) is waited out,
+              // as the dashboard does: the last frame stays up, marked stale, until a read works.
+              // Anything else, --once, or no frame yet (a wrong URL, not a blip) is a failure as usual.
+              const failure = describeFailure(err);
+              if (opts.once || !shown || failure.exitCode !== EXIT.unavailable || stop.signal.aborted) throw err;
+              const at = new Date().toISOString();
+              unreachableSince ??= at;
+              const last = shown;
+              const notice = { at, unreachable: failure.message, since: unreachableSince, lastFrameAt: last.at };
+              cli.result(notice, () => clear + renderUnreachable(notice, last, opts.interval));
+            }
             if (opts.once) return;
             await sleep(opts.interval, undefined, { signal: stop.signal }).catch(() => {});
           }
         } finally {
           process.off("SIGINT", onSignal);
           process.off("SIGTERM", onSignal);
+          offOutput();
         }
       }),
     );
@@ -154,4 +177,13 @@ export function render(frame: WatchFrame, intervalMs: number, once: boolean): st
         ) + (frame.moreRunning ? `\n(only the ${RUNNING_SHOWN} longest running are shown)` : "");
   const header = `Leasehold  ${frame.at.slice(11, 19)} UTC${once ? "" : `  (every ${seconds(intervalMs)}; Ctrl-C to stop)`}`;
   return `${header}\n\n${queues}${gapsText(frame.withoutHandler)}\n\nRUNNING\n${running}`;
+}
+
+/** The last frame, kept up while the source cannot be read, under a line that says so. */
+export function renderUnreachable(notice: { at: string; unreachable: string; since: string }, last: WatchFrame, intervalMs: number): string {
+  const line =
+    `! ${notice.unreachable}\n` +
+    `! reconnecting since ${notice.since.slice(11, 19)} UTC (trying every ${seconds(intervalMs)}; Ctrl-C to stop)` +
+    `; below: the last frame, from ${last.at.slice(11, 19)} UTC`;
+  return `${line}\n\n${render(last, intervalMs, false)}`;
 }
