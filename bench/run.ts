@@ -5,6 +5,7 @@
  *
  *   npm run bench                                  # defaults: a few minutes on 2 cores
  *   npm run bench -- --only drain,latency --runs 5
+ *   npm run bench -- --only crash --systems leasehold --kills 40
  *   npm run bench -- --jobs 100000 --steady-jobs 1000000 --pin-seconds 300
  */
 import os from "node:os";
@@ -19,6 +20,7 @@ import type { BenchContext, BenchOptions, Metrics } from "./workloads/context.js
 import { ceilingWorkload, planCheckWorkload } from "./workloads/ceiling.js";
 import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
+import { crashWorkload } from "./workloads/crash.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
@@ -106,6 +108,20 @@ const WORKLOADS: Workload[] = [
     ],
   },
   {
+    id: "crash",
+    title: "4b. Crash detection at defaults: kill -9 of a worker holding a job, many times",
+    repeated: false,
+    rows: (ctx, systems) =>
+      systems
+        .filter((s) => s.name === "leasehold")
+        .map((s) => ({
+          label: `leasehold (defaults, ${ctx.options.crashProcesses} processes)`,
+          system: "leasehold",
+          settings: `every setting at its default; ${ctx.options.kills} kills, a fresh job each, the dead process replaced each time`,
+          measure: () => crashWorkload(ctx, s),
+        })),
+  },
+  {
     id: "heartbeat",
     title: "5. Keeping long jobs alive: 4 worker processes, jobs in flight",
     repeated: false,
@@ -173,6 +189,8 @@ const program = new Command("bench")
   .option("--heartbeat-jobs <n>", "long jobs in flight in the heartbeat workload", int, 1_000)
   .option("--heartbeat-seconds <n>", "measuring window of the heartbeat workload", int, 20)
   .option("--recovery-timeout <n>", "seconds to wait for a killed worker's job to run again", int, 20)
+  .option("--kills <n>", "kill -9s in the crash workload (p50/p99 over them)", int, 20)
+  .option("--crash-processes <n>", "worker processes in the crash workload", int, 3)
   .option("--sweep <list>", "handler concurrencies of the sweep", "10,50,1000")
   .option("--steady-jobs <n>", "jobs through the queue in the steady-state workload", int, 1_000_000)
   .option("--pressure-rate <n>", "jobs/s during the pinned-snapshot workload", int, 500)
@@ -195,6 +213,8 @@ const options: BenchOptions = {
   heartbeatJobs: o.heartbeatJobs,
   heartbeatSeconds: o.heartbeatSeconds,
   recoveryTimeoutSeconds: o.recoveryTimeout,
+  kills: o.kills,
+  crashProcesses: o.crashProcesses,
   steadyJobs: o.steadyJobs,
   sweep: String(o.sweep)
     .split(",")

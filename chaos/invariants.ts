@@ -8,6 +8,7 @@ import type pg from "pg";
 import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "./config.js";
 import type { ChaosOptions } from "./config.js";
 import type { FaultRecord } from "./faults.js";
+import { RECONNECT_MAX_MS } from "../packages/leasehold/src/worker/listener.js";
 import type { LogLine } from "./process-log.js";
 import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
 import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
@@ -103,6 +104,8 @@ export interface CheckResult {
 const CLOCK_TOLERANCE_MS = 50;
 /** How long after its now() an ending statement may commit on a loaded machine (seen: 53 ms; allowed: 1 s). */
 const END_COMMIT_TOLERANCE_MS = 1_000;
+/** Faults that keep one worker from the database for their duration. */
+const BLOCKING_FAULTS = new Set<FaultRecord["kind"]>(["reset", "partition", "zombie"]);
 /** Outcomes that spend the retry budget: every end but a success, a graceful release and a cancel. */
 const SPENDING = ["failed", "lease_expired", "worker_lost", "stalled", "timed_out"];
 /** Outcomes by which recovery gave a held job back to run again. */
@@ -194,6 +197,15 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     release: ["released", "cancelled"],
     supersede: ["superseded", "cancelled"],
   };
+  // When a worker's report ended an attempt, its answer came back after the end committed:
+  // a beat sent after that answer and accepted is stale for sure, while one sent before it may
+  // have run before the commit, however long after its now() the ending statement committed.
+  const reportedEndAt = new Map<string, number>();
+  for (const line of input.logs) {
+    if (line.ev !== "report" || line.kind === "claim" || line.kind === "heartbeat" || line.accepted === null) continue;
+    const accepted = new Set(line.accepted);
+    for (const [job, attempt] of line.sent) if (accepted.has(job)) reportedEndAt.set(`${job}:${attempt}`, line.t);
+  }
   for (const line of input.logs) {
     if (line.ev !== "report" || line.kind === "claim" || line.accepted === null) continue;
     const accepted = new Set(line.accepted);
@@ -213,7 +225,8 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
         // ended_at is the ending statement's now(), its transaction's start: under load it
         // commits well after that, and a beat may land in between. The next claim is tighter:
         // it can only see the job once the end has committed.
-        if (a.ended < line.sentAt - END_COMMIT_TOLERANCE_MS) {
+        const committedBy = Math.max(a.ended + END_COMMIT_TOLERANCE_MS, reportedEndAt.get(`${job}:${attempt}`) ?? -Infinity);
+        if (line.sentAt > committedBy) {
           add(
             "no stale report applied",
             `${what} sent ${Math.round(line.sentAt - a.ended)} ms after the attempt ended ${a.outcome} was accepted`,
@@ -335,7 +348,15 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     const took = a.ended - h.t;
     hangTimes.push(took);
     if (!o) continue;
-    const bound = o.progressTimeoutMs + o.watchdogIntervalMs + END_COMMIT_TOLERANCE_MS + (a.outcome === "stalled" ? 0 : o.leaseMs);
+    // A fault that kept its worker from the database while the attempt was being ended (the
+    // database restarting, the worker's connections reset or cut, the worker frozen) delays
+    // the end by as long, and a reconnect (at most a second, src/worker/listener.ts).
+    const worker = h.w.split("/")[0];
+    const unreachable = input.faults
+      .filter((f) => f.kind === "pg_restart" || (BLOCKING_FAULTS.has(f.kind) && f.target === worker))
+      .filter((f) => f.at < a.ended && (f.endedAt ?? f.at + (f.durationMs ?? 0)) > h.t)
+      .reduce((ms, f) => ms + (f.endedAt ?? f.at + (f.durationMs ?? 0)) - f.at + RECONNECT_MAX_MS, 0);
+    const bound = o.progressTimeoutMs + o.watchdogIntervalMs + END_COMMIT_TOLERANCE_MS + unreachable + (a.outcome === "stalled" ? 0 : o.leaseMs);
     if (took > bound)
       add("hung handlers end", `attempt ${h.attempt} hung and ended ${a.outcome} after ${Math.round(took)} ms (bound ${bound} ms)`, h.job);
   }

@@ -263,3 +263,50 @@ test("a killed process's attempt ends at its death, whatever it last logged", as
   assert.equal(earlier.overlaps.avoidable, 1);
   await lh.dispose();
 });
+
+test("a beat accepted while a slow completion was committing is not stale; one sent after its answer came back is", async () => {
+  const { lh, jobs, logs, check } = await scenario();
+  const [, b, c] = jobs.map((j) => j.id);
+  // Job b's completion answered 5 s late (it waited on a lock, say): a beat sent 3 s after its
+  // statement began ran before it committed. Job c's completion answered at once.
+  const late = Date.now() + 5_000;
+  logs.push({ ev: "report", kind: "complete", t: late, sentAt: Date.now(), w: "w1", sent: [[b!, 1]], accepted: [b!] });
+  const during = Date.now() + 3_000;
+  logs.push({
+    ev: "report",
+    kind: "heartbeat",
+    t: during,
+    sentAt: during,
+    w: "w1",
+    sent: [
+      [b!, 1],
+      [c!, 1],
+    ],
+    accepted: [b!, c!],
+  });
+  const r = await check();
+  assert.deepEqual(
+    r.violations.map((v) => [v.invariant, v.job]),
+    [["no stale report applied", c]],
+  );
+  await lh.dispose();
+});
+
+test("a hung handler may end late by as long as a database restart held up its end, and no later", async () => {
+  const { lh, jobs, logs } = await scenario();
+  const a = jobs[0]!;
+  const { rows } = await lh.pool.query<{ ended: Date }>("SELECT ended_at AS ended FROM all_attempts WHERE job_id = $1", [a.id]);
+  const ended = rows[0]!.ended.getTime();
+  // Hung 5 s before it ended; the bound without faults is 1.5 + 0.5 + 1 s.
+  logs.push({ ev: "hang", t: ended - 5_000, w: "w1/host-1-a", job: a.id, attempt: a.attempt });
+  const options = { progressTimeoutMs: 1_500, watchdogIntervalMs: 500, leaseMs: 0 };
+  const restart: FaultRecord = { kind: "pg_restart", at: ended - 3_000, durationMs: 1_500, held: [] };
+  const check = (faults: FaultRecord[]) =>
+    checkInvariants({ admin: lh.pool, jobs: 3, logs, faults, unexpectedExits: [], options } as Parameters<typeof checkInvariants>[0]);
+  assert.deepEqual(invariantsOf(await check([])), ["hung handlers end"]);
+  assert.deepEqual(invariantsOf(await check([restart])), []);
+  // A reset of another worker's connections explains nothing.
+  const elsewhere: FaultRecord = { kind: "reset", target: "w2", at: ended - 3_000, durationMs: 1_500, endedAt: ended - 1_500, held: [] };
+  assert.deepEqual(invariantsOf(await check([elsewhere])), ["hung handlers end"]);
+  await lh.dispose();
+});

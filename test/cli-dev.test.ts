@@ -210,6 +210,111 @@ test(
   },
 );
 
+/** This repository's root, where `npm start` runs `leasehold dev`. */
+const ROOT = path.resolve(path.dirname(CLI), "..", "..");
+
+/**
+ * `npm start` (with `extra` after it in the shell, e.g. `| tee log`) run as from a terminal: in
+ * a process group of its own, so a Ctrl-C is SIGINT to the whole group. Its dev state in `dir`.
+ */
+function npmStart(dir: string, extra = "") {
+  const env = { ...process.env, ...NO_DATABASE, LEASEHOLD_DATA_DIR: path.join(dir, ".leasehold") };
+  const child = spawn("sh", ["-c", `exec npm start --silent -- --port 0 ${extra}`], {
+    cwd: ROOT,
+    env,
+    detached: true,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout.on("data", (b: Buffer) => (out += b.toString()));
+  child.stderr.on("data", (b: Buffer) => (out += b.toString()));
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve) =>
+    child.on("exit", (code, signal) => resolve({ code, signal })),
+  );
+  const cli = (...args: string[]) =>
+    runCli(args, { schema: "unused", env: { ...NO_DATABASE, LEASEHOLD_DATA_DIR: path.join(dir, ".leasehold") }, cwd: dir });
+  return {
+    child,
+    output: () => out,
+    exited,
+    cli,
+    ctrlC: () => process.kill(-child.pid!, "SIGINT"),
+    kill: () => {
+      try {
+        process.kill(-child.pid!, "SIGKILL");
+      } catch {
+        // gone already
+      }
+    },
+  };
+}
+
+/** dev has run an example job, then a long job runs: what a Ctrl-C must give back. */
+async function longJobRunning(dev: ReturnType<typeof npmStart>, outputOf: () => string): Promise<string> {
+  await eventually(async () => /example\.progress succeeded/.test(outputOf()), "dev is up and ran an example", 120_000);
+  const long = await dev.cli("enqueue", "example.long", "--payload", '{"seconds":60}', "--json");
+  assert.equal(long.code, 0, long.stderr);
+  const { id } = JSON.parse(long.stdout) as { id: string };
+  await eventually(async () => new RegExp(`job ${id} example\\.long started`).test(outputOf()), "the long job started", 30_000);
+  return id;
+}
+
+async function assertReleased(dev: ReturnType<typeof npmStart>, id: string): Promise<void> {
+  const shown = await dev.cli("jobs", "show", id, "--json");
+  assert.equal(shown.code, 0, shown.stderr);
+  const { job, attempts } = JSON.parse(shown.stdout) as { job: { state: string }; attempts: { outcome: string }[] };
+  assert.equal(job.state, "waiting", shown.stdout);
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["released"],
+  );
+}
+
+test(
+  "npm start | tee log, then Ctrl-C: tee dies with it, and dev still stops gracefully (job released, dev.json removed)",
+  { timeout: 240_000 },
+  async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-tee-"));
+    fs.chmodSync(dir, 0o755);
+    const log = path.join(dir, "log");
+    const dev = npmStart(dir, `| tee ${log}`);
+    try {
+      const id = await longJobRunning(dev, () => (fs.existsSync(log) ? fs.readFileSync(log, "utf8") : ""));
+      const stateFile = path.join(dir, ".leasehold", "dev.json");
+      const { pid } = JSON.parse(fs.readFileSync(stateFile, "utf8")) as { pid: number };
+      dev.ctrlC();
+      await dev.exited;
+      // dev outlives the pipeline it was in (tee and the shell die at once): wait for it.
+      await eventually(async () => !isAlive(pid), "dev exited", 60_000);
+      assert.doesNotMatch(dev.output(), /EPIPE|Unhandled 'error'/, "no crash on the closed pipe");
+      assert.match(dev.output(), /SIGINT: stopping/);
+      assert.equal(fs.existsSync(stateFile), false, "dev.json removed");
+      await assertReleased(dev, id);
+    } finally {
+      dev.kill();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  },
+);
+
+test("npm start, then Ctrl-C (SIGINT to the whole process group): dev stops gracefully, and npm exits 0", { timeout: 240_000 }, async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-npm-"));
+  fs.chmodSync(dir, 0o755);
+  const dev = npmStart(dir);
+  try {
+    const id = await longJobRunning(dev, dev.output);
+    dev.ctrlC();
+    // npm forwards the SIGINT to dev, which the terminal's group signal reached too: one Ctrl-C, not two.
+    assert.deepEqual(await dev.exited, { code: 0, signal: null }, dev.output());
+    assert.match(dev.output(), /Leasehold dev stopped\./);
+    assert.equal(fs.existsSync(path.join(dir, ".leasehold", "dev.json")), false);
+    await assertReleased(dev, id);
+  } finally {
+    dev.kill();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 function isAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);

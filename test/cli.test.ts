@@ -4,8 +4,9 @@ import assert from "node:assert/strict";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { eventually, rawClient, uniqueSchema } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, rawClient, uniqueSchema, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
+import { TcpProxy } from "./helpers/proxy.js";
 
 test("enqueue, jobs list/show/cancel/retry and stats, in human and --json form", async () => {
   const schema = uniqueSchema("cli");
@@ -110,7 +111,7 @@ test("bulk enqueue reads JSON lines from stdin in batches; a bad line names its 
   const good = Array.from({ length: 12_000 }, (_, i) => JSON.stringify({ n: i })).join("\n") + "\n";
   const ok = await runCli(["enqueue", "bulk.task", "--payloads", "-", "--queue", "bulk", "--json"], { schema, input: good });
   assert.equal(ok.code, 0, ok.stderr);
-  assert.deepEqual(JSON.parse(ok.stdout), { enqueued: 12_000, created: 12_000 });
+  assert.deepEqual({ ...JSON.parse(ok.stdout), warnings: undefined }, { enqueued: 12_000, created: 12_000, warnings: undefined });
 
   const bad = ['{"n":1}', '{"n":2}', "", '{"n":3', '{"n":4}'].join("\n");
   const refused = await runCli(["enqueue", "bulk.bad", "--payloads", "-"], { schema, input: bad });
@@ -215,4 +216,55 @@ test("watchdog --once reaps an expired lease", async () => {
   } finally {
     await db.end();
   }
+});
+
+test("jobs watch waits out a database outage: it keeps the last frame, says it is reconnecting, and resumes", async (t) => {
+  const schema = uniqueSchema("cliwatch");
+  assert.equal((await runCli(["enqueue", "watch.me", "--queue", "watched"], { schema })).code, 0);
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  const watch = await startCli(["jobs", "watch", "--interval", "250"], {
+    schema,
+    env: { DATABASE_URL: proxiedUrl() },
+    ready: /watched\s+1\s+0\s+0\s+0/,
+  });
+  t.after(() => watch.stop("SIGKILL"));
+  proxy.cut();
+  await eventually(async () => /! reconnecting since/.test(watch.output()), "watch says it is reconnecting", 20_000);
+  const cutFrom = watch.output().lastIndexOf("! reconnecting since");
+  assert.match(watch.output().slice(cutFrom), /the last frame, from .*\n\nLeasehold .*\n\nQUEUE[^\n]*\nwatched\s+1/s, "the last frame stays up");
+  assert.equal(watch.child.exitCode, null, "still running through the outage");
+
+  // Back: the next frames are fresh again (and count a job enqueued meanwhile).
+  assert.equal((await runCli(["enqueue", "watch.me", "--queue", "watched"], { schema })).code, 0);
+  proxy.restore();
+  await eventually(async () => /watched\s+2\s+0\s+0\s+0/.test(watch.output()), "watch resumed with fresh counts", 20_000);
+  const ended = await watch.stop("SIGINT");
+  assert.equal(ended.code, 0, ended.stderr);
+});
+
+test("jobs list and jobs show count a job that succeeded first time as one attempt made, none of its budget spent", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({ watchdog: false, handlers: { "once.ok": () => undefined, "once.fail": () => Promise.reject(new Error("no")) } });
+  const { id } = await lh.enqueue("once.ok", {});
+  const { id: failedId } = await lh.enqueue("once.fail", {}, { maxAttempts: 1 });
+  const ended = waitForEvent<[{ id: string }]>(worker, "job:end", (job) => job.id === id);
+  const failed = waitForEvent<[{ id: string }]>(worker, "job:end", (job) => job.id === failedId);
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await Promise.all([ended, failed]);
+
+  const list = await runCli(["jobs", "list"], { schema: lh.schema });
+  assert.equal(list.code, 0, list.stderr);
+  const [header, ...rows] = list.stdout.trimEnd().split("\n");
+  assert.match(header!, /ATTEMPTS MADE\s+BUDGET SPENT/);
+  const row = (jobId: string) => rows.find((r) => r.startsWith(`${jobId} `))!.split(/\s{2,}/);
+  assert.deepEqual(row(id).slice(1, 6), ["succeeded", "default", "once.ok", "1", "0/25"]);
+  // A failure spends the budget: one attempt made, the whole (one-attempt) budget spent.
+  assert.deepEqual(row(failedId).slice(1, 6), ["dead", "default", "once.fail", "1", "1/1"]);
+
+  const show = await runCli(["jobs", "show", id], { schema: lh.schema });
+  assert.match(show.stdout, /^attempts made\s+1 /m);
+  assert.match(show.stdout, /^budget spent\s+0 of 25 /m);
 });

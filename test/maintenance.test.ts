@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF, silent } from "./helpers/db.js";
 import type { Queryable } from "../packages/leasehold/src/store/db.js";
-import { Watchdog } from "../packages/leasehold/src/maintenance/watchdog.js";
+import { ownsTurn, Watchdog } from "../packages/leasehold/src/maintenance/watchdog.js";
 
 test("retention empties whole generations of finished jobs with their audit rows and keeps dead jobs longer", async (t) => {
   const lh = await freshLeasehold(t);
@@ -117,12 +117,45 @@ test("a service's failing run is counted and does not stop the service", async (
   assert.equal(watchdog.failures, failures, "runs succeed again once the table is back");
 });
 
+test("watchdogs take turns at crash detection: about one check per slot, and never more than two slots without one", () => {
+  const slotMs = 250;
+  const slots = 1_000;
+  /** Check times of a fleet of `fleet` watchdogs, the ranks in `live` ticking from random phases. */
+  const fleetChecks = (fleet: number, live: number[]) => {
+    const checks: number[] = [];
+    for (const rank of live) {
+      let previous: number | undefined;
+      // Each ticks every slot plus a little (its own statements' time).
+      for (let at = Math.random() * slotMs; at < slots * slotMs; at += slotMs + Math.random() * 20) {
+        const slot = Math.floor(at / slotMs);
+        if (ownsTurn(previous, slot, fleet, rank)) checks.push(at);
+        previous = slot;
+      }
+    }
+    checks.sort((a, b) => a - b);
+    return { count: checks.length, longestGapMs: Math.max(...checks.slice(1).map((c, i) => c - checks[i]!)) };
+  };
+  for (const fleet of [1, 2, 3, 5, 8]) {
+    const all = fleetChecks(fleet, [...Array(fleet).keys()]);
+    assert.ok(all.count <= slots + fleet, `fleet of ${fleet}: ${all.count} checks in ${slots} slots`);
+    assert.ok(all.longestGapMs <= 2 * slotMs + 20, `fleet of ${fleet}: ${all.longestGapMs} ms without a check`);
+    if (fleet === 1) continue;
+    // One dead but still counted: its slots go unchecked, one at a time.
+    const oneDead = fleetChecks(fleet, [...Array(fleet).keys()].slice(1));
+    assert.ok(oneDead.longestGapMs <= 3 * slotMs + 20, `fleet of ${fleet}, one dead: ${oneDead.longestGapMs} ms without a check`);
+  }
+  // A watchdog that missed a whole round of slots (frozen, or its clock stepped back) checks at once.
+  assert.equal(ownsTurn(10, 14, 4, 0), true);
+  assert.equal(ownsTurn(10, 9, 4, 0), true);
+  assert.equal(ownsTurn(10, 11, 4, 0), false);
+});
+
 test("watchdogs share crash detection: together they check liveness about once per interval, not once each", async (t) => {
   const lh = await freshLeasehold(t);
   let checks = 0;
   const counting: Queryable = {
     query: ((text: string, values?: unknown[]) => {
-      if (text.includes("pg_locks")) checks++;
+      if (text.includes("pg_locks") && text.includes("UPDATE workers")) checks++;
       return lh.pool.query(text, values);
     }) as Queryable["query"],
   };

@@ -17,7 +17,7 @@ import { Registry } from "prom-client";
 import { Leasehold } from "../packages/leasehold/src/client.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { databaseUrl, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, NO_BACKOFF, rawClient, waitForEvent } from "./helpers/db.js";
 import { runCli, startCli } from "./helpers/cli.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
@@ -78,6 +78,102 @@ test("a worker whose session blips (terminated, reconnects) keeps its jobs: the 
   assert.deepEqual([job.state, job.attempt, job.lockedBy], ["running", 1, worker.id]);
   release();
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job finished on its worker");
+});
+
+test("recovery checks the liveness lock again as it recovers: a worker whose session came back within the grace keeps its job", async (t) => {
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  const lh = await freshLeasehold(t);
+  // No beat while the test holds the worker's row: a beat waiting on it would hold the job's row.
+  const worker = await workerProcess(lh.schema, { DATABASE_URL: proxiedUrl(), HEARTBEAT_MS: String(3_600_000) });
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { id } = await lh.enqueue("hold", {}, { maxAttempts: 5 });
+  await eventually(async () => worker.output().includes(`started ${id}`), "the job started in the worker process");
+  const { rows } = await lh.pool.query<{ id: string; key: string }>(
+    "SELECT w.id, w.liveness_key AS key FROM jobs AS j JOIN workers AS w ON w.id = j.locked_by WHERE j.id = $1",
+    [id],
+  );
+  const { id: workerId, key } = rows[0]!;
+  const lockHeld = async () =>
+    (
+      await lh.pool.query<{ held: boolean }>(
+        `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+                           AND ((classid::bigint << 32) | objid::bigint) = $1::bigint) AS held`,
+        [key],
+      )
+    ).rows[0]!.held;
+  const recover = () => store.recoverLostWorkers(lh.pool, { limit: 100, graceMs: 1_000, backoff: NO_BACKOFF });
+
+  // Its session is cut: the lock goes, a liveness check marks the worker lost.
+  proxy.cut();
+  await eventually(async () => !(await lockHeld()), "the liveness lock is free");
+  assert.deepEqual(
+    (await store.markLostWorkers(lh.pool, { startupGraceMs: 0, defaultGraceMs: 1_000 })).lost.map((w) => w.id),
+    [workerId],
+  );
+  // It comes back within the grace and takes its lock again, but its announcement (which
+  // clears lost_at) waits behind this row lock: the state a slow announcement, or a liveness
+  // check that read the locks just before the lock came back, leaves behind.
+  const announcement = await rawClient(lh.schema);
+  try {
+    await announcement.query("BEGIN");
+    await announcement.query("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE", [workerId]);
+    proxy.restore();
+    await eventually(lockHeld, "the worker took its liveness lock again", 10_000);
+    await eventually(
+      async () => (await lh.pool.query("SELECT 1 FROM workers WHERE id = $1 AND lost_at < now() - interval '1.1 s'", [workerId])).rowCount === 1,
+      "lost for longer than the grace",
+    );
+    assert.equal((await recover()).size, 0, "a live worker's job was recovered");
+  } finally {
+    await announcement.end(); // the announcement goes ahead
+  }
+  const { job } = await lh.getJob(id);
+  assert.deepEqual([job.state, job.attempt, job.lockedBy], ["running", 1, workerId]);
+
+  // The same statement recovers the job once the process is really gone.
+  worker.child.kill("SIGKILL");
+  await eventually(async () => !(await lockHeld()), "the liveness lock is free");
+  await store.markLostWorkers(lh.pool, { startupGraceMs: 0, defaultGraceMs: 1_000 });
+  await eventually(async () => (await recover()).get(id) === "waiting", "the dead worker's job recovered", 5_000);
+});
+
+test("a worker that first announced itself after the database started is lost at once, even within the start-up grace", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = await workerProcess(lh.schema);
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { rows } = await lh.pool.query<{ id: string; up_ms: number }>(
+    "SELECT id, ceil(extract(epoch FROM now() - pg_postmaster_start_time()) * 1000)::float8 AS up_ms FROM workers WHERE kind = 'worker'",
+  );
+  const { id: workerId, up_ms: upMs } = rows[0]!;
+  worker.child.kill("SIGKILL");
+  // As if the server had started a moment ago: its sessions are all new, but this worker's was
+  // never anywhere else, so its lock gone means its process is gone.
+  await eventually(
+    async () =>
+      (await store.markLostWorkers(lh.pool, { startupGraceMs: upMs + 60_000, defaultGraceMs: 1_000 })).lost.map((w) => w.id).includes(workerId),
+    "marked lost",
+  );
+  // A worker announced before the server started still gets the grace to reconnect.
+  await store.announceWorker(lh.pool, {
+    workerId: "w-before",
+    kind: "worker",
+    host: "h",
+    pid: 1,
+    queues: ["default"],
+    livenessKey: "42",
+    policies: [],
+  });
+  await lh.pool.query("UPDATE workers SET started_at = pg_postmaster_start_time() - interval '1 s' WHERE id = 'w-before'");
+  assert.deepEqual(
+    (await store.markLostWorkers(lh.pool, { startupGraceMs: upMs + 60_000, defaultGraceMs: 1_000 })).lost.map((w) => w.id),
+    [],
+  );
+  assert.deepEqual(
+    (await store.markLostWorkers(lh.pool, { startupGraceMs: 0, defaultGraceMs: 1_000 })).lost.map((w) => w.id),
+    ["w-before"],
+  );
 });
 
 test("after an outage a worker is back within a second of the database, and logs the outage once", async (t) => {

@@ -170,7 +170,8 @@ Leasehold.connect({ embedded: true }).then(
   const result = JSON.parse(esm.stderr.trim().split("\n").at(-1)!) as { state: string; natsRefused: string };
   assert.equal(result.state, "succeeded");
   assert.match(result.natsRefused, /the nats option needs the @leasehold\/nats package: npm install @leasehold\/nats/);
-  const { DATABASE_URL: _url, ...noDatabase } = CLEAN_ENV;
+  const noDatabase: NodeJS.ProcessEnv = { ...CLEAN_ENV };
+  delete noDatabase.DATABASE_URL;
   const cjs = await run(process.execPath, ["out/cjs.cjs"], { cwd, env: noDatabase });
   assert.match(cjs.stderr, /"embeddedRefused":"embedded: true needs the @leasehold\/cli package: npm install @leasehold\/cli"/);
 });

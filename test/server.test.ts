@@ -436,7 +436,7 @@ test("job commands go through the server with --server, without a database: enqu
     Array.from({ length: 2_500 }, (_, n) => `{"n":${n}}`).join("\n"),
   );
   assert.equal(bulk.code, 0, bulk.stderr);
-  assert.deepEqual(JSON.parse(bulk.stdout), { enqueued: 2_500, created: 2_500 });
+  assert.deepEqual({ ...JSON.parse(bulk.stdout), warnings: undefined }, { enqueued: 2_500, created: 2_500, warnings: undefined });
   const badLine = await cli(["enqueue", "via.server", "--payloads", "-"], '{"n":1}\nnope\n');
   assert.equal(badLine.code, 2);
   assert.match(badLine.stderr, /line 2: invalid JSON/);
@@ -948,20 +948,40 @@ test("RemoteTransport keeps a claim's receipt while its attempt may still be rep
   assert.equal((await transport.describeLost([ref(expiring)])).get(expiring.id)?.reason, "lease_expired");
 });
 
-test("a remote worker's ctx.transaction fails with a ConfigError that says why (it cannot join the server's transactions)", async () => {
+test("a remote worker's ctx.transaction ends the job as dead at once, with a message that says why and what to do", async () => {
   const worker = remoteWorker(base, {
+    // The handler wraps the error, as handlers do: the job still ends for good (no retry helps).
     "tx.remote": async (_p: unknown, ctx) => {
+      try {
+        await ctx.transaction(async () => undefined);
+      } catch (err) {
+        throw new Error(`charging failed: ${(err as Error).message}`, { cause: err });
+      }
+    },
+    // Left unwrapped, it is a PermanentJobError.
+    "tx.remote.plain": async (_p: unknown, ctx) => {
       await ctx.transaction(async () => undefined);
     },
   });
-  const { id } = await lh.enqueue("tx.remote", {}, { maxAttempts: 1 });
+  // The default budget (25 attempts): the job must not spend it.
+  const { id } = await lh.enqueue("tx.remote", {});
+  const { id: plainId } = await lh.enqueue("tx.remote.plain", {});
   const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === id);
+  const plainEnded = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === plainId);
   await worker.start();
   try {
     assert.equal((await ended)[1].state, "dead");
+    assert.equal((await plainEnded)[1].state, "dead");
   } finally {
     await worker.stop();
   }
-  const { job } = await lh.getJob(id);
-  assert.match(job.lastError!, /ctx\.transaction needs a worker on the database/);
+  for (const jobId of [id, plainId]) {
+    const { job } = await lh.getJob(jobId);
+    assert.equal(job.state, "dead");
+    assert.equal(job.attempt, 1, "one attempt, no retries");
+    assert.match(job.lastError!, /ctx\.transaction needs a worker on the database/);
+    assert.match(job.lastError!, /without retries/);
+    assert.match(job.lastError!, /ctx\.fencedWrite/);
+  }
+  assert.match((await lh.getJob(plainId)).job.lastError!, /^PermanentJobError/);
 });

@@ -49,10 +49,17 @@ export class WorkerGroup extends EventEmitter {
     return group;
   }
 
-  /** Starts the workers of every loaded process; resolves when all run. */
-  async go(): Promise<void> {
+  /** Spawns one more process and starts its worker; resolves with its pid once it runs. */
+  async add(system: string, url: string, spec: WorkerSpec): Promise<number> {
+    const proc = await this.spawn(system, url, spec);
+    await this.go(this.children.filter((c) => c.process === proc));
+    return proc.pid!;
+  }
+
+  /** Starts the workers of every loaded process (or of `children`); resolves when all run. */
+  async go(children: Child[] = this.children): Promise<void> {
     await Promise.all(
-      this.children
+      children
         .filter((c) => !c.exited)
         .map(
           (c) =>

@@ -76,7 +76,11 @@ export const leasehold: BenchSystem = {
   async startWorker(url, spec, run) {
     const lh = await connect(url, 10);
     if (spec.defaults) {
-      const worker = lh.worker({ handlers: { [QUEUE]: (payload, ctx) => run(payload as Payload, ctx.signal) } });
+      const handler = (payload: unknown, ctx: { attempt: number; signal: AbortSignal }) => {
+        const p = payload as Payload;
+        return run(p.firstAttemptOnly && ctx.attempt > 1 ? { ...p, sleepMs: 0 } : p, ctx.signal);
+      };
+      const worker = lh.worker({ handlers: { [QUEUE]: handler } });
       await worker.start();
       return {
         async stop() {

@@ -10,6 +10,8 @@ export interface Payload {
   sleepMs?: number;
   /** Ask the worker process to announce this job's start (recovery workload). */
   track?: string;
+  /** `sleepMs` holds for the first attempt only; a retry ends at once (Leasehold, crash workload). */
+  firstAttemptOnly?: boolean;
 }
 
 /**

@@ -20,6 +20,9 @@ export interface BenchOptions {
   heartbeatSeconds: number;
   /** Seconds to wait for a killed worker's job to run again. */
   recoveryTimeoutSeconds: number;
+  /** Kills in the crash workload, and its worker processes. */
+  kills: number;
+  crashProcesses: number;
   /** Jobs through the queue in the steady-state workload. */
   steadyJobs: number;
   /** Handler concurrencies of the sweep: every system drains at each. */

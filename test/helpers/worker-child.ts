@@ -3,7 +3,8 @@
  * (never ends) and "quick" with the default lease, no watchdog, and prints "started <job id>"
  * when a handler starts. Environment: DATABASE_URL, LEASEHOLD_SCHEMA, WORKER_NAME (optional),
  * NATS_URL (optional: NATS dispatch), LEASE_MS (optional), MAX_RUN (optional: the worker's
- * maximum run time in ms, or "none").
+ * maximum run time in ms, or "none"), HEARTBEAT_MS (optional: beat this often, lease three
+ * times that; a long one keeps beats out of a test's way).
  */
 import pino from "pino";
 import { Leasehold } from "../../packages/leasehold/src/client.js";
@@ -14,6 +15,7 @@ const worker = lh.worker({
   ...(process.env.WORKER_NAME && { name: process.env.WORKER_NAME }),
   ...(process.env.LEASE_MS && { leaseMs: Number(process.env.LEASE_MS) }),
   ...(process.env.MAX_RUN && { maxRunMs: process.env.MAX_RUN === "none" ? null : Number(process.env.MAX_RUN) }),
+  ...(process.env.HEARTBEAT_MS && { heartbeatMs: Number(process.env.HEARTBEAT_MS), leaseMs: 3 * Number(process.env.HEARTBEAT_MS) }),
   handlers: {
     hold: () => new Promise(() => {}),
     quick: () => undefined,

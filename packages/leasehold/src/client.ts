@@ -11,10 +11,12 @@ import { silentLogger, type Logger } from "./logger.js";
 import type { Registry } from "prom-client";
 import type { EmbeddedPostgresOptions, EmbeddedServer } from "./embedded-options.js";
 import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
-import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
+import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
 import { checkJobId } from "./jobs/ids.js";
 import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } from "./jobs/known-tasks.js";
+import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
 import type { Queryable } from "./store/db.js";
@@ -27,6 +29,10 @@ import { DatabaseTransport } from "./worker/transport.js";
 import { Worker, type WorkerOptions } from "./worker/worker.js";
 import type { DispatchFactory, NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
 import { loadOptional } from "./optional.js";
+import { TypedLeasehold } from "./tasks/client.js";
+import type { AnyTask } from "./tasks/define.js";
+import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
+import type { TracingOptions } from "./otel/options.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -51,6 +57,24 @@ export interface LeaseholdOptions {
    * (falling back to polling while NATS is unavailable). The NATS client is loaded only then.
    */
   nats?: string | NatsOptions;
+  /**
+   * Hooks for this client's enqueues and the workers it makes (docs/tracing.md#hooks); more
+   * can be added with `use()`.
+   */
+  hooks?: LeaseholdHooks | LeaseholdHooks[];
+  /**
+   * OpenTelemetry tracing (docs/tracing.md): spans for enqueues, attempts, claims and reports,
+   * through the global tracer provider. Needs the optional peer `@opentelemetry/api`, which
+   * is loaded only then.
+   */
+  tracing?: boolean | TracingOptions;
+  /**
+   * Enqueue (and `schedule`) of a task that no worker seen in the last 24 h handles in that
+   * queue: "warn" (default: the returned job carries `warnings`; nothing is logged), "refuse"
+   * (NoWorkerForTaskError, nothing enqueued) or "allow" (not checked). Default
+   * LEASEHOLD_UNKNOWN_TASKS, else "warn".
+   */
+  unknownTasks?: UnknownTasksMode;
 }
 
 export interface ListJobsOptions {
@@ -71,6 +95,11 @@ export interface ListJobsOptions {
   includePayload?: boolean;
 }
 
+export type Stats = store.QueueStats & {
+  /** Waiting jobs whose task, in their queue, no live worker runs (at most 100 queue/task pairs). */
+  withoutHandler: HandlerGap[];
+};
+
 /** connect() waits this long for NATS, then goes on without it (it keeps connecting). */
 const NATS_CONNECT_WAIT_MS = 1_000;
 
@@ -88,6 +117,9 @@ export interface EnqueueTarget {
 }
 
 export class Leasehold {
+  private readonly hookSets: LeaseholdHooks[] = [];
+  private hooks: ComposedHooks = {};
+
   private constructor(
     readonly pool: pg.Pool,
     readonly databaseUrl: string,
@@ -98,11 +130,21 @@ export class Leasehold {
     /** The NATS connection, when NATS dispatch is configured. */
     readonly nats?: NatsPublisher,
     private readonly natsPlugin?: NatsPlugin,
-  ) {}
+    unknownTasks: UnknownTasksMode = "warn",
+  ) {
+    this.knownTasks = new KnownTasks(pool, unknownTasks);
+  }
+
+  /** Which tasks some worker runs, for enqueue's check (the `unknownTasks` option). */
+  private readonly knownTasks: KnownTasks;
 
   static async connect(options: LeaseholdOptions = {}): Promise<Leasehold> {
     const logger = options.logger ?? silentLogger;
     const schema = store.assertSchemaName(options.schema ?? process.env.LEASEHOLD_SCHEMA ?? store.DEFAULT_SCHEMA);
+    const unknownTasks = unknownTasksMode(
+      options.unknownTasks ?? process.env.LEASEHOLD_UNKNOWN_TASKS,
+      options.unknownTasks === undefined ? "LEASEHOLD_UNKNOWN_TASKS" : "unknownTasks",
+    );
     let url = options.databaseUrl ?? process.env.DATABASE_URL;
     let embedded: EmbeddedServer | undefined;
     if (url) {
@@ -154,7 +196,31 @@ export class Leasehold {
       // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
       await nats.waitConnected(NATS_CONNECT_WAIT_MS);
     }
-    return new Leasehold(pool, url, schema, logger, metrics, embedded, nats, natsPlugin);
+    const lh = new Leasehold(pool, url, schema, logger, metrics, embedded, nats, natsPlugin, unknownTasks);
+    try {
+      // Tracing first: its middlewares are the outermost, so the user's run inside its spans.
+      if (options.tracing) lh.use(await loadTracing(options.tracing));
+      const hooks = options.hooks === undefined ? [] : Array.isArray(options.hooks) ? options.hooks : [options.hooks];
+      for (const h of hooks) lh.use(h);
+    } catch (err) {
+      await lh.close();
+      throw err;
+    }
+    return lh;
+  }
+
+  /**
+   * Registers hooks (docs/tracing.md#hooks): for this client's enqueues from now on, and for
+   * the workers it makes from now on. Later sets run inside earlier ones.
+   */
+  use(hooks: LeaseholdHooks): this {
+    try {
+      this.hookSets.push(checkHooks(hooks));
+    } catch (err) {
+      throw new ConfigError((err as Error).message);
+    }
+    this.hooks = composeHooks(this.hookSets, (hook, err) => this.logger.warn({ hook, err: String(err) }, "a hook threw; ignored"));
+    return this;
   }
 
   async enqueue(task: string, payload?: unknown, options: EnqueueOptions & EnqueueTarget = {}): Promise<EnqueuedJob> {
@@ -169,7 +235,20 @@ export class Leasehold {
    */
   async enqueueMany(jobs: NewJob[], target: EnqueueTarget = {}): Promise<EnqueuedJob[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    const { beforeEnqueue, aroundEnqueue } = this.hooks;
+    if (!beforeEnqueue && !aroundEnqueue) return this.writeJobs(jobs, target);
+    // Hooks may change the jobs: they get copies, never the caller's objects.
+    const copies = jobs.map((j) => (j !== null && typeof j === "object" ? { ...j, ...(j.headers && { headers: { ...j.headers } }) } : j));
+    const info = target?.db !== undefined ? { db: target.db } : {};
+    if (beforeEnqueue) await beforeEnqueue(copies, info);
+    return aroundEnqueue ? aroundEnqueue(copies, info, () => this.writeJobs(copies, target)) : this.writeJobs(copies, target);
+  }
+
+  private async writeJobs(jobs: NewJob[], target: EnqueueTarget): Promise<EnqueuedJob[]> {
     const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
+    // Refusing must come first; a warning can be worked out while the jobs are written.
+    const checking = this.knownTasks.check(normalized, (i) => `job ${i}`);
+    if (this.knownTasks.mode === "refuse") await checking;
     const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
       for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
@@ -207,7 +286,7 @@ export class Leasehold {
       enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));
     }
     this.countEnqueued(normalized);
-    return enqueued;
+    return attachWarnings(enqueued, normalized, await checking);
   }
 
   /**
@@ -309,8 +388,10 @@ export class Leasehold {
     }
   }
 
-  stats(): Promise<store.QueueStats> {
-    return store.queueStats(this.pool);
+  /** Counts by queue and state, leases, the fleet, and the waiting jobs no live worker can run. */
+  async stats(): Promise<Stats> {
+    const [stats, withoutHandler] = await Promise.all([store.queueStats(this.pool), handlerGaps(this.pool)]);
+    return { ...stats, withoutHandler };
   }
 
   /**
@@ -319,11 +400,12 @@ export class Leasehold {
    * same pattern and time zone it keeps its place (a redeploy neither skips nor repeats a
    * tick), with a new one it starts from its next tick.
    */
-  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean }> {
+  async schedule(def: ScheduleDefinition): Promise<store.ScheduleRecord & { created: boolean; warnings?: EnqueueWarning[] }> {
     const { parsed, ...input } = normalizeSchedule(def);
+    const [warnings] = attachWarnings([{}], [input], await this.knownTasks.check([input], () => `schedule ${def.name}`));
     const firstRunAt = nextTick(parsed, await store.databaseNow(this.pool));
     if (!firstRunAt) throw new ValidationError(`schedule ${def.name}: cron ${JSON.stringify(def.cron)} has no tick in the future`);
-    return store.upsertSchedule(this.pool, { ...input, firstRunAt });
+    return { ...(await store.upsertSchedule(this.pool, { ...input, firstRunAt })), ...warnings };
   }
 
   /** Removes a schedule (its jobs already enqueued stay); false if there was none. */
@@ -341,7 +423,7 @@ export class Leasehold {
    * `watchdog: false` or `scheduler: false` to run them elsewhere). Call `start()` on it.
    */
   worker(options: Omit<WorkerOptions, "transport"> & { watchdog?: boolean | WatchdogOptions; scheduler?: boolean | SchedulerOptions }): Worker {
-    const { watchdog = true, scheduler = true, ...rest } = options;
+    const { watchdog = true, scheduler = true, hooks, ...rest } = options;
     const services: MaintenanceService<unknown>[] = [];
     if (watchdog) services.push(this.watchdog(typeof watchdog === "object" ? watchdog : {}));
     if (scheduler) services.push(this.scheduler(typeof scheduler === "object" ? scheduler : {}));
@@ -352,6 +434,7 @@ export class Leasehold {
       transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
       services,
       dispatch: this.dispatchFactory(),
+      hooks: [...this.hookSets, ...(hooks === undefined ? [] : Array.isArray(hooks) ? hooks : [hooks])],
     });
   }
 
@@ -379,11 +462,34 @@ export class Leasehold {
     return new Retention(this.pool, this.metrics, this.logger, options);
   }
 
+  /**
+   * This client typed by a set of tasks made by `defineTask` (docs/typescript.md): its
+   * `enqueue`, `enqueueMany` and `schedule` take only their names and payloads, checked by
+   * their schemas, and its `worker()` runs their handlers.
+   */
+  typed<const T extends readonly AnyTask[]>(tasks: T): TypedLeasehold<T> {
+    return new TypedLeasehold(this, tasks);
+  }
+
   async close(): Promise<void> {
     await this.nats?.close();
     await this.pool.end();
     await this.embedded?.stop();
   }
+}
+
+/** The tracing hooks, loaded only when asked for: without tracing, OpenTelemetry is never imported. */
+async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHooks> {
+  let otel: typeof import("./otel/tracing.js");
+  try {
+    otel = await import("./otel/tracing.js");
+  } catch (err) {
+    if ((err as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && /@opentelemetry\/api/.test(String(err))) {
+      throw new ConfigError("tracing needs the @opentelemetry/api package, an optional peer dependency: npm install @opentelemetry/api");
+    }
+    throw err;
+  }
+  return otel.tracingHooks(options === true ? {} : options);
 }
 
 /**

@@ -40,6 +40,20 @@ export class UnknownTaskError extends LeaseholdError {
   }
 }
 
+/**
+ * Enqueue refused (the client's `unknownTasks: "refuse"`): no worker is known to run the job's
+ * task in its queue, so it would wait forever. Nothing was enqueued.
+ */
+export class NoWorkerForTaskError extends LeaseholdError {
+  constructor(
+    readonly task: string,
+    readonly queue: string,
+    message: string,
+  ) {
+    super("no_worker_for_task", message);
+  }
+}
+
 export class JobNotFoundError extends LeaseholdError {
   constructor(readonly jobId: string) {
     super("job_not_found", `job ${jobId} does not exist`);

@@ -11,13 +11,33 @@
  * dispatch), loaded by the library only when an option asks for them.
  */
 export { Leasehold } from "./client.js";
-export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions } from "./client.js";
+export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./client.js";
+export type {
+  LeaseholdHooks,
+  EnqueueInfo,
+  AttemptEnd,
+  ClaimBatch,
+  SettleBatch,
+  HandlerMiddleware,
+  EnqueueMiddleware,
+  BatchMiddleware,
+} from "./hooks.js";
+export type { TracingOptions } from "./otel/options.js";
+export type { UnknownTasksMode } from "./jobs/known-tasks.js";
+export type { HandlerGap } from "./maintenance/handler-gaps.js";
 export type { NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
 export type { Logger, LogFn } from "./logger.js";
 export { silentLogger } from "./logger.js";
 export type { EmbeddedPostgresOptions } from "./embedded-options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
+export type { WorkerEvents, WorkerEventName } from "./worker/events.js";
+export { defineTask } from "./tasks/define.js";
+export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput } from "./tasks/define.js";
+export type { TypedLeasehold, TypedNewJob, TypedScheduleDefinition, TypedWorkerOptions } from "./tasks/client.js";
+export { PayloadValidationError } from "./tasks/validate.js";
+export type { PayloadIssue } from "./tasks/validate.js";
+export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
 export { JobAbortedError, PermanentJobError, RetrySupersededError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";

@@ -82,6 +82,7 @@ export interface Metrics {
   recoveryDelay: Histogram<"cause">;
   // Throughput and the rest.
   jobs: Gauge<"queue" | "state">;
+  jobsWithoutHandler: Gauge<"queue" | "task">;
   jobsEnqueued: Counter<"queue">;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
@@ -189,6 +190,12 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
       labelNames: ["queue", "state"],
       registers,
     }),
+    jobsWithoutHandler: new prom.Gauge({
+      name: "leasehold_jobs_without_handler",
+      help: "Waiting jobs whose task no live worker runs in their queue, as the watchdog last counted (at most 100 queue/task pairs).",
+      labelNames: ["queue", "task"],
+      registers,
+    }),
     jobsEnqueued: new prom.Counter({
       name: "leasehold_jobs_enqueued_total",
       help: "Jobs enqueued by this process.",
@@ -265,4 +272,9 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
   };
   cache.set(registry, m);
   return m;
+}
+
+/** A registry of its own (e.g. one per test queue, so their metrics never collide); a stand-in without prom-client. */
+export function newRegistry(): Registry {
+  return new prom.Registry();
 }

@@ -97,9 +97,21 @@ export interface ProcessRecord {
   lost: boolean;
 }
 
+/** Waiting jobs whose task, in their queue, no live worker runs. */
+export interface HandlerGap {
+  queue: string;
+  task: string;
+  waiting: number;
+  scheduled: number;
+  oldestWaitingMs: number | null;
+  didYouMeanTask: string | null;
+  didYouMeanQueue: string | null;
+}
+
 export interface Overview {
   queues: QueueOverview[];
   processes: ProcessRecord[];
+  withoutHandler: HandlerGap[];
 }
 
 export interface RunningJob {

@@ -18,12 +18,23 @@ export function ago(ms: number): string {
   return `${duration(ms)} ago`;
 }
 
-/** An ISO time as local time; with the date when it is not today. */
+const TIME_PARTS = new Intl.DateTimeFormat("en-CA", {
+  year: "numeric",
+  month: "2-digit",
+  day: "2-digit",
+  hour: "2-digit",
+  minute: "2-digit",
+  second: "2-digit",
+  hourCycle: "h23",
+  timeZoneName: "short",
+});
+
+/** An ISO time in this browser's zone, always with its date and the zone's name: 2025-03-14 09:26:53 UTC. */
 export function time(iso: string | null): string {
   if (!iso) return "–";
-  const d = new Date(iso);
-  const today = new Date().toDateString() === d.toDateString();
-  return today ? d.toLocaleTimeString("en-GB") : `${d.toLocaleDateString("en-CA")} ${d.toLocaleTimeString("en-GB")}`;
+  const parts = TIME_PARTS.formatToParts(new Date(iso));
+  const part = (type: Intl.DateTimeFormatPartTypes) => parts.find((p) => p.type === type)?.value ?? "";
+  return `${part("year")}-${part("month")}-${part("day")} ${part("hour")}:${part("minute")}:${part("second")} ${part("timeZoneName")}`;
 }
 
 /** Milliseconds from now (by this browser's clock) to an ISO time; negative: in the past. */

@@ -28,6 +28,10 @@ export function jobView(ctx: ViewContext): View {
   return {
     async refresh() {
       const detail = await ctx.api.get<JobDetail>(`/v1/jobs/${id}`);
+      if (stopping.has(id) && detail.job.state !== "running") {
+        stopping.delete(id);
+        ctx.flash(`Job ${id} stopped: it is ${detail.job.state} now.`);
+      }
       // Redraw only when something changed, so a selection in the payload survives the refresh.
       const text = JSON.stringify(detail);
       if (text === shown) return;
@@ -60,8 +64,8 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
     { class: "fields" },
     ...field("queue", job.queue),
     ...field("task", job.task),
-    ...field("attempts spent", `${job.spentAttempts} of ${job.maxAttempts}`),
-    ...field("attempt (fencing token)", String(job.attempt)),
+    ...field("attempts made", String(job.attempt)),
+    ...field("budget spent", `${job.spentAttempts} of ${job.maxAttempts}`),
     ...field("priority", String(job.priority)),
     ...field("created", time(job.createdAt)),
     ...(job.state === "waiting" ? field("runs at", time(job.runAt)) : []),
@@ -87,8 +91,14 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
       h(
         "div",
         { "data-field": "progress" },
-        progressFraction !== null && progressBar(progressFraction, { "aria-label": "progress" }),
-        job.progress === null ? h("p", { class: "empty" }, "None reported.") : jsonBlock(job.progress),
+        // A bar only while it runs: a finished job's last report (88 %) is not where it stands.
+        job.state === "succeeded"
+          ? progressBar(1, { "aria-label": "progress" })
+          : job.state === "running" && progressFraction !== null && progressBar(progressFraction, { "aria-label": "progress" }),
+        job.state === "succeeded" && h("p", { class: "note" }, "Complete."),
+        job.progress === null && job.state !== "succeeded" && h("p", { class: "empty" }, "None reported."),
+        job.progress !== null && job.state !== "running" && h("p", { class: "note" }, "Last reported:"),
+        job.progress !== null && jsonBlock(job.progress),
       ),
     ),
     block(
@@ -149,24 +159,26 @@ function timeline(attempts: AttemptRecord[]): Node {
         h("span", { class: "mono" }, a.workerId),
         time(a.startedAt),
         duration(new Date(a.endedAt).getTime() - new Date(a.startedAt).getTime()),
-        h("span", { class: "error-text" }, a.error ?? ""),
+        a.error ? h("pre", { class: "error-text" }, a.error) : "",
       ]),
       { "data-table": "attempts" },
     ),
   );
 }
 
+/** Jobs this page asked to stop: the "will stop" message is replaced once they have. */
+const stopping = new Set<string>();
+
 async function act(ctx: ViewContext, action: "retry" | "cancel", id: string, question: string, detail: string): Promise<void> {
   if (!(await confirmChange(question, detail, action === "retry" ? "Retry" : "Cancel job"))) return;
   try {
     const r = await ctx.api.post<{ result: string }>(`/v1/jobs/${id}/${action}`);
-    ctx.flash(
-      r.result === "retried"
-        ? `Job ${id} is waiting again.`
-        : r.result === "cancelled"
-          ? `Job ${id} cancelled.`
-          : `Job ${id} will stop at its next heartbeat.`,
-    );
+    if (r.result === "retried") ctx.flash(`Job ${id} is waiting again.`);
+    else if (r.result === "cancelled") ctx.flash(`Job ${id} cancelled.`);
+    else {
+      ctx.flash(`Job ${id} will stop at its next heartbeat.`);
+      stopping.add(id);
+    }
   } catch (err) {
     ctx.flash(err instanceof Error ? err.message : String(err), "error");
   }

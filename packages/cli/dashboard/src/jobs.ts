@@ -55,12 +55,13 @@ export function jobsView(ctx: ViewContext): View {
         page.jobs.length === 0
           ? h("p", { class: "empty" }, before ? "No older jobs match." : "No job matches.")
           : table(
-              ["Job", "State", "Queue", "Task", "Attempts", "Created", "Finished", "Last error"],
+              ["Job", "State", "Queue", "Task", "Attempts made", "Budget spent", "Created", "Finished", "Last error"],
               page.jobs.map((j) => [
                 jobLink(j.id),
                 badge(j.state, j.state),
                 j.queue,
                 j.task,
+                String(j.attempt),
                 `${j.spentAttempts} / ${j.maxAttempts}`,
                 time(j.createdAt),
                 time(j.finishedAt),

@@ -168,7 +168,8 @@ class App {
     const text = age === undefined ? (this.lastError ? "not loaded" : "loading…") : age < 1_500 ? "live" : `updated ${duration(age)} ago`;
     replace(
       statusEl,
-      h("span", { class: `dot ${stale && age !== undefined ? "stale" : "live"}` }),
+      // Green only when what is shown is fresh; grey while the first read is under way.
+      h("span", { class: `dot ${!stale ? "live" : age === undefined && this.lastError === undefined ? "loading" : "stale"}`, "data-dot": "" }),
       h("span", { class: "freshness", "data-fresh": stale ? "no" : "yes" }, text),
       readOnly && h("span", { class: "badge read-only", title: "this server changes nothing (--dashboard read-only)" }, "read-only"),
       button(

@@ -1,9 +1,9 @@
 /**
  * Overview: counts by queue and state, the oldest ready job's wait, throughput and recoveries
  * over the last hour, and the live workers and watchdogs. Warnings first: no watchdog, leases
- * that ran out unreaped, workers lost.
+ * that ran out unreaped, workers lost, waiting jobs no live worker can run.
  */
-import type { Activity, Overview, ProcessRecord, RecoveryEventKind } from "./api.js";
+import type { Activity, HandlerGap, Overview, ProcessRecord, RecoveryEventKind } from "./api.js";
 import { TimeChart } from "./charts.js";
 import { h, link, replace, table } from "./dom.js";
 import { ago, count, duration, rate } from "./format.js";
@@ -38,6 +38,24 @@ export function recoveryChartData(activity: Activity): { x: number[]; ys: number
 
 export function isLive(p: ProcessRecord): boolean {
   return !p.lost && p.lastSeenMsAgo < 60_000;
+}
+
+/** Waiting jobs no live worker can run: they wait forever unless one starts (a typo'd task name, a missing deploy). */
+function gapAlert(g: HandlerGap): HTMLElement {
+  const n = g.waiting + g.scheduled;
+  const hint =
+    g.didYouMeanTask !== null
+      ? ` Did you mean task “${g.didYouMeanTask}”?`
+      : g.didYouMeanQueue !== null
+        ? ` Did you mean queue “${g.didYouMeanQueue}”?`
+        : "";
+  const filter = new URLSearchParams({ queue: g.queue, task: g.task, state: "waiting" });
+  return h(
+    "p",
+    { class: "warning", "data-alert": "without-handler" },
+    `${count(n)} waiting job(s) of task “${g.task}” in queue “${g.queue}”: no live worker runs this task in this queue, so they wait until one starts.${hint} `,
+    link(`#/jobs?${filter}`, "See them"),
+  );
 }
 
 export function overviewView(ctx: ViewContext): View {
@@ -97,7 +115,7 @@ export function overviewView(ctx: ViewContext): View {
       warnings.push("No watchdog is running: leases that run out are not recovered (start `leasehold watchdog`, or a worker with its watchdog).");
     if (sum("expired") > 0) warnings.push(`${count(sum("expired"))} running job(s) have a lease that ran out and wait for a watchdog to reap them.`);
     if (lost.length > 0) warnings.push(`${lost.length} worker(s) lost in the last hour (their process died): their jobs were recovered.`);
-    replace(alerts, ...warnings.map((w) => h("p", { class: "warning" }, w)));
+    replace(alerts, ...warnings.map((w) => h("p", { class: "warning" }, w)), ...o.withoutHandler.map(gapAlert));
 
     const card = (label: string, value: number, route?: string, note?: string) => {
       const parts = [h("span", { class: "value" }, count(value)), h("span", { class: "label" }, label), note && h("span", { class: "sub" }, note)];
@@ -148,7 +166,9 @@ export function overviewView(ctx: ViewContext): View {
               h(
                 "span",
                 { class: p.lost ? "bad" : isLive(p) ? "" : "warn" },
-                p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : ago(p.lastSeenMsAgo),
+                // Silent but not marked lost (killed with no liveness lock, cut off): said so, and
+                // dropped from the list after ten minutes. A stopped process is not listed at all.
+                p.lost ? `lost (last beat ${ago(p.lastSeenMsAgo)})` : isLive(p) ? ago(p.lastSeenMsAgo) : `silent: last beat ${ago(p.lastSeenMsAgo)}`,
               ),
               duration(p.upMs),
             ]),

@@ -34,10 +34,14 @@ export function confirmChange(question: string, detail: string, confirmLabel: st
   return new Promise((resolve) => {
     const dialog = h("dialog", { class: "confirm", "aria-label": question });
     const done = (answer: boolean) => {
+      window.removeEventListener("hashchange", leave);
       dialog.close();
       dialog.remove();
       resolve(answer);
     };
+    // A question about this page's job or filter: another page (back, a link, a typed address) answers no.
+    const leave = () => done(false);
+    window.addEventListener("hashchange", leave);
     dialog.append(
       h("h2", {}, question),
       h("p", {}, detail),

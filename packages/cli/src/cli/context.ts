@@ -10,6 +10,7 @@
 import path from "node:path";
 import pino, { type Logger } from "pino";
 import { Leasehold } from "leasehold/internal/client";
+import type { UnknownTasksMode } from "leasehold/internal/jobs/known-tasks";
 import { relocationNotice } from "../embedded/postgres.js";
 import { readDevState } from "./dev-state.js";
 import { CliError } from "./errors.js";
@@ -31,6 +32,8 @@ export class Cli {
   private readonly closers: (() => Promise<void>)[] = [];
   /** NATS dispatch for this command's connection (docs/nats.md): --nats, else LEASEHOLD_NATS_URL. */
   private natsUrl?: string;
+  /** Enqueue's check of unknown tasks for this command's connection (--unknown-tasks); unset: the library's default. */
+  unknownTasks?: UnknownTasksMode;
 
   /** `dataDirIsDefault`: no --data-dir nor LEASEHOLD_DATA_DIR; only then may the cluster be relocated. */
   constructor(
@@ -100,6 +103,7 @@ export class Cli {
       logger: options.logger ?? this.logger(),
       poolSize: options.poolSize,
       ...(this.natsUrl !== undefined && { nats: this.natsUrl }),
+      ...(this.unknownTasks !== undefined && { unknownTasks: this.unknownTasks }),
     });
     this.closers.push(() => lh.close());
     return lh;

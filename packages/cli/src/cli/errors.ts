@@ -24,6 +24,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   invalid_input: EXIT.usage,
   invalid_config: EXIT.usage,
   unknown_task: EXIT.usage,
+  no_worker_for_task: EXIT.usage,
   job_not_found: EXIT.notFound,
   invalid_state: EXIT.invalidState,
   name_in_use: EXIT.invalidState,

@@ -1,6 +1,7 @@
 /** Human-readable output: aligned tables and job details. */
 import type { AttemptRecord, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
-import type { QueueStats } from "leasehold/internal/store/index";
+import type { Stats } from "leasehold/internal/client";
+import { describeGap, type HandlerGap } from "leasehold/internal/maintenance/handler-gaps";
 
 export function table(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
@@ -30,8 +31,10 @@ function short(text: string | null, max = 60): string {
 export function jobsTable(jobs: ListedJob[]): string {
   if (jobs.length === 0) return "no jobs";
   return table(
-    ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS", "CREATED", "LAST ERROR"],
-    jobs.map((j) => [j.id, j.state, j.queue, j.task, `${j.spentAttempts}/${j.maxAttempts}`, ago(j.createdAt), short(j.lastError)]),
+    // Attempts made (a job that succeeded first time: 1) and, apart, the retry budget: failed
+    // and lost attempts spend it, a success or a release does not.
+    ["ID", "STATE", "QUEUE", "TASK", "ATTEMPTS MADE", "BUDGET SPENT", "CREATED", "LAST ERROR"],
+    jobs.map((j) => [j.id, j.state, j.queue, j.task, String(j.attempt), `${j.spentAttempts}/${j.maxAttempts}`, ago(j.createdAt), short(j.lastError)]),
   );
 }
 
@@ -43,8 +46,8 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
     ["queue", job.queue],
     ["task", job.task],
     ["priority", String(job.priority)],
-    ["attempts spent", `${job.spentAttempts} of ${job.maxAttempts}`],
-    ["attempt (fencing token)", String(job.attempt)],
+    ["attempts made", `${job.attempt} (the latest one's number is its fencing token)`],
+    ["budget spent", `${job.spentAttempts} of ${job.maxAttempts} (failed and lost attempts spend it)`],
     ["created", iso(job.createdAt)],
     ["run at", iso(job.runAt)],
     ["started", iso(job.startedAt)],
@@ -78,7 +81,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
 
 const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;
 
-export function statsText(stats: QueueStats): string {
+export function statsText(stats: Stats): string {
   const byQueue = new Map<string, Record<string, number>>();
   for (const c of stats.counts) {
     const row = byQueue.get(c.queue) ?? {};
@@ -102,6 +105,13 @@ export function statsText(stats: QueueStats): string {
       : `none running${stats.expiredLeases > 0 ? ": expired leases are not being recovered (start `leasehold watchdog`; `leasehold doctor` says more)" : ""}`;
   return (
     `${counts}\n\nactive leases   ${stats.activeLeases} (expired, awaiting the watchdog: ${stats.expiredLeases})\n` +
-    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}`
+    `oldest waiting  ${oldest}\nworkers         ${stats.workers} running\nwatchdogs       ${watchdogs}` +
+    gapsText(stats.withoutHandler)
   );
+}
+
+/** Waiting jobs no live worker runs, one line each, under a heading; "" when there are none. */
+export function gapsText(gaps: readonly HandlerGap[]): string {
+  if (gaps.length === 0) return "";
+  return `\n\nNO WORKER CAN RUN THESE (start a worker that handles them, or cancel them)\n${gaps.map((g) => `! ${describeGap(g)}`).join("\n")}`;
 }

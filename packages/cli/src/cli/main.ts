@@ -15,6 +15,9 @@ import { registerRunCommands } from "./commands/run.js";
 import { registerScheduleCommands } from "./commands/schedules.js";
 import { registerServe } from "./commands/serve.js";
 import { registerWorker } from "./commands/worker.js";
+import { survivePipeClose } from "./signals.js";
+
+survivePipeClose();
 
 const program = new Command("leasehold")
   .description("Leasehold: a durable, lease-based job queue on PostgreSQL")

@@ -3,11 +3,10 @@
  * (`--server URL --token T`), for operators who can reach the server but not the database.
  * Same shapes and the same typed errors as the `Leasehold` client's methods.
  */
-import type { Leasehold, ListJobsOptions } from "leasehold/internal/client";
+import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/client";
 import { checkJobId } from "leasehold/internal/jobs/ids";
 import { JobNotFoundError, JobStateError, ValidationError } from "leasehold/internal/errors";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
-import type { QueueStats } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
 /** What the job commands need: the `Leasehold` client has it, and so does this API client. */
@@ -80,8 +79,8 @@ export class RemoteOperations implements JobOperations {
     await this.call("POST", `/v1/jobs/${encodeURIComponent(id)}/retry`, undefined, id);
   }
 
-  async stats(): Promise<QueueStats> {
-    const s = await this.call<Wire<QueueStats>>("GET", "/v1/stats");
+  async stats(): Promise<Stats> {
+    const s = await this.call<Wire<Stats>>("GET", "/v1/stats");
     return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
   }
 

@@ -1,6 +1,7 @@
 /**
  * Loads a tasks module: its default export maps task names to handlers (or to
- * `{ handler, backoff }`). TypeScript files are loaded through tsx, so `--tasks ./tasks.ts`
+ * `{ handler, backoff }`), or is an array of tasks made by `defineTask` (docs/typescript.md),
+ * whose payloads are then validated before their handlers run. TypeScript files are loaded through tsx, so `--tasks ./tasks.ts`
  * works without a build step.
  */
 import fs from "node:fs";
@@ -8,6 +9,7 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { TaskHandlers } from "leasehold/internal/worker/context";
 import { CliError } from "./errors.js";
+import { toHandlers } from "leasehold/internal/tasks/define";
 
 /** The example tasks `leasehold dev` runs when given none: examples/tasks.ts in the package. */
 export const EXAMPLE_TASKS = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "examples", "tasks.ts");
@@ -31,9 +33,17 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
   if (handlers && typeof handlers === "object" && Object.keys(handlers).length === 1 && "default" in handlers) {
     handlers = (handlers as { default: unknown }).default;
   }
+  if (Array.isArray(handlers) && handlers.length > 0) {
+    try {
+      return { file: abs, handlers: toHandlers(handlers, `tasks module ${file}: default export`) };
+    } catch (err) {
+      throw new CliError((err as Error).message);
+    }
+  }
   if (!handlers || typeof handlers !== "object" || Object.keys(handlers).length === 0) {
     throw new CliError(
-      `tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }`,
+      `tasks module ${file} must export default an object mapping task names to handlers, e.g. export default { sendEmail: async (payload, ctx) => {...} }, ` +
+        "or an array of tasks made by defineTask",
     );
   }
   return { file: abs, handlers: handlers as TaskHandlers };

@@ -43,6 +43,7 @@ const TYPES: Record<string, string> = {
   ".html": "text/html; charset=utf-8",
   ".js": "text/javascript; charset=utf-8",
   ".css": "text/css; charset=utf-8",
+  ".svg": "image/svg+xml",
 };
 
 interface Asset {
@@ -58,6 +59,7 @@ function loadAssets(): Map<string, Asset> {
   const uplot = path.dirname(createRequire(import.meta.url).resolve("uplot"));
   const files: [string, string][] = [
     ["dashboard.css", path.join(PACKAGE_ROOT, "dashboard", "dashboard.css")],
+    ["favicon.svg", path.join(PACKAGE_ROOT, "dashboard", "favicon.svg")],
     ["uplot.js", path.join(uplot, "uPlot.esm.js")],
     ["uplot.css", path.join(uplot, "uPlot.min.css")],
     ...fs
@@ -80,6 +82,8 @@ export function registerDashboard(app: FastifyInstance, mode: Exclude<DashboardM
   const assets = loadAssets();
   const send = (reply: FastifyReply, asset: Asset) => reply.headers(PAGE_HEADERS).type(asset.type).send(asset.body);
   app.get("/", { schema: routes.page, config: { public: true } }, async (_request, reply) => send(reply, { body: page, type: TYPES[".html"]! }));
+  // Browsers ask for it whatever the page says: answered without a token, like the page.
+  app.get("/favicon.ico", { schema: routes.favicon, config: { public: true } }, async (_request, reply) => send(reply, assets.get("favicon.svg")!));
   app.get<{ Params: { name: string } }>("/assets/:name", { schema: routes.asset, config: { public: true } }, async (request, reply) => {
     const asset = assets.get(request.params.name);
     if (!asset) return reply.status(404).send(errorBody("not_found", `no asset ${request.params.name}`));

@@ -11,6 +11,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   invalid_input: 400,
   invalid_config: 400,
   unknown_task: 400,
+  no_worker_for_task: 400,
   job_not_found: 404,
   invalid_state: 409,
   stale_lease: 409,

@@ -1,9 +1,9 @@
 /** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, stats; and the schedules, read-only. */
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
 import { ValidationError } from "leasehold/internal/errors";
 import { progressFraction } from "leasehold/internal/jobs/progress";
-import type { JobState, NewJob } from "leasehold/internal/jobs/types";
+import type { JobHeaders, JobState, NewJob } from "leasehold/internal/jobs/types";
 import type { JobFilter, TimeField } from "leasehold/internal/store/index";
 import { MAX_LIST_RESPONSE_BYTES } from "./limits.js";
 import { listPage } from "./list-page.js";
@@ -42,16 +42,36 @@ function fromWire(job: WireJob, where: string): NewJob {
   return { ...job, runAt };
 }
 
+/**
+ * The request's W3C trace context (`traceparent`, `tracestate`), carried into each job's
+ * headers unless the job brings its own traceparent: an HTTP enqueue is linked to its caller's
+ * trace whether or not this server traces (docs/tracing.md). A malformed traceparent is
+ * left out, not refused: tracing never fails an enqueue.
+ */
+function withRequestTrace(job: NewJob, request: FastifyRequest): NewJob {
+  const traceparent = request.headers.traceparent;
+  if (typeof traceparent !== "string" || !TRACEPARENT.test(traceparent) || job.headers?.traceparent !== undefined) return job;
+  const headers: JobHeaders = { ...job.headers, traceparent };
+  const tracestate = request.headers.tracestate;
+  if (typeof tracestate === "string" && tracestate.length <= MAX_TRACESTATE) headers.tracestate = tracestate;
+  return { ...job, headers };
+}
+
+const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
+/** A longer tracestate is dropped (W3C lets a hop do so; 512 is what every hop must carry), so it never fills the job's headers. */
+const MAX_TRACESTATE = 512;
+
 export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
   app.post<{ Body: WireJob }>("/v1/jobs", { schema: routes.enqueue }, async (request, reply) => {
-    const { task, payload, ...options } = fromWire(request.body, "job");
+    const { task, payload, ...options } = withRequestTrace(fromWire(request.body, "job"), request);
     const job = await lh.enqueue(task, payload, options);
     return reply.status(201).send(job);
   });
 
   app.post<{ Body: { jobs: WireJob[] } }>("/v1/jobs/batch", { schema: routes.enqueueBatch }, async (request, reply) => {
-    const jobs = await lh.enqueueMany(request.body.jobs.map((j, i) => fromWire(j, `job ${i}`)));
-    return reply.status(201).send({ jobs });
+    const jobs = await lh.enqueueMany(request.body.jobs.map((j, i) => withRequestTrace(fromWire(j, `job ${i}`), request)));
+    const warnings = [...new Set(jobs.flatMap((j) => j.warnings ?? []))];
+    return reply.status(201).send(warnings.length > 0 ? { jobs, warnings } : { jobs });
   });
 
   app.get<{ Querystring: WireFilter & { limit?: string; before?: string; payload?: "true" | "false" } }>(

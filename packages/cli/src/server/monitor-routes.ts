@@ -11,6 +11,7 @@ import type { Leasehold } from "leasehold/internal/client";
 import { ValidationError } from "leasehold/internal/errors";
 import { progressFraction } from "leasehold/internal/jobs/progress";
 import { DEFAULT_SAMPLE_INTERVAL_MS } from "leasehold/internal/maintenance/throughput";
+import { handlerGaps } from "leasehold/internal/maintenance/handler-gaps";
 import * as store from "leasehold/internal/store/index";
 import { errorBody } from "./errors.js";
 import { filterFromWire, type WireFilter } from "./job-routes.js";
@@ -35,8 +36,8 @@ export function registerMonitorRoutes(app: FastifyInstance, lh: Leasehold, optio
 
   app.get("/v1/overview", { schema: routes.overview }, () =>
     shared.get("overview", async () => {
-      const [queues, processes] = await Promise.all([store.queueOverview(db), store.liveProcesses(db)]);
-      return { queues, processes };
+      const [queues, processes, withoutHandler] = await Promise.all([store.queueOverview(db), store.liveProcesses(db), handlerGaps(db)]);
+      return { queues, processes, withoutHandler };
     }),
   );
 

@@ -4,7 +4,7 @@
  * requests against them and the OpenAPI document is built from them.
  */
 import { MAX_BULK_JOBS } from "leasehold/internal/store/bulk";
-import { JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, secured } from "./schemas.js";
+import { HANDLER_GAPS, JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, secured } from "./schemas.js";
 
 const MS = { type: "number", description: "milliseconds, by the database's clock" } as const;
 const NULLABLE_MS = { type: ["number", "null"], description: "milliseconds, by the database's clock" } as const;
@@ -161,6 +161,7 @@ export const monitorRoutes = {
         properties: {
           queues: { type: "array", items: queueOverview },
           processes: { type: "array", items: processRecord, description: "seen in the last hour and not stopped; at most 500" },
+          withoutHandler: HANDLER_GAPS,
         },
       },
       ...READ_ERRORS,
@@ -280,10 +281,15 @@ export const monitorRoutes = {
     summary: "The dashboard (a page that calls this API with the token you give it); no token needed, it holds no data",
     response: { 200: { description: "HTML", type: "string" } },
   },
+  favicon: {
+    tags: ["dashboard"],
+    summary: "The dashboard's icon (SVG); no token needed",
+    response: { 200: { description: "SVG", type: "string" } },
+  },
   asset: {
     tags: ["dashboard"],
     summary: "The dashboard's scripts and styles",
     params: object({ name: { type: "string", pattern: "^[A-Za-z0-9_.-]{1,64}$" } }, ["name"]),
-    response: { 200: { description: "JavaScript or CSS", type: "string" }, 404: { description: "no such asset", type: "object" } },
+    response: { 200: { description: "JavaScript, CSS or SVG", type: "string" }, 404: { description: "no such asset", type: "object" } },
   },
 };

@@ -105,6 +105,11 @@ export const claimedJobSchema = {
     progressTimeoutMs: NULLABLE_LIMIT,
     maxRunMs: NULLABLE_LIMIT,
     maxRunUnlimited: { type: "boolean", description: "enqueued with maxRunMs null: no time limit, whatever its task's" },
+    headers: {
+      type: ["object", "null"],
+      additionalProperties: { type: "string" },
+      description: "the headers the job was enqueued with (a trace context, metadata); null when none",
+    },
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
   },
   required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "receipt"],
@@ -177,11 +182,54 @@ const newJob = object(
     leaseMs: LEASE_MS,
     progressTimeoutMs: LIMIT_MS,
     maxRunMs: { ...NULLABLE_LIMIT, description: "null: no time limit for this job, whatever its task's (absent: the task's, 15 minutes by default)" },
+    headers: {
+      type: "object",
+      additionalProperties: { type: "string" },
+      description:
+        "string values carried with the job to its handler (ctx.headers): at most 32, names of letters, digits and _ . -, 8 KiB in all. " +
+        "Without a traceparent here, the request's traceparent and tracestate headers are used (docs/tracing.md)",
+    },
   },
   ["task"],
 );
 
-const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" } } };
+/** Why an enqueued job may wait forever (the server's --unknown-tasks warn, the default). */
+const ENQUEUE_WARNING = {
+  type: "object",
+  properties: {
+    code: { type: "string", enum: ["unknown_task", "task_not_in_queue"] },
+    queue: { type: "string" },
+    task: { type: "string" },
+    message: { type: "string" },
+    didYouMean: { type: "string", description: "the closest known task (unknown_task) or queue of that task (task_not_in_queue)" },
+  },
+} as const;
+const WARNINGS = {
+  type: "array",
+  items: ENQUEUE_WARNING,
+  description:
+    "present when no worker seen in the last 24 h runs the job's task in its queue: the job was enqueued, and waits until such a " +
+    "worker starts (with --unknown-tasks refuse the server answers 400 no_worker_for_task instead)",
+} as const;
+const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" }, warnings: WARNINGS } };
+
+/** Waiting jobs whose task no live worker runs in their queue (src/maintenance/handler-gaps.ts). */
+export const HANDLER_GAPS = {
+  type: "array",
+  description: "waiting jobs whose task, in their queue, no live worker runs: they wait until one starts (at most 100 pairs)",
+  items: {
+    type: "object",
+    properties: {
+      queue: { type: "string" },
+      task: { type: "string" },
+      waiting: { type: "integer", description: "ready to run now" },
+      scheduled: { type: "integer", description: "due later" },
+      oldestWaitingMs: { type: ["number", "null"], description: "how long the oldest ready one has waited" },
+      didYouMeanTask: { type: ["string", "null"], description: "the closest task a worker announced, when this task is not one" },
+      didYouMeanQueue: { type: ["string", "null"], description: "the closest queue of this task's recent workers" },
+    },
+  },
+} as const;
 
 /** How far along the job is, read from its progress (see src/jobs/progress.ts); null when its progress does not say. */
 export const PROGRESS_FRACTION = { type: ["number", "null"], minimum: 0, maximum: 1 } as const;
@@ -427,7 +475,16 @@ export const routes = {
     tags: ["jobs"],
     summary: "Enqueue many jobs atomically (all or none)",
     body: object({ jobs: { type: "array", items: newJob, minItems: 1, maxItems: MAX_ENQUEUE_BATCH } }, ["jobs"]),
-    response: { 201: { type: "object", properties: { jobs: { type: "array", items: enqueued } } }, ...errors(...OPERATOR_ERRORS) },
+    response: {
+      201: {
+        type: "object",
+        properties: {
+          jobs: { type: "array", items: enqueued },
+          warnings: { ...WARNINGS, description: "each distinct warning of the batch's jobs once" },
+        },
+      },
+      ...errors(...OPERATOR_ERRORS),
+    },
   },
   listJobs: {
     ...secured,
@@ -502,6 +559,7 @@ export const routes = {
           workers: { type: "integer", description: "workers seen within the last minute" },
           oldestReadyAt: TIME,
           oldestReadyAgeSeconds: { type: ["number", "null"] },
+          withoutHandler: HANDLER_GAPS,
         },
       },
       ...errors(401, 403, 503),

@@ -39,7 +39,16 @@ export interface EnqueueOptions {
    * or its worker sets another). `null`: this job runs without a time limit, whatever its task says.
    */
   maxRunMs?: number | null;
+  /**
+   * Small string values carried with the job to every attempt (`ctx.headers`), beside the
+   * payload: a W3C trace context (`traceparent`, `tracestate`: docs/tracing.md), a correlation
+   * id. At most 32 of them, names of letters, digits and `_ . -`, 8 KiB in all.
+   */
+  headers?: JobHeaders;
 }
+
+/** A job's headers: names to string values (see `EnqueueOptions.headers`). */
+export type JobHeaders = Record<string, string>;
 
 export interface NewJob extends EnqueueOptions {
   task: string;
@@ -50,6 +59,21 @@ export interface EnqueuedJob {
   id: string;
   /** False when a unique key matched an unfinished job, whose id this is. */
   created: boolean;
+  /** Present when no worker is known to run this job's task in its queue (see EnqueueWarning). */
+  warnings?: EnqueueWarning[];
+}
+
+/**
+ * Why a job may wait forever: no worker seen in the last 24 h announced its task
+ * (`unknown_task`), or the workers that did take other queues (`task_not_in_queue`).
+ */
+export interface EnqueueWarning {
+  code: "unknown_task" | "task_not_in_queue";
+  queue: string;
+  task: string;
+  message: string;
+  /** The closest known task (unknown_task) or queue of that task (task_not_in_queue), if one is close. */
+  didYouMean?: string;
 }
 
 /** A job as a worker receives it from a claim. */
@@ -75,6 +99,8 @@ export interface ClaimedJob {
   maxRunMs: number | null;
   /** Enqueued with `maxRunMs: null`: no time limit, whatever its task's. */
   maxRunUnlimited: boolean;
+  /** The headers it was enqueued with (a trace context, metadata); null when none. */
+  headers: JobHeaders | null;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

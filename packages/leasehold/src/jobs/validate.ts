@@ -30,6 +30,7 @@ const JOB_KEYS = new Set([
   "leaseMs",
   "progressTimeoutMs",
   "maxRunMs",
+  "headers",
 ]);
 /** Bounds for the run-time limits: at least a second, at most a week. */
 export const MIN_LIMIT_MS = 1_000;
@@ -50,6 +51,40 @@ export interface NormalizedJob {
   /** Null: not set (the task's limit applies), or no limit when `maxRunUnlimited`. */
   maxRunMs: number | null;
   maxRunUnlimited: boolean;
+  /** The headers as JSON; null or absent when the job has none (scheduled jobs carry none). */
+  headersJson?: string | null;
+}
+
+/** Headers stay small: they are read with every claim of the job. */
+export const MAX_HEADERS = 32;
+export const MAX_HEADERS_BYTES = 8 * 1024;
+const HEADER_NAME = /^[A-Za-z0-9_.-]{1,64}$/;
+
+/**
+ * A job's headers, checked and serialised: a plain object of at most MAX_HEADERS string
+ * values, names of letters, digits and `_ . -` (a W3C `traceparent` fits; so would an HTTP
+ * header name), MAX_HEADERS_BYTES in all. An empty object is stored as none.
+ */
+export function serializeHeaders(headers: unknown, where = "job"): string | null {
+  if (headers === undefined || headers === null) return null;
+  const proto = typeof headers === "object" && !Array.isArray(headers) ? Object.getPrototypeOf(headers) : undefined;
+  if (proto !== Object.prototype && proto !== null) {
+    throw new ValidationError(`${where}: headers must be an object of string values (got ${describeValue(headers)})`);
+  }
+  const entries = Object.entries(headers as Record<string, unknown>);
+  if (entries.length === 0) return null;
+  if (entries.length > MAX_HEADERS) throw new ValidationError(`${where}: headers may hold at most ${MAX_HEADERS} entries (got ${entries.length})`);
+  for (const [name, value] of entries) {
+    if (!HEADER_NAME.test(name)) {
+      throw new ValidationError(`${where}: header name ${describeValue(name)} must be 1-64 characters of letters, digits and _ . -`);
+    }
+    if (typeof value !== "string") throw new ValidationError(`${where}: header ${name} must be a string (got ${describeValue(value)})`);
+    const problem = textProblem(value);
+    if (problem) throw new ValidationError(`${where}: header ${name} ${problem}`);
+  }
+  const json = JSON.stringify(headers);
+  if (Buffer.byteLength(json) > MAX_HEADERS_BYTES) throw new ValidationError(`${where}: headers are larger than ${MAX_HEADERS_BYTES} bytes`);
+  return json;
 }
 
 export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
@@ -80,6 +115,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
     maxRunMs: limitOrNone(job.maxRunMs, `${where}: maxRunMs`) ?? null,
     maxRunUnlimited: job.maxRunMs === null,
+    headersJson: serializeHeaders(job.headers, where),
   };
 }
 
@@ -234,6 +270,12 @@ function printable(text: string): string {
 
 /** "did you mean" for option names, as Oban does. */
 export function suggest(key: string, known: Iterable<string>): string {
+  const best = closestName(key, known);
+  return best ? ` (did you mean "${best}"?)` : "";
+}
+
+/** The known name closest to `key` (case aside, fewer than 3 edits), or undefined. */
+export function closestName(key: string, known: Iterable<string>): string | undefined {
   let best: string | undefined;
   let bestDistance = 3;
   for (const k of known) {
@@ -243,7 +285,7 @@ export function suggest(key: string, known: Iterable<string>): string {
       bestDistance = d;
     }
   }
-  return best ? ` (did you mean "${best}"?)` : "";
+  return best;
 }
 
 function editDistance(a: string, b: string): number {

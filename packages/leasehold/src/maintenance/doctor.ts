@@ -7,6 +7,7 @@
 import type { FleetHealth } from "../store/health.js";
 import type { RunningLongJob } from "../store/running-long.js";
 import { BEAT_DELAY_BUCKETS_MS } from "../worker/heartbeat.js";
+import { describeGap, type HandlerGap } from "./handler-gaps.js";
 
 export interface Finding {
   level: "ok" | "warn" | "error";
@@ -30,7 +31,8 @@ export interface Diagnosis {
 }
 
 export interface OrphanCounts {
-  noWorkerForTask: { queue: string; task: string; jobs: number }[];
+  /** Waiting jobs no live worker can run (handler-gaps.ts), at once: not after a delay. */
+  withoutHandler: HandlerGap[];
   missingAudit: number;
   overBudget: number;
 }
@@ -85,12 +87,9 @@ export function diagnose(health: FleetHealth, orphans: OrphanCounts, runningLong
   if (lost.length > 0)
     findings.push({ level: "warn", message: `${lost.length} worker(s) died or stopped in the last hour: ${lost.map((p) => p.id).join(", ")}` });
   findings.push({ level: workers.length > 0 ? "ok" : "warn", message: `${workers.length} worker(s) running` });
-  for (const o of orphans.noWorkerForTask) {
-    findings.push({
-      level: "warn",
-      message: `${o.jobs} ready job(s) of task ${o.task} in queue ${o.queue}, and no live worker runs that task there`,
-    });
-  }
+  // Ready jobs nobody runs are an error (they wait forever); jobs due later only a warning
+  // (a worker may yet be deployed before they are due).
+  for (const g of orphans.withoutHandler) findings.push({ level: g.waiting > 0 ? "error" : "warn", message: describeGap(g) });
   if (orphans.missingAudit > 0)
     findings.push({ level: "error", message: `${orphans.missingAudit} finished job(s) have fewer audit rows than attempts` });
   if (orphans.overBudget > 0)

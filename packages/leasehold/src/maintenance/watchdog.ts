@@ -2,7 +2,7 @@
  * The watchdog: Leasehold's recovery controller. Every way an attempt can be left behind
  * ends here, through the same retry-or-dead path as a failure (a recovery is a failure its
  * worker did not live to report, so it spends the retry budget), counted by cause:
- *   - crash detection (about every `livenessIntervalMs`, across all watchdogs together):
+ *   - crash detection (every `livenessIntervalMs`, the watchdogs taking turns):
  *     workers hold a liveness lock on their own session; when a worker's lock is gone (kill
  *     -9, OOM, a dead host's sockets closing) for longer than a short grace, its jobs are
  *     recovered at once (worker_lost);
@@ -25,6 +25,7 @@ import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import { DEFAULT_MAX_RUN_MS } from "../worker/options.js";
 import type { Metrics } from "../metrics.js";
+import { HANDLER_ALIVE_MS } from "./handler-gaps.js";
 import { MaintenanceService } from "./service.js";
 import type { BackoffPolicy } from "../store/end-attempts.js";
 
@@ -41,6 +42,29 @@ export const DEFAULT_ORPHAN_AFTER_MS = 5 * 60_000;
 export const HOT_TABLE_VACUUM_MIN_DEAD = 10_000;
 /** One statement moved 10,000 expired jobs in ~70 ms on 2 cores; keep each short. */
 export const REAP_BATCH = 1_000;
+/**
+ * leasehold_jobs_without_handler is counted this often: it reads the waiting jobs again, so
+ * not on every reap tick of every watchdog (the live views and `doctor` count it when asked).
+ */
+export const HANDLER_GAUGE_INTERVAL_MS = 10_000;
+
+/**
+ * Crash detection by turns, not by chance: the wall clock is cut into slots of the liveness
+ * interval, and slot s belongs to the watchdog ranked s mod fleetSize (by id, among the live
+ * ones as last counted). A watchdog checks on its first tick in or after a slot of its own
+ * (`previousSlot`: its previous tick's), so a crash waits about two slots at most to be seen,
+ * three while a dead watchdog is still counted. Checking on a random share of the ticks left
+ * gaps of a second or more now and then (docs/benchmarks.md). Hosts' clocks need only be
+ * roughly in step: skew makes some slots checked twice and others not, and each watchdog
+ * still checks once every fleetSize slots.
+ */
+export function ownsTurn(previousSlot: number | undefined, slot: number, fleetSize: number, rank: number): boolean {
+  const previous = previousSlot ?? slot - 1;
+  // A frozen process or a clock stepped back: check rather than reason about the slots missed.
+  if (slot - previous >= fleetSize || slot < previous) return true;
+  for (let s = previous + 1; s <= slot; s++) if (s % fleetSize === rank) return true;
+  return false;
+}
 
 export interface WatchdogOptions {
   intervalMs?: number;
@@ -74,9 +98,13 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   private lastReap = -Infinity;
   /** Workers this watchdog saw lose their liveness, and when their grace is over (monotonic ms). */
   private readonly lostSeen = new Map<string, number>();
-  /** Live watchdogs, as last counted: each checks liveness on one tick in this many. */
+  /** Live watchdogs, as last counted, and this one's rank among them: its turns (see ownsTurn). */
   private fleetSize = 1;
+  private rank = 0;
+  /** The wall-clock slot of the previous tick. */
+  private lastSlot?: number;
   private lastOrphanScan = -Infinity;
+  private lastHandlerGauge = -Infinity;
   private announced = false;
 
   constructor(
@@ -95,6 +123,14 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     this.backoff = options.backoff ?? DEFAULT_BACKOFF;
   }
 
+  /** Stops, and says so in its row: a stopped watchdog is not listed as one that went silent. */
+  override async stop(): Promise<void> {
+    await super.stop();
+    if (!this.announced) return;
+    this.announced = false; // started again, it announces itself again
+    await store.markWorkerStopped(this.db, this.id).catch(() => {});
+  }
+
   /** Everything, now: crash detection, expired leases, overdue attempts and the orphan scan. */
   async runOnce(): Promise<RecoverySummary> {
     const summary = await this.recover(true);
@@ -103,7 +139,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   }
 
   /**
-   * Crash detection on a share of the ticks, so that the fleet's watchdogs together check
+   * Crash detection on this watchdog's turns, so that the fleet's watchdogs together check
    * about once per `livenessIntervalMs` (every worker runs one: a hundred processes checking
    * four times a second each would be 400 statements a second for one answer); the heavier
    * parts when their interval has passed.
@@ -111,7 +147,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   protected override async tick(): Promise<unknown> {
     const now = performance.now();
     const reapDue = now - this.lastReap >= this.reapMs - this.livenessMs / 2;
-    await this.recover(reapDue, reapDue || Math.random() * this.fleetSize < 1);
+    const slot = Math.floor(Date.now() / this.livenessMs);
+    const turn = ownsTurn(this.lastSlot, slot, this.fleetSize, this.rank);
+    this.lastSlot = slot;
+    await this.recover(reapDue, reapDue || turn);
     if (now - this.lastOrphanScan >= this.orphanMs) await this.scanOrphans();
     return undefined;
   }
@@ -148,7 +187,9 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
         });
         this.announced = true;
       } else {
-        this.fleetSize = Math.max(1, await store.touchWorker(this.db, this.id, 3 * this.reapMs + 1_000));
+        const { watchdogs, rank } = await store.touchWorker(this.db, this.id, 3 * this.reapMs + 1_000);
+        this.fleetSize = Math.max(1, watchdogs);
+        this.rank = Math.min(rank, this.fleetSize - 1);
       }
       for (;;) {
         const reaped = await store.reapExpiredLeases(this.db, { limit: REAP_BATCH, backoff: this.backoff });
@@ -213,6 +254,12 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       if (c.state === "running") running += c.count;
     }
     this.metrics.activeLeases.set(running);
+    if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
+      this.lastHandlerGauge = performance.now();
+      const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });
+      this.metrics.jobsWithoutHandler.reset();
+      for (const g of gaps) this.metrics.jobsWithoutHandler.inc({ queue: this.metrics.queueLabel(g.queue), task: g.task }, g.waiting + g.scheduled);
+    }
   }
 
   /** States that should not exist: each kind counted (a gauge and a log line), repaired where safe. */

@@ -32,7 +32,7 @@ UPDATE jobs
    AND state = 'waiting'
 RETURNING id, queue, task, payload, attempt, fence, spent_attempts, max_attempts,
           coalesce(lease_ms, $4) AS lease_ms, checkpoint, last_outcome, last_error, progress_timeout_ms, max_run_ms,
-          max_run_unlimited`;
+          max_run_unlimited, headers`;
 
 const CLAIMED = {
   id: "int8",
@@ -50,6 +50,7 @@ const CLAIMED = {
   progress_timeout_ms: "int4?",
   max_run_ms: "int4?",
   max_run_unlimited: "bool",
+  headers: "jsonb?",
 } as const;
 
 /** One queue (the common case): a plain walk of its partial index in claim order. */
@@ -154,5 +155,6 @@ function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): Claim
     progressTimeoutMs: r.progress_timeout_ms,
     maxRunMs: r.max_run_ms,
     maxRunUnlimited: r.max_run_unlimited,
+    headers: r.headers as ClaimedJob["headers"],
   }));
 }

@@ -218,6 +218,12 @@ const RECOVER_LOST_WORKERS = ending(
     JOIN workers AS w ON w.id = j.locked_by
     LEFT JOIN task_policies AS p ON p.task = j.task
    WHERE j.state = 'running' AND w.lost_at < now() - coalesce(w.liveness_grace_ms, $6::bigint) * interval '1 millisecond'
+     -- Its lock is still free now: a session back within the grace (lock held again, its
+     -- announcement not yet landed, or a liveness check not yet run) keeps its jobs.
+     AND NOT EXISTS (SELECT 1 FROM pg_locks AS l
+                      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                        AND ((l.classid::bigint << 32) | l.objid::bigint) = w.liveness_key)
    LIMIT $5
      FOR UPDATE OF j SKIP LOCKED
 )`,
@@ -225,7 +231,8 @@ const RECOVER_LOST_WORKERS = ending(
 
 /**
  * Crash detection: the jobs of workers whose liveness lock has been gone longer than their
- * announced grace, else `graceMs` (see workers.ts), recovered at once instead of after their leases. A job's first
+ * announced grace, else `graceMs` (see workers.ts), and is still free as this statement runs,
+ * recovered at once instead of after their leases. A job's first
  * spent attempt, if it is a crash, retries at once: the common crash (a deploy's kill, an
  * OOM, a lost machine) is not the job's doing, and another worker can run it now. A job that
  * has failed or crashed before backs off by its task's policy, so a job that kills every

@@ -15,14 +15,14 @@ import type { EnqueuedJob } from "../jobs/types.js";
  */
 const insertJobsText = (jobs: string, onConflict: string, publishing = "", returning = "") => `
 INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
-                     progress_timeout_ms, max_run_ms, max_run_unlimited)
+                     progress_timeout_ms, max_run_ms, max_run_unlimited, headers)
 SELECT queue, task, payload, priority,
        coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited
+       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers
   FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
-              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[])
+              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[])
        AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
-            progress_timeout_ms, max_run_ms, max_run_unlimited)${publishing}${onConflict}
+            progress_timeout_ms, max_run_ms, max_run_unlimited, headers)${publishing}${onConflict}
 RETURNING id, unique_key${returning}`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
@@ -41,7 +41,7 @@ const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKe
  * for a dispatcher) and learns which jobs are due by the database's clock, the only one
  * that counts: those are the ones it publishes. The default path's text is unchanged.
  */
-const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $13::text, true)) AS publishing";
+const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $14::text, true)) AS publishing";
 const INSERTED_DUE = { ...INSERTED, due: "bool" } as const;
 const INSERT_JOBS_PUBLISHING = statement(
   "enqueueJobs (publishing)",
@@ -116,6 +116,7 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
     jobs.map((j) => j.progressTimeoutMs),
     jobs.map((j) => j.maxRunMs),
     jobs.map((j) => j.maxRunUnlimited),
+    jobs.map((j) => j.headersJson ?? null),
     ...(publishing ? [String(publishingMs)] : []),
   ]);
   const inserted = rows;

@@ -31,6 +31,8 @@ export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloa
 export { readyPairs } from "./ready.js";
 export type { QueueTasks } from "./ready.js";
 export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
+export { knownTasks, jobsWithoutHandler } from "./handlers.js";
+export type { JobsWithoutHandler } from "./handlers.js";
 export { fleetHealth } from "./health.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";

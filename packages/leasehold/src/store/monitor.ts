@@ -72,8 +72,10 @@ SELECT id, name, kind, host, pid, queues, tasks, concurrency, in_flight, lease_m
        extract(epoch FROM now() - started_at)::float8 * 1000 AS up_ms,
        lost_at IS NOT NULL AS lost
   FROM workers
- WHERE stopped_at IS NULL AND (lost_at IS NULL OR lost_at > now() - interval '1 hour')
-   AND last_seen_at > now() - interval '1 hour'
+ WHERE stopped_at IS NULL
+   -- Lost (its session went): listed for an hour, with its jobs' recovery. Silent with no such
+   -- mark (killed, with no liveness lock, or cut off): listed as silent for ten minutes, then dropped.
+   AND (lost_at > now() - interval '1 hour' OR (lost_at IS NULL AND last_seen_at > now() - interval '10 minutes'))
  ORDER BY kind DESC, id
  LIMIT $1`,
   {

@@ -106,18 +106,19 @@ const TOUCH_WORKER = statement(
   "touchWorker",
   `
 WITH touched AS (UPDATE workers SET last_seen_at = now() WHERE id = $1)
-SELECT count(*)::int AS watchdogs
+SELECT count(*)::int AS watchdogs, count(*) FILTER (WHERE id < $1)::int AS rank
   FROM workers
  WHERE kind = 'watchdog' AND stopped_at IS NULL AND lost_at IS NULL
    AND last_seen_at > now() - $2::bigint * interval '1 millisecond'`,
-  { watchdogs: "int4" },
+  { watchdogs: "int4", rank: "int4" },
 );
 
 /**
  * A watchdog's sign of life (it holds no jobs, so it has no beat to carry it). Returns how
- * many watchdogs were seen within `withinMs` (this one included, at least from its last touch).
+ * many watchdogs were seen within `withinMs` (this one included, at least from its last touch),
+ * and this one's rank among them by id (0-based), which gives each its turns.
  */
-export async function touchWorker(db: Queryable, workerId: string, withinMs = 60_000): Promise<number> {
+export async function touchWorker(db: Queryable, workerId: string, withinMs = 60_000): Promise<{ watchdogs: number; rank: number }> {
   const [row] = await run(db, TOUCH_WORKER, [workerId, withinMs]);
-  return row!.watchdogs;
+  return { watchdogs: row!.watchdogs, rank: row!.rank };
 }

@@ -143,8 +143,10 @@ WITH held AS (
    WHERE w.liveness_key IS NOT NULL AND w.stopped_at IS NULL
      AND (w.lost_at IS NULL) = NOT EXISTS (SELECT 1 FROM held WHERE held.key = w.liveness_key)
      -- Right after the server (re)started, every session is new: give workers time to
-     -- reconnect before calling any of them lost.
-     AND (w.lost_at IS NOT NULL OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
+     -- reconnect before calling any of them lost. A worker that first announced itself to
+     -- this server already had its session here: its lock gone is a crash like any other.
+     AND (w.lost_at IS NOT NULL OR w.started_at > pg_postmaster_start_time()
+          OR now() - pg_postmaster_start_time() > $1::bigint * interval '1 millisecond')
   RETURNING w.id, w.lost_at IS NOT NULL AS lost, w.liveness_grace_ms
 )
 SELECT coalesce(array_agg(id) FILTER (WHERE lost), '{}') AS lost,

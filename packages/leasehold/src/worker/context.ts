@@ -9,7 +9,7 @@
  */
 import type pg from "pg";
 import type { Logger } from "../logger.js";
-import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
+import type { AttemptOutcome, JobHeaders, JsonValue } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
 import { LeaseholdError } from "../errors.js";
 import type { BackoffPolicy } from "./backoff.js";
@@ -44,6 +44,8 @@ export interface JobContext {
   lastError: string | null;
   /** Fires when this attempt must stop: lease lost, job cancelled, stalled, timed out, or shutdown. */
   signal: AbortSignal;
+  /** The headers the job was enqueued with (a trace context, metadata a hook added); null when none. */
+  headers: JobHeaders | null;
   /** What an earlier attempt saved with `checkpoint()`, to resume from; null the first time. */
   previousCheckpoint: JsonValue | null;
   /** Report progress; stored with the next heartbeat (the latest value wins). Each call counts as progress. */

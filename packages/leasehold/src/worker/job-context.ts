@@ -6,7 +6,7 @@ import type pg from "pg";
 import type { Logger } from "../logger.js";
 import { serializePayload } from "../jobs/validate.js";
 import { fencedWrite, type FencedWriteDb } from "../fencing.js";
-import type { AttemptOutcome, JsonValue } from "../jobs/types.js";
+import type { AttemptOutcome, JobHeaders, JsonValue } from "../jobs/types.js";
 import type { Metrics } from "../metrics.js";
 import type { AbortReason, JobContext } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
@@ -69,6 +69,9 @@ class AttemptContext implements JobContext {
   }
   get lastError(): string | null {
     return this.entry.job.lastError;
+  }
+  get headers(): JobHeaders | null {
+    return this.entry.job.headers;
   }
   get previousCheckpoint(): JsonValue | null {
     return this.entry.job.checkpoint;

@@ -3,6 +3,7 @@ import { ConfigError } from "../errors.js";
 import { checkName, integerIn, limitOrNone, optionalLimit, suggest } from "../jobs/validate.js";
 import { DEFAULT_BACKOFF, type BackoffPolicy } from "./backoff.js";
 import type { Handler, TaskDefinition, TaskHandlers } from "./context.js";
+import { isDefinedTask } from "../tasks/define.js";
 
 export const DEFAULT_CONCURRENCY = 10;
 export const DEFAULT_LEASE_MS = 30_000;
@@ -132,6 +133,9 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
     if (!input.handlers || typeof input.handlers !== "object") throw new ConfigError("handlers must map task names to functions");
     for (const [task, def] of Object.entries(input.handlers)) {
       checkName(task, "task name");
+      if (isDefinedTask(def)) {
+        throw new ConfigError(`handlers.${task} is a task made by defineTask: run defined tasks with lh.typed([...]).worker()`);
+      }
       const d: TaskDefinition = typeof def === "function" ? { handler: def } : def;
       if (!d || typeof d.handler !== "function") throw new ConfigError(`handler for task "${task}" is not a function`);
       for (const key of Object.keys(d)) {

@@ -114,6 +114,7 @@ export class RemoteTransport implements WorkerTransport {
           progressTimeoutMs: j.progressTimeoutMs ?? null,
           maxRunMs: j.maxRunMs ?? null,
           maxRunUnlimited: j.maxRunUnlimited ?? false,
+          headers: j.headers ?? null,
         };
       });
     } catch (err) {

@@ -42,9 +42,13 @@ export async function reportEnd(
     const failure: Failure = {
       id: job.id,
       attempt: job.attempt,
-      error: limitMessage ?? describeError(err),
+      // A cancelled attempt ends with what happened, not with whatever its handler threw on the
+      // way out (an abort error's stack says nothing to the person who cancelled it).
+      error:
+        limitMessage ??
+        (entry.abortedWith instanceof JobAbortedError && entry.abortedWith.reason === "cancelled" ? entry.abortedWith.message : describeError(err)),
       backoff: worker.settings.tasks.get(job.task)?.backoff ?? worker.settings.backoff,
-      giveUp: err instanceof PermanentJobError,
+      giveUp: err instanceof PermanentJobError || entry.permanent === true,
       outcome: limit ?? "failed",
     };
     outcome = await worker.reporter.fail(failure);
@@ -77,7 +81,9 @@ function answered(worker: Worker, entry: InFlight, outcome: ReportOutcome, kind:
 function describeError(err: unknown): string {
   let text: string;
   try {
-    if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
+    // Our own abort: its message says it all; its stack is the worker's internals.
+    if (err instanceof JobAbortedError) text = err.message;
+    else if (err instanceof Error) text = err.stack ?? `${err.name}: ${err.message}`;
     else text = typeof err === "string" ? err : (JSON.stringify(err) ?? String(err));
   } catch {
     text = Object.prototype.toString.call(err);

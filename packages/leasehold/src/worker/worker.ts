@@ -4,11 +4,10 @@
  * alive with one heartbeat statement per tick, ends handlers that stall or run too long,
  * and reports their ends in batches, every write fenced by (job id, attempt, worker id).
  *
- * Events (for tests and dashboards): "job:start" (job), "job:end" (job, outcome),
- * "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
+ * Events (for tests and dashboards), typed in ./events.ts: "job:start" (job), "job:end" (job,
+ * outcome), "job:stale" (job, StaleLeaseError), "job:aborted" (job, JobAbortedError), "idle",
  * "identity:lost" (err), "stopped".
  */
-import { EventEmitter } from "node:events";
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import { silentLogger, type Logger } from "../logger.js";
@@ -18,7 +17,7 @@ import type pg from "pg";
 import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
-import { JobAbortedError, type AbortReason } from "./context.js";
+import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
 import { createJobContext } from "./job-context.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
@@ -28,6 +27,9 @@ import { Reporter } from "./reporter.js";
 import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
+import { WorkerEmitter } from "./events.js";
+import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "../hooks.js";
+import { withBatchHooks } from "./hooked-transport.js";
 
 export type { JobOutcome };
 
@@ -39,6 +41,8 @@ export interface WorkerOptions extends WorkerSettingsInput {
   dispatch?: DispatchFactory;
   logger?: Logger;
   metricsRegistry?: Registry;
+  /** Hooks around this worker's handlers, attempts, claims and reports (src/hooks.ts, docs/tracing.md#hooks). */
+  hooks?: LeaseholdHooks | LeaseholdHooks[];
 }
 
 /** How long a stopping worker waits for its last reports. */
@@ -64,7 +68,7 @@ export function makeWorkerId(name?: string): string {
   return name ? `${name}/${base}` : base;
 }
 
-export class Worker extends EventEmitter {
+export class Worker extends WorkerEmitter {
   readonly id: string;
   readonly settings: WorkerSettings;
   readonly transport: WorkerTransport;
@@ -101,19 +105,29 @@ export class Worker extends EventEmitter {
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, Histogram.Internal<"task">>();
   private readonly endings = new Map<string, Counter.Internal>();
+  /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
+  private readonly hooks: ComposedHooks;
 
   constructor(options: WorkerOptions) {
     super();
-    const { transport, logger, metricsRegistry, services, dispatch, ...rest } = options;
+    const { transport, logger, metricsRegistry, services, dispatch, hooks, ...rest } = options;
     this.dispatchFactory = dispatch;
     this.settings = resolveWorkerSettings(rest);
     this.services = services ?? [];
-    this.transport = transport;
+    const hookSets = (hooks === undefined ? [] : Array.isArray(hooks) ? hooks : [hooks]).map((h, i) => {
+      try {
+        return checkHooks(h, `hooks[${i}]`);
+      } catch (err) {
+        throw new ConfigError((err as Error).message);
+      }
+    });
+    this.hooks = composeHooks(hookSets, (hook, err) => this.logger.warn({ hook, err: String(err) }, "a hook threw; ignored"));
+    this.transport = withBatchHooks(transport, this.hooks);
     this.id = makeWorkerId(this.settings.name);
     this.logger = (logger ?? silentLogger).child({ worker: this.id });
     this.metrics = metricsFor(metricsRegistry);
     this.outage = new Outage(this.logger);
-    this.reporter = new Reporter(transport, this.id, this.outage);
+    this.reporter = new Reporter(this.transport, this.id, this.outage);
     const tasks = [...this.settings.tasks.keys()];
     this.tasks = tasks;
     this.claimer = new Claimer(
@@ -124,7 +138,7 @@ export class Worker extends EventEmitter {
         deliver: (j, at) => this.deliver(j, at),
         idle: () => this.emit("idle"),
       },
-      transport,
+      this.transport,
       this.id,
       this.settings,
       tasks,
@@ -144,7 +158,7 @@ export class Worker extends EventEmitter {
         },
         unrenewable: (e) => (e.phase === "buffered" ? this.drop(e, "renewal_failed") : this.abortJob(e, "renewal_failed")),
       },
-      transport,
+      this.transport,
       this.id,
       this.settings.leaseMs,
       this.settings.heartbeatMs,
@@ -458,9 +472,12 @@ export class Worker extends EventEmitter {
     this.armLimits(entry);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
+    const around = this.hooks.aroundHandler;
     const run = async () => {
       if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
-      return task.handler(job.payload, createJobContext(entry, this));
+      const ctx = createJobContext(entry, this);
+      // Without middleware, no closure is made for `next`.
+      return around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
     };
     run().then(
       () => this.handlerEnded(entry, undefined),
@@ -500,7 +517,15 @@ export class Worker extends EventEmitter {
   async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T> {
     const { job } = entry;
     if (!this.transport.completeWithin) {
-      throw new ConfigError("ctx.transaction needs a worker on the database: a remote worker cannot join the server's transactions");
+      // Retrying cannot help (every attempt runs on this same kind of worker): the attempt
+      // ends the job now, whatever the handler does with this error.
+      entry.permanent = true;
+      throw new PermanentJobError(
+        "ctx.transaction needs a worker on the database: a remote worker (RemoteTransport, through leasehold serve) " +
+          "cannot join the server's transactions, so the job is dead without retries. Run this task on a worker " +
+          "connected to the database (a Worker with a database URL, or leasehold worker without --server), or write without " +
+          "ctx.transaction and fence the writes with ctx.fencedWrite",
+      );
     }
     if (entry.within)
       throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
@@ -591,13 +616,13 @@ export class Worker extends EventEmitter {
         );
       }
       this.countEnded(entry.job.queue, "succeeded");
-      this.emit("job:end", entry.job, { state: "succeeded" } satisfies JobOutcome);
+      this.ended(entry, { state: "succeeded" }, err);
       return;
     }
     if (entry.lostReason) {
       // The lease is known to be gone (or released at shutdown): a report would be refused.
       this.forget(entry);
-      this.emit("job:end", entry.job, { state: "lost", reason: entry.lostReason } satisfies JobOutcome);
+      this.ended(entry, { state: "lost", reason: entry.lostReason }, err);
       return;
     }
     void this.report(entry, err);
@@ -618,12 +643,19 @@ export class Worker extends EventEmitter {
     this.reporting++;
     try {
       const result = await reportEnd(this, entry, err, outcome, message);
-      this.emit("job:end", entry.job, result);
+      this.ended(entry, result, err);
     } finally {
       this.reporting--;
       this.forget(entry);
       this.claimer.kick(); // a report that landed may let claims resume (see Claimer)
     }
+  }
+
+  /** An attempt whose handler started has ended: the job:end event, and the afterAttempt hooks. */
+  private ended(entry: InFlight, outcome: JobOutcome, err: unknown): void {
+    this.emit("job:end", entry.job, outcome);
+    const after = this.hooks.afterAttempt;
+    if (after) after(entry.job, { outcome, error: err, durationMs: performance.now() - entry.startedAt! });
   }
 
   private forget(entry: InFlight): void {

@@ -1,7 +1,7 @@
 /** `leasehold doctor`: what is wrong with this queue's fleet, and the lease its beats call for. */
 import type { Command } from "commander";
 import { diagnose, type Diagnosis } from "leasehold/internal/maintenance/doctor";
-import { DEFAULT_ORPHAN_AFTER_MS } from "leasehold/internal/maintenance/watchdog";
+import { handlerGaps } from "leasehold/internal/maintenance/handler-gaps";
 import * as store from "leasehold/internal/store/index";
 import type { Run } from "../context.js";
 import { EXIT } from "../errors.js";
@@ -21,16 +21,16 @@ export function registerDoctor(program: Command, run: Run): void {
     .action(
       run(async (cli) => {
         const lh = await cli.connect({ quiet: true });
-        const [health, noWorker, missing, runningLong] = await Promise.all([
+        const [health, withoutHandler, missing, runningLong] = await Promise.all([
           store.fleetHealth(lh.pool, { withinMs: EVIDENCE_MS, aliveMs: ALIVE_MS }),
-          store.findJobsWithoutWorker(lh.pool, { waitingMs: DEFAULT_ORPHAN_AFTER_MS, aliveMs: ALIVE_MS }),
+          handlerGaps(lh.pool),
           store.findMissingAudit(lh.pool, { withinMs: EVIDENCE_MS }),
           store.runningLongerThanUsual(lh.pool, { limit: RUNNING_LONG_LIMIT }),
         ]);
         const overBudget = (
           await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs WHERE state = 'waiting' AND spent_attempts >= max_attempts")
         ).rows[0]!.n;
-        const diagnosis = diagnose(health, { noWorkerForTask: noWorker, missingAudit: missing.length, overBudget }, runningLong);
+        const diagnosis = diagnose(health, { withoutHandler, missingAudit: missing.length, overBudget }, runningLong);
         cli.result(diagnosis, () => report(diagnosis));
         // Like a linter: a non-zero exit when something needs fixing, for scripts and CI.
         if (diagnosis.findings.some((f) => f.level === "error")) process.exitCode = EXIT.failure;

@@ -10,13 +10,14 @@ import readline from "node:readline";
 import type { Command } from "commander";
 import { ENQUEUE_CHUNK, type Leasehold } from "leasehold/internal/client";
 import { LeaseholdError } from "leasehold/internal/errors";
-import type { EnqueuedJob, EnqueueOptions, NewJob } from "leasehold/internal/jobs/types";
+import type { EnqueuedJob, EnqueueOptions, EnqueueWarning, NewJob } from "leasehold/internal/jobs/types";
 import { checkName, serializePayload } from "leasehold/internal/jobs/validate";
 import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError, describeFailure, EXIT } from "../errors.js";
 import { withTransaction } from "leasehold/internal/store/db";
 import { duration, int, isoDate, json, limitOrNone, noneAsNull, readFile } from "../parse.js";
+import { printWarnings, unknownTasksOption, useUnknownTasks } from "../unknown-tasks.js";
 
 interface EnqueueFlags {
   nats?: string;
@@ -31,10 +32,11 @@ interface EnqueueFlags {
   uniqueKey?: string;
   lease?: number;
   maxRun?: number | "none";
+  unknownTasks?: string;
 }
 
 export function registerEnqueue(program: Command, run: Run): void {
-  program
+  const command = program
     .command("enqueue <task>")
     .description("enqueue a job (or many with --payloads)")
     .option("--payload <json>", "the job's payload as JSON (default {})")
@@ -52,43 +54,45 @@ export function registerEnqueue(program: Command, run: Run): void {
       "--max-run <duration|none>",
       "end an attempt that runs longer than this, e.g. 2h; none: no limit (default: the task's, 15m unless it sets another)",
       limitOrNone("--max-run"),
-    )
-    .action(
-      run(async (cli, task: string, flags: EnqueueFlags) => {
-        cli.useNats(flags.nats);
-        checkName(task, "task");
-        if (flags.queue !== undefined) checkName(flags.queue, "--queue");
-        const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
-        if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
-        if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
-        if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
-          throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
-        const options: EnqueueOptions = {
-          ...(flags.queue !== undefined && { queue: flags.queue }),
-          ...(flags.priority !== undefined && { priority: flags.priority }),
-          ...(flags.delay !== undefined && { delayMs: flags.delay }),
-          ...(flags.runAt !== undefined && { runAt: flags.runAt }),
-          ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
-          ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
-          ...(flags.lease !== undefined && { leaseMs: flags.lease }),
-          ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),
-        };
-        if (flags.payloads !== undefined) return enqueueLines(cli, task, options, flags.payloads);
-        const payload =
-          flags.payload !== undefined
-            ? json(flags.payload, "--payload")
-            : flags.payloadFile !== undefined
-              ? json(readFile(flags.payloadFile, "--payload-file"), `--payload-file ${flags.payloadFile}`)
-              : {};
-        const lh = await cli.operations();
-        const job = await lh.enqueue(task, payload, options);
-        cli.result(job, () =>
-          job.created
-            ? `enqueued job ${job.id} (${task})`
-            : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
-        );
-      }),
     );
+  unknownTasksOption(command).action(
+    run(async (cli, task: string, flags: EnqueueFlags) => {
+      cli.useNats(flags.nats);
+      useUnknownTasks(cli, flags.unknownTasks);
+      checkName(task, "task");
+      if (flags.queue !== undefined) checkName(flags.queue, "--queue");
+      const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
+      if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
+      if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
+      if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
+        throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
+      const options: EnqueueOptions = {
+        ...(flags.queue !== undefined && { queue: flags.queue }),
+        ...(flags.priority !== undefined && { priority: flags.priority }),
+        ...(flags.delay !== undefined && { delayMs: flags.delay }),
+        ...(flags.runAt !== undefined && { runAt: flags.runAt }),
+        ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
+        ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
+        ...(flags.lease !== undefined && { leaseMs: flags.lease }),
+        ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),
+      };
+      if (flags.payloads !== undefined) return enqueueLines(cli, task, options, flags.payloads);
+      const payload =
+        flags.payload !== undefined
+          ? json(flags.payload, "--payload")
+          : flags.payloadFile !== undefined
+            ? json(readFile(flags.payloadFile, "--payload-file"), `--payload-file ${flags.payloadFile}`)
+            : {};
+      const lh = await cli.operations();
+      const job = await lh.enqueue(task, payload, options);
+      cli.result(job, () =>
+        job.created
+          ? `enqueued job ${job.id} (${task})`
+          : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
+      );
+      printWarnings(cli, job.warnings);
+    }),
+  );
 }
 
 async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, file: string): Promise<void> {
@@ -150,6 +154,7 @@ async function enqueueLinesRemotely(
 interface Counts {
   enqueued: number;
   created: number;
+  warnings?: EnqueueWarning[];
 }
 
 /**
@@ -182,6 +187,9 @@ async function readBatches(
     }
     counts.enqueued += jobs.length;
     counts.created += jobs.filter((j) => j.created).length;
+    // One task per import: its warning (if any) is the same for every job.
+    const warned = jobs.find((j) => j.warnings)?.warnings;
+    if (warned && !counts.warnings) counts.warnings = warned;
     batch = [];
   };
   try {
@@ -206,9 +214,10 @@ async function readBatches(
   return counts;
 }
 
-function printCounts(cli: Cli, task: string, { enqueued, created }: Counts): void {
+function printCounts(cli: Cli, task: string, { enqueued, created, warnings }: Counts): void {
   cli.result(
-    { enqueued, created },
+    { enqueued, created, ...(warnings && { warnings }) },
     () => `enqueued ${enqueued} jobs (${task})` + (created < enqueued ? `, ${enqueued - created} already existed` : ""),
   );
+  printWarnings(cli, warnings);
 }

@@ -4,6 +4,7 @@ import type { Cli, Run } from "../context.js";
 import { CliError, EXIT } from "../errors.js";
 import { ago, table } from "../format.js";
 import { int, json } from "../parse.js";
+import { printWarnings, unknownTasksOption, useUnknownTasks } from "../unknown-tasks.js";
 import type { ScheduleRecord } from "leasehold/internal/store/index";
 
 interface AddFlags {
@@ -15,6 +16,7 @@ interface AddFlags {
   backfill?: boolean;
   priority?: number;
   maxAttempts?: number;
+  unknownTasks?: string;
 }
 
 export function registerScheduleCommands(program: Command, run: Run): void {
@@ -31,7 +33,7 @@ export function registerScheduleCommands(program: Command, run: Run): void {
       }),
     );
 
-  schedules
+  const add = schedules
     .command("add <name>")
     .description("save a schedule (an existing one of that name is updated; with the same cron it keeps its place)")
     .requiredOption("--cron <pattern>", 'cron pattern, e.g. "0 3 * * *" (five fields, or six with seconds first)')
@@ -41,27 +43,29 @@ export function registerScheduleCommands(program: Command, run: Run): void {
     .option("--timezone <tz>", "IANA time zone of the pattern, e.g. Europe/Paris (default UTC)")
     .option("--backfill", "after downtime, enqueue every missed tick (default: only the latest)")
     .option("--priority <n>", "the jobs' priority (lower runs first)", int("--priority", -32768, 32767))
-    .option("--max-attempts <n>", "the jobs' retry budget", int("--max-attempts", 1, 1000))
-    .action(
-      run(async (cli, name: string, flags: AddFlags) => {
-        const lh = await databaseOnly(cli);
-        const saved = await lh.schedule({
-          name,
-          cron: flags.cron,
-          task: flags.task,
-          ...(flags.payload !== undefined ? { payload: json(flags.payload, "--payload") } : {}),
-          ...(flags.queue !== undefined ? { queue: flags.queue } : {}),
-          ...(flags.timezone !== undefined ? { timezone: flags.timezone } : {}),
-          ...(flags.backfill ? { backfill: true } : {}),
-          ...(flags.priority !== undefined ? { priority: flags.priority } : {}),
-          ...(flags.maxAttempts !== undefined ? { maxAttempts: flags.maxAttempts } : {}),
-        });
-        cli.result(
-          saved,
-          () => `schedule ${name} ${saved.created ? "added" : "updated"}; next tick ${saved.nextRunAt.toISOString()} (${ago(saved.nextRunAt)})`,
-        );
-      }),
-    );
+    .option("--max-attempts <n>", "the jobs' retry budget", int("--max-attempts", 1, 1000));
+  unknownTasksOption(add).action(
+    run(async (cli, name: string, flags: AddFlags) => {
+      useUnknownTasks(cli, flags.unknownTasks);
+      const lh = await databaseOnly(cli);
+      const saved = await lh.schedule({
+        name,
+        cron: flags.cron,
+        task: flags.task,
+        ...(flags.payload !== undefined ? { payload: json(flags.payload, "--payload") } : {}),
+        ...(flags.queue !== undefined ? { queue: flags.queue } : {}),
+        ...(flags.timezone !== undefined ? { timezone: flags.timezone } : {}),
+        ...(flags.backfill ? { backfill: true } : {}),
+        ...(flags.priority !== undefined ? { priority: flags.priority } : {}),
+        ...(flags.maxAttempts !== undefined ? { maxAttempts: flags.maxAttempts } : {}),
+      });
+      cli.result(
+        saved,
+        () => `schedule ${name} ${saved.created ? "added" : "updated"}; next tick ${saved.nextRunAt.toISOString()} (${ago(saved.nextRunAt)})`,
+      );
+      printWarnings(cli, saved.warnings);
+    }),
+  );
 
   schedules
     .command("remove <name>")

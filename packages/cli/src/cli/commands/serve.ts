@@ -11,6 +11,8 @@ import { CliError } from "../errors.js";
 import { int } from "../parse.js";
 import { retentionOptions, schedulerOptions, startRetention, startScheduler, type RetentionFlags, type SchedulerFlags } from "../process-services.js";
 import { untilSignal } from "../signals.js";
+import { unknownTasksOption } from "../unknown-tasks.js";
+import type { UnknownTasksMode } from "leasehold/internal/jobs/known-tasks";
 
 export const DEFAULT_PORT = 7070;
 
@@ -50,7 +52,7 @@ export function registerServe(program: Command, run: Run): void {
       "how often the watchdog reaps expired leases (crash detection runs more often)",
       int("--watchdog-interval", 100, 3_600_000),
     );
-  schedulerOptions(retentionOptions(serve)).action(
+  schedulerOptions(retentionOptions(unknownTasksOption(serve))).action(
     run(async (cli, opts: ServeFlags) => {
       const token = opts.token ?? cli.token;
       if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
@@ -63,6 +65,8 @@ export function registerServe(program: Command, run: Run): void {
       if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
       const logger = cli.logger("info");
       cli.useNats(opts.nats);
+      // The server's enqueue routes warn about (or refuse) tasks no worker runs, as this says.
+      cli.unknownTasks = opts.unknownTasks;
       const lh = await cli.connect({ logger, poolSize: 20, graceful: true });
       const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
@@ -106,7 +110,7 @@ export function dashboardMode(value: string): DashboardMode {
   return value as DashboardMode;
 }
 
-type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags & { nats?: string };
+type ServeFlags = ServeOptions & RetentionFlags & SchedulerFlags & { nats?: string; unknownTasks?: UnknownTasksMode };
 
 export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptions, "token"> & { token: string; logger: Logger }): Promise<string> {
   // Loaded here, not at the top: the other commands should not pay for fastify's start-up.

@@ -1,8 +1,9 @@
 /**
  * `leasehold jobs watch`: the dashboard's live view for a terminal. Every interval it reads
- * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait) and
- * the running jobs (progress as a bar when the handler reports a fraction, lease left, last
- * beat, attempt, worker), from the database or, with --server, from the API's
+ * the counts per queue (waiting, scheduled, running, dead, the oldest ready job's wait), the
+ * waiting jobs no live worker runs, and the running jobs (progress as a bar when the handler
+ * reports a fraction, lease left, last beat, attempt, worker), from the database or, with
+ * --server, from the API's
  * /v1/overview and /v1/running. The same bounded statements as the dashboard: watching costs
  * the same at any load.
  */
@@ -12,8 +13,11 @@ import type { Leasehold } from "leasehold/internal/client";
 import { progressFraction } from "leasehold/internal/jobs/progress";
 import * as store from "leasehold/internal/store/index";
 import type { Cli, Run } from "../context.js";
-import { table } from "../format.js";
+import { describeFailure, EXIT } from "../errors.js";
+import { gapsText, table } from "../format.js";
+import { handlerGaps, type HandlerGap } from "leasehold/internal/maintenance/handler-gaps";
 import { int } from "../parse.js";
+import { onOutputClosed } from "../signals.js";
 import { RemoteOperations } from "../remote-operations.js";
 
 const RUNNING_SHOWN = 30;
@@ -22,6 +26,8 @@ const BAR_WIDTH = 20;
 export interface WatchFrame {
   at: string;
   queues: store.QueueOverview[];
+  /** Waiting jobs no live worker can run. */
+  withoutHandler: HandlerGap[];
   running: {
     id: string;
     queue: string;
@@ -51,17 +57,38 @@ export function registerWatch(jobs: Command, run: Run): void {
         const onSignal = () => stop.abort();
         process.once("SIGINT", onSignal);
         process.once("SIGTERM", onSignal);
+        // Piped into a reader that has gone (`| head`): nothing more to show.
+        const offOutput = onOutputClosed(onSignal);
         try {
+          let shown: WatchFrame | undefined;
+          let unreachableSince: string | undefined;
           while (!stop.signal.aborted) {
-            const frame = await read();
             // A terminal is redrawn in place; a pipe gets one frame after another.
-            cli.result(frame, () => (tty ? "\x1b[H\x1b[2J" : "") + render(frame, opts.interval, opts.once === true));
+            const clear = tty ? "\x1b[H\x1b[2J" : "";
+            try {
+              const frame = await read();
+              shown = frame;
+              unreachableSince = undefined;
+              cli.result(frame, () => clear + render(frame, opts.interval, opts.once === true));
+            } catch (err) {
+              // A blip (the database or the server restarting, a cut connection) is waited out,
+              // as the dashboard does: the last frame stays up, marked stale, until a read works.
+              // Anything else, --once, or no frame yet (a wrong URL, not a blip) is a failure as usual.
+              const failure = describeFailure(err);
+              if (opts.once || !shown || failure.exitCode !== EXIT.unavailable || stop.signal.aborted) throw err;
+              const at = new Date().toISOString();
+              unreachableSince ??= at;
+              const last = shown;
+              const notice = { at, unreachable: failure.message, since: unreachableSince, lastFrameAt: last.at };
+              cli.result(notice, () => clear + renderUnreachable(notice, last, opts.interval));
+            }
             if (opts.once) return;
             await sleep(opts.interval, undefined, { signal: stop.signal }).catch(() => {});
           }
         } finally {
           process.off("SIGINT", onSignal);
           process.off("SIGTERM", onSignal);
+          offOutput();
         }
       }),
     );
@@ -73,20 +100,31 @@ async function source(cli: Cli, queue: string | undefined): Promise<() => Promis
   if (ops instanceof RemoteOperations) {
     return async () => {
       const [overview, running] = await Promise.all([
-        ops.get<{ queues: store.QueueOverview[] }>("/v1/overview"),
+        ops.get<{ queues: store.QueueOverview[]; withoutHandler: HandlerGap[] }>("/v1/overview"),
         ops.get<{ jobs: WatchFrame["running"]; more: boolean }>(
           `/v1/running?limit=${RUNNING_SHOWN}${queue ? `&queue=${encodeURIComponent(queue)}` : ""}`,
         ),
       ]);
-      return { at: new Date().toISOString(), queues: overview.queues, running: running.jobs.map(pick), moreRunning: running.more };
+      return {
+        at: new Date().toISOString(),
+        queues: overview.queues,
+        withoutHandler: overview.withoutHandler,
+        running: running.jobs.map(pick),
+        moreRunning: running.more,
+      };
     };
   }
   const lh = ops as Leasehold;
   return async () => {
-    const [queues, running] = await Promise.all([store.queueOverview(lh.pool), store.runningJobs(lh.pool, { queue, limit: RUNNING_SHOWN + 1 })]);
+    const [queues, withoutHandler, running] = await Promise.all([
+      store.queueOverview(lh.pool),
+      handlerGaps(lh.pool),
+      store.runningJobs(lh.pool, { queue, limit: RUNNING_SHOWN + 1 }),
+    ]);
     return {
       at: new Date().toISOString(),
       queues,
+      withoutHandler,
       running: running.slice(0, RUNNING_SHOWN).map((j) => pick({ ...j, progressFraction: progressFraction(j.progress) })),
       moreRunning: running.length > RUNNING_SHOWN,
     };
@@ -138,5 +176,14 @@ export function render(frame: WatchFrame, intervalMs: number, once: boolean): st
           ]),
         ) + (frame.moreRunning ? `\n(only the ${RUNNING_SHOWN} longest running are shown)` : "");
   const header = `Leasehold  ${frame.at.slice(11, 19)} UTC${once ? "" : `  (every ${seconds(intervalMs)}; Ctrl-C to stop)`}`;
-  return `${header}\n\n${queues}\n\nRUNNING\n${running}`;
+  return `${header}\n\n${queues}${gapsText(frame.withoutHandler)}\n\nRUNNING\n${running}`;
+}
+
+/** The last frame, kept up while the source cannot be read, under a line that says so. */
+export function renderUnreachable(notice: { at: string; unreachable: string; since: string }, last: WatchFrame, intervalMs: number): string {
+  const line =
+    `! ${notice.unreachable}\n` +
+    `! reconnecting since ${notice.since.slice(11, 19)} UTC (trying every ${seconds(intervalMs)}; Ctrl-C to stop)` +
+    `; below: the last frame, from ${last.at.slice(11, 19)} UTC`;
+  return `${line}\n\n${render(last, intervalMs, false)}`;
 }

@@ -1,0 +1,111 @@
+/**
+ * The typed side of a client: `lh.typed([resize, sendEmail])`. Its `enqueue`, `enqueueMany`
+ * and `schedule` take only the set's task names and each task's payload type, check the
+ * payload against the task's schema before anything is written (a PayloadValidationError
+ * names the field), and its `worker()` runs the set's handlers. Everything else (getJob,
+ * cancel, stats, ...) stays on the client, `typed.client`.
+ *
+ * The stored payload is the one given (the schema's input), not the schema's output: the
+ * worker validates it again and hands the output to the handler (src/tasks/define.ts).
+ */
+import type { Leasehold, EnqueueTarget } from "../client.js";
+import { ConfigError, ValidationError } from "../errors.js";
+import type { ScheduleDefinition } from "../jobs/schedule.js";
+import type { EnqueueOptions, EnqueuedJob, NewJob } from "../jobs/types.js";
+import type { ScheduleRecord } from "../store/schedules.js";
+import type { Worker } from "../worker/worker.js";
+import { knownTask, taskSet, toHandlers, type AnyTask, type TaskInput, type TaskName } from "./define.js";
+import { checkPayload, PayloadValidationError, type Checked } from "./validate.js";
+
+/** `payload` may be left out only where the schema accepts undefined. */
+type PayloadField<In> = undefined extends In ? { payload?: In } : { payload: In };
+type PayloadArgs<In, Options> = undefined extends In ? [payload?: In, options?: Options] : [payload: In, options?: Options];
+
+/** A job for `enqueueMany` of a task set: a task of the set, with that task's payload. */
+export type TypedNewJob<T extends readonly AnyTask[]> = {
+  [K in TaskName<T>]: { task: K } & PayloadField<TaskInput<T, K>> & EnqueueOptions;
+}[TaskName<T>];
+
+/** A schedule of a task set: a task of the set, with that task's payload. */
+export type TypedScheduleDefinition<T extends readonly AnyTask[]> = {
+  [K in TaskName<T>]: Omit<ScheduleDefinition, "task" | "payload"> & { task: K } & PayloadField<TaskInput<T, K>>;
+}[TaskName<T>];
+
+export type TypedWorkerOptions<T extends readonly AnyTask[]> = Omit<Parameters<Leasehold["worker"]>[0], "handlers"> & {
+  /** Which tasks of the set this worker runs; default all of them. */
+  tasks?: readonly TaskName<T>[];
+  /** Untyped handlers beside the set's (for tasks not defined yet); no name may be in both. */
+  handlers?: Parameters<Leasehold["worker"]>[0]["handlers"];
+};
+
+export class TypedLeasehold<const T extends readonly AnyTask[]> {
+  /** The set's tasks by name. */
+  readonly tasks: ReadonlyMap<string, AnyTask>;
+
+  constructor(
+    /** The client underneath, for everything that is not typed by task (getJob, cancel, stats, ...). */
+    readonly client: Leasehold,
+    tasks: T,
+  ) {
+    this.tasks = taskSet(tasks);
+  }
+
+  /** Enqueues a job of one of the set's tasks; its payload is checked by the task's schema first. */
+  async enqueue<K extends TaskName<T>>(
+    task: K,
+    ...[payload, options]: PayloadArgs<TaskInput<T, K>, EnqueueOptions & EnqueueTarget>
+  ): Promise<EnqueuedJob> {
+    const checked = await checkPayload(knownTask(this.tasks, task, "enqueue").schema, payload);
+    if (!checked.ok) throw new PayloadValidationError(task, checked.issues);
+    return this.client.enqueue(task, payload, options);
+  }
+
+  /**
+   * Enqueues many jobs of the set's tasks, all or nothing; every payload is checked first, and
+   * a bad one fails the batch naming its index and field.
+   */
+  async enqueueMany(jobs: TypedNewJob<T>[], target?: EnqueueTarget): Promise<EnqueuedJob[]> {
+    if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    const pending: Promise<void>[] = [];
+    (jobs as NewJob[]).forEach((job, i) => {
+      if (job === null || typeof job !== "object") throw new ValidationError(`job ${i}: a job must be an object with a task`);
+      const where = `job ${i} (task ${JSON.stringify(job.task)})`;
+      const checked = checkPayload(knownTask(this.tasks, job.task, `job ${i}`).schema, job.payload);
+      const verdict = (c: Checked<unknown>) => {
+        if (!c.ok) throw new PayloadValidationError(job.task, c.issues, where);
+      };
+      if (checked instanceof Promise) pending.push(checked.then(verdict));
+      else verdict(checked);
+    });
+    await Promise.all(pending);
+    return this.client.enqueueMany(jobs as NewJob[], target);
+  }
+
+  /** Saves a schedule of one of the set's tasks; its payload is checked by the task's schema first. */
+  async schedule(def: TypedScheduleDefinition<T>): Promise<ScheduleRecord & { created: boolean }> {
+    if (def === null || typeof def !== "object") throw new ValidationError("a schedule must be an object with a name, a cron pattern and a task");
+    const where = `schedule ${def.name}`;
+    const checked = await checkPayload(knownTask(this.tasks, def.task, where).schema, def.payload);
+    if (!checked.ok) throw new PayloadValidationError(def.task, checked.issues, `${where} (task "${def.task}")`);
+    return this.client.schedule(def as ScheduleDefinition);
+  }
+
+  /** A worker running the set's tasks (or those named in `tasks`); see `Leasehold.worker`. */
+  worker(options: TypedWorkerOptions<T> = {}): Worker {
+    const { tasks: names, handlers: extra = {}, ...rest } = options;
+    const chosen = names === undefined ? [...this.tasks.values()] : names.map((n) => this.taskForWorker(n));
+    const handlers = toHandlers(chosen, "worker tasks");
+    for (const name of Object.keys(extra)) {
+      if (name in handlers) throw new ConfigError(`task "${name}" is both a defined task and in handlers; keep one`);
+    }
+    return this.client.worker({ ...rest, handlers: { ...handlers, ...extra } });
+  }
+
+  private taskForWorker(name: unknown): AnyTask {
+    try {
+      return knownTask(this.tasks, name, "worker tasks");
+    } catch (err) {
+      throw new ConfigError((err as Error).message);
+    }
+  }
+}

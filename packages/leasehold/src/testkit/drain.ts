@@ -1,0 +1,241 @@
+/**
+ * drain(): runs the queue's jobs with the registered handlers, through a real worker (the
+ * library's own claim, heartbeat, retry and report paths), until no job it can run is ready.
+ *
+ * Rounds: enqueue what schedules have due, start a worker on the queues that have ready jobs,
+ * let it run until none of its jobs is ready, running or unreported, stop it; repeat while a
+ * round finds work (a handler may enqueue into another queue). Jobs whose run time is still
+ * ahead (a delay, a retry's backoff) wait, unless `advanceClock` moves the queue's clock to
+ * them. Each round reads the queue's state from the database, so what counts as "ready" is
+ * exactly what a claim would take.
+ */
+import type pg from "pg";
+import type { Handler, JobContext, JobOutcome, JsonValue, Leasehold, TaskDefinition, TaskHandlers, Worker } from "../index.js";
+import type { TestClock } from "./clock.js";
+import { handlerOf } from "./inline.js";
+
+export interface DrainOptions {
+  /**
+   * Also run jobs that are not due yet (a delay, a retry's backoff): when nothing is ready, move
+   * the queue's clock to the earliest such job and go on. Schedule ticks on the way are enqueued
+   * at their times and run too, but the clock is never moved to a schedule's next tick only, so
+   * a drain ends. Needs the fake clock (a superuser). Default false: only what is due now runs.
+   */
+  advanceClock?: boolean;
+  /** Queues to run; default every queue. */
+  queues?: string[];
+  /** Handlers running at once; default 1, so jobs run one by one in claim order (priority, run time, id). */
+  concurrency?: number;
+  /** Stop with an error after this many attempts (a job that enqueues itself forever); default 1,000. */
+  maxJobs?: number;
+  /** Stop with an error (naming the running jobs) after this long; default 30,000 ms. */
+  timeoutMs?: number;
+}
+
+/** One attempt the drain ran, and how it ended. */
+export interface DrainedJob {
+  id: string;
+  task: string;
+  queue: string;
+  payload: JsonValue;
+  attempt: number;
+  /** The worker's outcome: `succeeded`, `superseded`, `waiting` (failed, will retry), `dead`, `cancelled`, ... */
+  state: JobOutcome["state"];
+  /** What the handler threw, if it threw. */
+  error?: unknown;
+}
+
+/** A waiting job the drain left: not due yet, no handler registered for its task, or outside `queues`. */
+export interface LeftJob {
+  id: string;
+  task: string;
+  queue: string;
+  runAt: Date;
+  why: "not_due" | "no_handler" | "other_queue";
+}
+
+export interface DrainResult {
+  /** Every attempt run, in the order they ended. */
+  ran: DrainedJob[];
+  /** The attempts among `ran` that did not succeed (failed and will retry, dead, cancelled, ...). */
+  failed: DrainedJob[];
+  /** Waiting jobs left behind (at most 100), oldest first. */
+  left: LeftJob[];
+}
+
+export const DRAIN_DEFAULTS = { concurrency: 1, maxJobs: 1_000, timeoutMs: 30_000 };
+type DrainSettings = typeof DRAIN_DEFAULTS & DrainOptions;
+/** How often a round re-reads the queue besides the worker's events (a backstop, not the pace). */
+const CHECK_INTERVAL_MS = 25;
+const LEFT_SHOWN = 100;
+
+const READY_QUEUES = `
+SELECT DISTINCT queue FROM jobs
+ WHERE state = 'waiting' AND run_at <= now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
+
+/** A round is over when none of its jobs is ready or held by its worker in the database. */
+const ROUND_BUSY = `
+SELECT EXISTS (
+  SELECT 1 FROM jobs
+   WHERE (state = 'waiting' AND run_at <= now() AND task = ANY($1::text[]) AND queue = ANY($2::text[]))
+      OR (state = 'running' AND locked_by = $3)) AS busy`;
+
+const NEXT_DUE = `
+SELECT min(run_at) AS at FROM jobs
+ WHERE state = 'waiting' AND run_at > now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
+
+const LEFT = `
+SELECT id::text, task, queue, run_at, run_at > now() AS later FROM jobs WHERE state = 'waiting' ORDER BY run_at, id LIMIT $1`;
+
+export interface DrainHost {
+  lh: Leasehold;
+  /** A pool on the Leasehold schema of the test database. */
+  pool: pg.Pool;
+  clock: TestClock;
+  handlers: TaskHandlers;
+}
+
+export async function drain(host: DrainHost, options: DrainOptions = {}): Promise<DrainResult> {
+  const settings: DrainSettings = {
+    ...options,
+    concurrency: options.concurrency ?? DRAIN_DEFAULTS.concurrency,
+    maxJobs: options.maxJobs ?? DRAIN_DEFAULTS.maxJobs,
+    timeoutMs: options.timeoutMs ?? DRAIN_DEFAULTS.timeoutMs,
+  };
+  const tasks = Object.keys(host.handlers);
+  if (tasks.length === 0) throw new Error("drain() has no handlers to run: pass them to createTestQueue({ handlers }) or queue.register()");
+  const queues = options.queues ?? null;
+  const deadline = Date.now() + settings.timeoutMs;
+  const ran: DrainedJob[] = [];
+  const errors = new Map<string, unknown>();
+  const handlers = recordingErrors(host.handlers, errors);
+  const scheduler = host.lh.scheduler();
+  for (;;) {
+    await scheduler.runOnce();
+    const ready = (await host.pool.query<{ queue: string }>(READY_QUEUES, [tasks, queues])).rows.map((r) => r.queue);
+    if (ready.length > 0) {
+      await runRound(host, handlers, ready, tasks, settings, deadline, ran, errors);
+      continue;
+    }
+    if (!options.advanceClock) break;
+    const { rows } = await host.pool.query<{ at: Date | null }>(NEXT_DUE, [tasks, queues]);
+    if (rows[0]!.at === null) break;
+    await host.clock.advanceTo(rows[0]!.at);
+  }
+  const handled = new Set(tasks);
+  const left = (await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean }>(LEFT, [LEFT_SHOWN])).rows.map(
+    (r): LeftJob => ({
+      id: r.id,
+      task: r.task,
+      queue: r.queue,
+      runAt: r.run_at,
+      why: !handled.has(r.task) ? "no_handler" : queues && !queues.includes(r.queue) ? "other_queue" : "not_due",
+    }),
+  );
+  return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded"), left };
+}
+
+/** One worker, on the queues that have ready jobs, until none of its jobs is ready or in its hands. */
+async function runRound(
+  host: DrainHost,
+  handlers: TaskHandlers,
+  queues: string[],
+  tasks: string[],
+  settings: DrainSettings,
+  deadline: number,
+  ran: DrainedJob[],
+  errors: Map<string, unknown>,
+): Promise<void> {
+  const worker: Worker = host.lh.worker({
+    handlers,
+    queues,
+    concurrency: settings.concurrency,
+    // The drain does the scheduler's work itself, and no lease runs out within a test.
+    watchdog: false,
+    scheduler: false,
+    pollIntervalMs: 50,
+  });
+  let started = ran.length;
+  let failure: Error | undefined;
+  let settle!: () => void;
+  const over = new Promise<void>((resolve) => (settle = resolve));
+  worker.on("job:start", () => {
+    if (++started > settings.maxJobs && !failure) {
+      failure = new Error(
+        `drain() ran ${settings.maxJobs} jobs and the queue is still not empty: does a job enqueue another forever? (raise maxJobs if not)`,
+      );
+      settle();
+    }
+  });
+  worker.on("job:end", (job: { id: string; task: string; queue: string; payload: JsonValue; attempt: number }, outcome: JobOutcome) => {
+    const key = `${job.id}:${job.attempt}`;
+    const entry: DrainedJob = { id: job.id, task: job.task, queue: job.queue, payload: job.payload, attempt: job.attempt, state: outcome.state };
+    if (errors.has(key)) entry.error = errors.get(key);
+    errors.delete(key);
+    ran.push(entry);
+    check();
+  });
+  worker.on("idle", () => check());
+  let checking = false;
+  // Over when the worker holds nothing and the database agrees that nothing of its is ready.
+  async function settled(): Promise<boolean> {
+    if (worker.inFlightCount > 0) return false;
+    const { rows } = await host.pool.query<{ busy: boolean }>(ROUND_BUSY, [tasks, queues, worker.id]);
+    return !rows[0]!.busy && worker.inFlightCount === 0;
+  }
+  function check(): void {
+    if (checking || failure) return;
+    checking = true;
+    settled().then(
+      (done) => {
+        checking = false;
+        if (done) settle();
+      },
+      (err: unknown) => {
+        checking = false;
+        failure = err instanceof Error ? err : new Error(String(err));
+        settle();
+      },
+    );
+  }
+  const backstop = setInterval(check, CHECK_INTERVAL_MS);
+  const timer = setTimeout(
+    () => {
+      const running = [...worker.inFlight.values()].map((e) => `job ${e.job.id} (${e.job.task})`);
+      failure ??= new Error(
+        `drain() timed out after ${settings.timeoutMs} ms` + (running.length > 0 ? `; still running: ${running.join(", ")}` : "") + " (timeoutMs)",
+      );
+      settle();
+    },
+    Math.max(0, deadline - Date.now()),
+  );
+  try {
+    await worker.start();
+    check();
+    await over;
+  } finally {
+    clearInterval(backstop);
+    clearTimeout(timer);
+    // A timed-out handler is aborted (reason "shutdown") and its job released, not left running.
+    await worker.stop(failure ? 1_000 : undefined);
+  }
+  if (failure) throw failure;
+}
+
+/** The same handlers, each keeping what it threw, so the drain can return the error itself. */
+function recordingErrors(handlers: TaskHandlers, errors: Map<string, unknown>): TaskHandlers {
+  const wrapped: TaskHandlers = {};
+  for (const [task, registration] of Object.entries(handlers)) {
+    const handler = handlerOf(registration);
+    const recording: Handler = async (payload: unknown, ctx: JobContext) => {
+      try {
+        return await handler(payload, ctx);
+      } catch (err) {
+        errors.set(`${ctx.jobId}:${ctx.attempt}`, err);
+        throw err;
+      }
+    };
+    wrapped[task] = typeof registration === "function" ? recording : ({ ...registration, handler: recording } satisfies TaskDefinition);
+  }
+  return wrapped;
+}

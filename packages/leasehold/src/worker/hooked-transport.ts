@@ -1,0 +1,76 @@
+/**
+ * A worker's transport with its claim and report batches wrapped in the aroundClaim and
+ * aroundSettle hooks (src/hooks.ts). Used only when such a hook is registered: otherwise the
+ * worker talks to its transport directly. Everything else is passed through unchanged.
+ */
+import type { ClaimedJob } from "../jobs/types.js";
+import type * as store from "../store/index.js";
+import type { ComposedHooks, SettleBatch } from "../hooks.js";
+import type { AttachParams, Attachment, CompleteWithinParams, CompleteWithinResult, WorkerTransport } from "./transport.js";
+
+export function withBatchHooks(transport: WorkerTransport, hooks: ComposedHooks): WorkerTransport {
+  const { aroundClaim, aroundSettle } = hooks;
+  if (!aroundClaim && !aroundSettle) return transport;
+  return new HookedTransport(transport, hooks);
+}
+
+class HookedTransport implements WorkerTransport {
+  readonly maxClaimBatch?: number;
+
+  constructor(
+    private readonly inner: WorkerTransport,
+    private readonly hooks: ComposedHooks,
+  ) {
+    this.maxClaimBatch = inner.maxClaimBatch;
+    // Optional capabilities stay optional: the worker checks for them.
+    if (!inner.completeWithin) this.completeWithin = undefined;
+    if (!inner.interrupt) this.interrupt = undefined;
+    if (!inner.recordRefusals) this.recordRefusals = undefined;
+  }
+
+  private settle<M extends Map<string, string>>(kind: SettleBatch["kind"], jobs: store.AttemptRef[], write: () => Promise<M>): Promise<M> {
+    const around = this.hooks.aroundSettle;
+    if (!around) return write();
+    return around({ kind, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) }, write) as Promise<M>;
+  }
+
+  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+    const around = this.hooks.aroundClaim;
+    if (!around) return this.inner.claim(p);
+    return around({ queues: p.queues, limit: p.limit }, () => this.inner.claim(p));
+  }
+  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+    return this.settle("complete", p.jobs, () => this.inner.complete(p));
+  }
+  fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {
+    return this.settle("fail", p.failures, () => this.inner.fail(p));
+  }
+  supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
+    return this.settle("supersede", p.jobs, () => this.inner.supersede(p));
+  }
+
+  attach(p: AttachParams): Promise<Attachment> {
+    return this.inner.attach(p);
+  }
+  heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
+    return this.inner.heartbeat(p);
+  }
+  release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {
+    return this.inner.release(p);
+  }
+  describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
+    return this.inner.describeLost(attempts);
+  }
+  reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
+    return this.inner.reconcile(p);
+  }
+  completeWithin?<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>> {
+    return this.inner.completeWithin!(p);
+  }
+  interrupt?(): void {
+    this.inner.interrupt!();
+  }
+  recordRefusals?(refusals: store.StaleRefusal[]): Promise<void> {
+    return this.inner.recordRefusals!(refusals);
+  }
+}

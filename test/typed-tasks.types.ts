@@ -1,0 +1,137 @@
+/**
+ * Type-level test of typed tasks, checked by `tsc` (npm run typecheck, through
+ * tsconfig.check.json) and never run: each `@ts-expect-error` marks a misuse that must not
+ * compile. Were the types to let one through, the directive itself would be the error.
+ */
+import { type } from "arktype";
+import * as v from "valibot";
+import { z } from "zod";
+import { defineTask, type JobOutcome, type Leasehold, type ClaimedJob, type TaskInput, type TaskOutput } from "../packages/leasehold/src/index.js";
+
+/** Compile-time equality: `expectTypeOf(x).toBe<T>()` compiles only if x's type is exactly T. */
+type Equal<A, B> = (<G>() => G extends A ? 1 : 2) extends <G>() => G extends B ? 1 : 2 ? true : false;
+function expectTypeOf<Actual>(_value: Actual) {
+  return { toBe: <Expected>(..._proof: Equal<Actual, Expected> extends true ? [] : [never]) => {} };
+}
+function expectType<T extends true>(_: T): void {}
+
+const resize = defineTask({
+  name: "resize",
+  schema: z.object({ file: z.string(), width: z.number().int().default(800) }),
+  handler: async (payload, ctx) => {
+    expectTypeOf(payload).toBe<{ file: string; width: number }>();
+    // @ts-expect-error wrong handler payload use: width is a number, not a string
+    payload.width.toUpperCase();
+    // @ts-expect-error wrong handler payload use: no such field
+    void payload.height;
+    ctx.progress({ step: "resizing" });
+  },
+  maxRunMs: 60_000,
+});
+
+const email = defineTask({
+  name: "send-email",
+  schema: v.object({ to: v.pipe(v.string(), v.email()), cc: v.optional(v.array(v.string())) }),
+  handler: (payload) => {
+    expectTypeOf(payload).toBe<{ to: string; cc?: string[] | undefined }>();
+  },
+});
+
+const stamp = defineTask({
+  name: "stamp",
+  schema: type({ id: "number", "note?": "string" }),
+  handler: (payload) => {
+    expectTypeOf(payload).toBe<{ id: number; note?: string }>();
+  },
+});
+
+const ping = defineTask({
+  name: "ping",
+  schema: z.undefined(),
+  handler: () => {},
+});
+
+defineTask({
+  name: "bad-handler",
+  schema: z.object({ n: z.number() }),
+  // @ts-expect-error wrong handler payload type: the schema's output has n: number
+  handler: (payload: { n: string }) => payload.n,
+});
+
+type Tasks = readonly [typeof resize, typeof email, typeof stamp, typeof ping];
+expectType<Equal<TaskInput<Tasks, "resize">, { file: string; width?: number | undefined }>>(true);
+expectType<Equal<TaskOutput<Tasks, "resize">, { file: string; width: number }>>(true);
+
+export async function misuse(lh: Leasehold): Promise<void> {
+  const queue = lh.typed([resize, email, stamp, ping]);
+
+  // Right: defaults may be left out (the input type), options and a transaction client too.
+  await queue.enqueue("resize", { file: "a.png" });
+  await queue.enqueue("resize", { file: "a.png", width: 100 }, { priority: 1, maxAttempts: 3 });
+  await queue.enqueue("send-email", { to: "ada@example.com" });
+  await queue.enqueue("stamp", { id: 1, note: "x" });
+  await queue.enqueue("ping");
+
+  // @ts-expect-error unknown task name
+  await queue.enqueue("reszie", { file: "a.png" });
+  // @ts-expect-error wrong payload field
+  await queue.enqueue("resize", { fiel: 42 });
+  // @ts-expect-error wrong payload field type
+  await queue.enqueue("resize", { file: 42 });
+  // @ts-expect-error unknown extra field (excess property)
+  await queue.enqueue("resize", { file: "a.png", height: 3 });
+  // @ts-expect-error missing required field
+  await queue.enqueue("send-email", { cc: ["b@example.com"] });
+  // @ts-expect-error missing payload altogether
+  await queue.enqueue("stamp");
+  // @ts-expect-error arktype schema: wrong field type
+  await queue.enqueue("stamp", { id: "1" });
+  // @ts-expect-error a task with no payload takes none
+  await queue.enqueue("ping", { x: 1 });
+  // @ts-expect-error unknown enqueue option
+  await queue.enqueue("resize", { file: "a.png" }, { priorty: 1 });
+
+  await queue.enqueueMany([
+    { task: "resize", payload: { file: "a.png" } },
+    { task: "send-email", payload: { to: "ada@example.com" }, queue: "mail" },
+    { task: "ping" },
+  ]);
+  // @ts-expect-error enqueueMany: unknown task name
+  await queue.enqueueMany([{ task: "reszie", payload: { file: "a.png" } }]);
+  // @ts-expect-error enqueueMany: one task's payload under another's name
+  await queue.enqueueMany([{ task: "send-email", payload: { file: "a.png" } }]);
+  // @ts-expect-error enqueueMany: missing payload
+  await queue.enqueueMany([{ task: "resize" }]);
+
+  await queue.schedule({ name: "nightly", cron: "0 3 * * *", task: "resize", payload: { file: "nightly.png" } });
+  await queue.schedule({ name: "pinger", cron: "* * * * *", task: "ping" });
+  // @ts-expect-error schedule with wrong payload
+  await queue.schedule({ name: "nightly", cron: "0 3 * * *", task: "resize", payload: { file: 3 } });
+  // @ts-expect-error schedule of an unknown task
+  await queue.schedule({ name: "nightly", cron: "0 3 * * *", task: "reszie", payload: { file: "x" } });
+  // @ts-expect-error schedule missing its payload
+  await queue.schedule({ name: "nightly", cron: "0 3 * * *", task: "stamp" });
+
+  const worker = queue.worker({ concurrency: 5, tasks: ["resize", "ping"] });
+  // @ts-expect-error a worker of tasks not in the set
+  queue.worker({ tasks: ["reszie"] });
+
+  worker.on("job:end", (job, outcome) => {
+    expectTypeOf(job).toBe<ClaimedJob>();
+    expectTypeOf(outcome).toBe<JobOutcome>();
+  });
+  worker.once("job:start", (job) => void job.id);
+  worker.on("identity:lost", (err) => void err.message);
+  // @ts-expect-error unknown event name
+  worker.on("jb:end", () => {});
+  // @ts-expect-error listener of the wrong shape: job:end gives a ClaimedJob, not a string
+  worker.on("job:end", (job: string) => job);
+  // Chaining keeps the Worker type.
+  await worker.on("idle", () => {}).start();
+
+  // Untyped use keeps working as before: any name, any payload, a handlers map.
+  await lh.enqueue("reszie", { fiel: 42 });
+  await lh.enqueueMany([{ task: "anything", payload: [1, 2] }]);
+  await lh.schedule({ name: "x", cron: "* * * * *", task: "anything", payload: { a: 1 } });
+  lh.worker({ handlers: { anything: async (payload: { a: number }) => payload.a } });
+}
