@@ -202,3 +202,50 @@ test("bad liveness settings are refused at construction with a clear error", asy
   assert.throws(() => lh.worker({ handlers, leaseMs: 5_000, livenessGraceMs: 6_000 }), /livenessGraceMs must be an integer from 200 to 5000/);
   assert.throws(() => lh.worker({ handlers, livenessGraceMs: "1s" } as never), /livenessGraceMs must be an integer/);
 });
+
+test("a liveness session that goes silent while its backend lives on: the worker proves it dead, takes its lock back, and nothing runs twice", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  const worker = await workerProcess(lh.schema, { LONG_MS: "6000" }, proxiedUrl());
+  t.after(() => worker.child.kill("SIGKILL"));
+  const { id } = await lh.enqueue("long", {}, { maxAttempts: 5 });
+  await eventually(async () => worker.lines().some((l) => l.event === "started" && l.jobId === id), "the job started behind the proxy");
+  const watchdog = lh.watchdog().start();
+  t.after(() => watchdog.stop());
+  const secondStarts: { attempt: number; at: number }[] = [];
+  const second = lh.worker({ watchdog: false, handlers: { long: () => new Promise((r) => setTimeout(r, 200)) } });
+  second.on("job:start", (j: { id: string; attempt: number }) => {
+    if (j.id === id) secondStarts.push({ attempt: j.attempt, at: Date.now() });
+  });
+  await second.start();
+  t.after(() => second.stop(0));
+  await new Promise((r) => setTimeout(r, 300));
+  // The backend that holds the worker's liveness lock now: its session is about to go silent.
+  const holder = async () =>
+    (
+      await lh.pool.query<{ pid: number }>(
+        `SELECT l.pid FROM pg_locks AS l JOIN workers AS w ON w.liveness_key = ((l.classid::bigint << 32) | l.objid::bigint)
+          WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND w.pid = $1`,
+        [worker.child.pid],
+      )
+    ).rows[0]?.pid;
+  const before = await holder();
+  assert.ok(before, "the worker holds its liveness lock");
+  proxy.silence();
+  // Later, the server ends that backend (a terminate, a TCP timeout): its lock goes with it. A
+  // worker that still counted on that session would be recovered while its handler runs on.
+  await new Promise((r) => setTimeout(r, 1_500));
+  await lh.pool.query("SELECT pg_terminate_backend($1)", [before]);
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job finished", 20_000);
+  const after = await holder();
+  assert.ok(after && after !== before, "the worker holds its lock on a new session");
+  const aborted = worker.lines().filter((l) => l.event === "aborted" && l.jobId === id);
+  for (const s of secondStarts) {
+    assert.ok(
+      aborted.some((a) => a.at < s.at),
+      `attempt ${s.attempt} started while attempt 1 ran with its signal not fired`,
+    );
+  }
+});

@@ -7,6 +7,7 @@ import net from "node:net";
 export class TcpProxy {
   private server?: net.Server;
   private readonly sockets = new Set<net.Socket>();
+  private readonly pairs = new Set<[net.Socket, net.Socket]>();
   private blocked = false;
   port = 0;
 
@@ -43,6 +44,7 @@ export class TcpProxy {
       upstream.on("error", close).on("close", close);
       client.pipe(upstream);
       upstream.pipe(client);
+      this.pairs.add([client, upstream]);
     });
     await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
     this.port = (this.server!.address() as net.AddressInfo).port;
@@ -53,6 +55,20 @@ export class TcpProxy {
     this.blocked = true;
     for (const s of this.sockets) s.destroy();
     this.sockets.clear();
+  }
+
+  /**
+   * Half-open: the connections open now go silent in both directions (nothing forwarded,
+   * nothing closed: neither end hears a thing), while new connections work.
+   */
+  silence(): void {
+    for (const [client, upstream] of this.pairs) {
+      client.unpipe(upstream);
+      upstream.unpipe(client);
+      client.pause();
+      upstream.pause();
+    }
+    this.pairs.clear();
   }
 
   restore(): void {

@@ -18,6 +18,22 @@ const LOCK_WORKER = statement("lockWorkerLiveness", `SELECT pg_try_advisory_lock
   key: "int8",
 });
 
+const TAKE_OVER_WORKER_LOCK = statement(
+  "takeOverWorkerLiveness",
+  `
+SELECT pg_terminate_backend(l.pid) AS ended
+  FROM pg_locks AS l
+ WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.pid <> pg_backend_pid()
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND ((l.classid::bigint << 32) | l.objid::bigint) = $1::bigint`,
+  { ended: "bool" },
+);
+
+const TRY_WORKER_LOCK = statement("retryWorkerLiveness", `SELECT pg_try_advisory_lock($1::bigint) AS acquired`, { acquired: "bool" });
+
+/** How long a new session waits for its earlier session's lock to go, once that one was ended. */
+const TAKE_OVER_WAIT_MS = 5_000;
+
 const LOCK_NAME = statement("lockWorkerName", `SELECT pg_try_advisory_lock(${KEY("name")}) AS acquired`, { acquired: "bool" });
 
 /**
@@ -36,7 +52,17 @@ export async function lockLiveness(
   }
   if (p.liveness === false) return { key: null };
   const [worker] = await run(db, LOCK_WORKER, [p.workerId]);
-  // A worker id is unique per process; held already means this session took it before.
+  if (!worker!.acquired) {
+    // A worker id is unique per process, so the holder is this process's own earlier session:
+    // one that went silent (a proxy stopped forwarding) while its backend lives on. This
+    // session must hold the lock itself, or the old backend's end would later look like this
+    // worker's death: end that backend, then wait (briefly) for its lock.
+    await run(db, TAKE_OVER_WORKER_LOCK, [worker!.key]);
+    for (let waited = 0; !(await run(db, TRY_WORKER_LOCK, [worker!.key]))[0]!.acquired; waited += 50) {
+      if (waited >= TAKE_OVER_WAIT_MS) throw new Error(`this worker's earlier session still holds its liveness lock after ${TAKE_OVER_WAIT_MS} ms`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
   return { key: worker!.key };
 }
 

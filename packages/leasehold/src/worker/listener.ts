@@ -32,12 +32,28 @@ export interface ListenerOptions {
   applicationName?: string;
   /** Session settings, e.g. the search_path `onConnect` needs. */
   sessionOptions?: string;
+  /**
+   * Proves the session alive while `when()` says it matters: a session can end on the server
+   * (its backend terminated, its lock released) while this end hears nothing (a proxy or NAT
+   * that stopped forwarding). A ping unanswered within `timeoutMs` ends the session as down
+   * with a SilentSessionError, and a new one is made.
+   */
+  ping?: { everyMs: number; timeoutMs: number; when: () => boolean };
+}
+
+/** The session did not answer a ping in time: it may have ended on the server long before. */
+export class SilentSessionError extends Error {
+  constructor(readonly timeoutMs: number) {
+    super(`the session did not answer a ping within ${timeoutMs} ms`);
+    this.name = "SilentSessionError";
+  }
 }
 
 export class Listener {
   private client?: pg.Client;
   private stopped = false;
   private reconnectTimer?: NodeJS.Timeout;
+  private pingTimer?: NodeJS.Timeout;
   private delayMs = RECONNECT_MIN_MS;
   private firstConnect?: { resolve: () => void; reject: (err: unknown) => void; since: number };
 
@@ -85,10 +101,25 @@ export class Listener {
       return;
     }
     this.delayMs = RECONNECT_MIN_MS;
+    this.schedulePing(client);
     o.onState?.("up");
     this.firstConnect?.resolve();
     this.firstConnect = undefined;
     o.onNotify(undefined);
+  }
+
+  private schedulePing(client: pg.Client): void {
+    const ping = this.options.ping;
+    if (!ping) return;
+    this.pingTimer = setTimeout(() => {
+      if (this.stopped || client !== this.client) return;
+      if (!ping.when()) return this.schedulePing(client);
+      client.query({ text: "SELECT 1", query_timeout: ping.timeoutMs } as pg.QueryConfig).then(
+        () => this.schedulePing(client),
+        () => this.scheduleReconnect(client, new SilentSessionError(ping.timeoutMs)),
+      );
+    }, ping.everyMs);
+    this.pingTimer.unref();
   }
 
   private scheduleReconnect(client: pg.Client, err?: unknown): void {
@@ -110,6 +141,7 @@ export class Listener {
   async stop(): Promise<void> {
     this.stopped = true;
     if (this.reconnectTimer) clearTimeout(this.reconnectTimer);
+    clearTimeout(this.pingTimer);
     // A start still connecting ends now (the caller stops before it was ever up).
     this.firstConnect?.resolve();
     this.firstConnect = undefined;

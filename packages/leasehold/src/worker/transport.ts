@@ -26,6 +26,8 @@ export interface AttachParams {
    * no liveness lock (recovery by lease expiry only). Transports without a session ignore it.
    */
   livenessGraceMs: number | null;
+  /** Whether the worker holds leases now (its liveness session is then proven alive by pings). */
+  holdsLeases?: () => boolean;
   queues: string[];
   concurrency: number;
   leaseMs: number;
@@ -131,6 +133,16 @@ export function recordRefusals(transport: WorkerTransport, refusals: store.Stale
   transport.recordRefusals(refusals).catch(() => {});
 }
 
+/**
+ * How a worker with leases proves its liveness session alive: a session that went silent is
+ * found within two fifths of the grace (a ping every fifth, answered within another), leaving
+ * the worker time to stop its attempts before the watchdog recovers them (see Worker).
+ */
+export function livenessPing(graceMs: number, when: () => boolean): { everyMs: number; timeoutMs: number; when: () => boolean } {
+  const fifth = Math.max(40, Math.floor(graceMs / 5));
+  return { everyMs: fifth, timeoutMs: fifth, when };
+}
+
 /** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
 const REPORT_TIMEOUT_MS = 10_000;
 
@@ -229,6 +241,7 @@ export class DatabaseTransport implements WorkerTransport {
         await store.announceWorker(client, announce(held.key));
       },
       onFatal: p.onIdentityLost,
+      ...(p.livenessGraceMs !== null && { ping: livenessPing(p.livenessGraceMs, p.holdsLeases ?? (() => true)) }),
       onState: p.onConnection,
     });
     await listener.start();

@@ -24,7 +24,8 @@ import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } 
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
-import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { SilentSessionError } from "./listener.js";
+import { isConnectionError, livenessPing, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -182,6 +183,7 @@ export class Worker extends WorkerEmitter {
       name: s.name,
       waitForName: s.waitForName,
       livenessGraceMs: s.livenessGraceMs,
+      holdsLeases: () => this.inFlight.size > 0,
       queues: s.queues,
       concurrency: s.concurrency,
       leaseMs: s.leaseMs,
@@ -196,7 +198,7 @@ export class Worker extends WorkerEmitter {
       onConnection: (state, err) => {
         if (state === "up") this.outage.ok();
         else this.outage.failed("listen", err);
-        this.livenessChanged(state);
+        this.livenessChanged(state, err);
       },
     });
     if (s.name) {
@@ -400,7 +402,7 @@ export class Worker extends WorkerEmitter {
    * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
    * released once the session is back.
    */
-  private livenessChanged(state: "up" | "down"): void {
+  private livenessChanged(state: "up" | "down", err?: unknown): void {
     const grace = this.settings.livenessGraceMs;
     if (grace === null || this.state !== "started") return;
     if (state === "down") {
@@ -408,7 +410,11 @@ export class Worker extends WorkerEmitter {
       this.livenessLostAt = performance.now();
       this.claimer.setHeld(true);
       this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
-      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.floor(grace / 2));
+      // A silent session may have ended on the server up to a ping interval and its timeout
+      // ago: only what is left of half the grace remains.
+      const ping = livenessPing(grace, () => true);
+      const late = err instanceof SilentSessionError ? ping.everyMs + ping.timeoutMs : 0;
+      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - late));
       this.livenessTimer.unref();
       return;
     }
