@@ -350,7 +350,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     if (!o) continue;
     // A fault that kept its worker from the database while the attempt was being ended (the
     // database restarting, the worker's connections reset or cut, the worker frozen) delays
-    // the end by as long, and a reconnect (at most a second, src/worker/listener.ts).
+    // the end by as long, and a reconnect (at most a second, packages/leasehold/src/worker/listener.ts).
     const worker = h.w.split("/")[0];
     const unreachable = input.faults
       .filter((f) => f.kind === "pg_restart" || (BLOCKING_FAULTS.has(f.kind) && f.target === worker))

@@ -63,7 +63,7 @@ test("another live process's server is used, never stopped, and refused with its
   const dataDir = tempDataDir(t, servers);
   // The owner: a process that starts the server, reports its port and pid, and then only lives on.
   const script = `
-    import { EmbeddedPostgres } from ${JSON.stringify(path.resolve("src/embedded/postgres.ts"))};
+    import { EmbeddedPostgres } from ${JSON.stringify(path.resolve("packages/cli/src/embedded/postgres.ts"))};
     const ep = new EmbeddedPostgres({ dataDir: ${JSON.stringify(dataDir)} });
     const url = await ep.start();
     console.log(JSON.stringify({ port: new URL(url).port, pid: ep.pid }));
