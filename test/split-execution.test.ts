@@ -99,20 +99,19 @@ async function attemptsOf(lh: Awaited<ReturnType<typeof freshLeasehold>>, id: st
 }
 
 /**
- * One worker process behind a proxy runs an 8-second job; the test cuts every connection of
- * the proxy (refusing new ones) for `cutMs`, with a watchdog and a second worker on a direct
- * connection. Returns the worker process's lines and the times of the cut.
+ * One worker process behind a real proxy, running a long job; a watchdog and a second worker on
+ * a direct connection at the default settings beside it (what a deployment runs), and the
+ * second worker's starts of that job, with their times.
  */
-async function blip(t: TestContext, cutMs: number, env: Record<string, string> = {}) {
+async function behindProxy(t: TestContext, env: Record<string, string>) {
   const lh = await freshLeasehold(t);
   const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
   await proxy.start();
   t.after(() => proxy.stop());
-  const cutOff = await workerProcess(lh.schema, { LONG_MS: "8000", ...env }, proxiedUrl());
-  t.after(() => cutOff.child.kill("SIGKILL"));
+  const worker = await workerProcess(lh.schema, env, proxiedUrl());
+  t.after(() => worker.child.kill("SIGKILL"));
   const { id } = await lh.enqueue("long", {}, { maxAttempts: 5 });
-  await eventually(async () => cutOff.lines().some((l) => l.event === "started" && l.jobId === id), "the job started behind the proxy");
-  // What a deployment runs beside it, at the default settings.
+  await eventually(async () => worker.lines().some((l) => l.event === "started" && l.jobId === id), "the job started behind the proxy");
   const watchdog = lh.watchdog().start();
   t.after(() => watchdog.stop());
   const secondStarts: { attempt: number; at: number }[] = [];
@@ -124,6 +123,16 @@ async function blip(t: TestContext, cutMs: number, env: Record<string, string> =
   t.after(() => second.stop(0));
   // Past the watchdog's start-up grace: it judges liveness from here on.
   await new Promise((r) => setTimeout(r, 300));
+  return { lh, proxy, worker, id, secondStarts };
+}
+
+/**
+ * One worker process behind a proxy runs an 8-second job; the test cuts every connection of
+ * the proxy (refusing new ones) for `cutMs`, with a watchdog and a second worker on a direct
+ * connection. Returns the worker process's lines and the times of the cut.
+ */
+async function blip(t: TestContext, cutMs: number, env: Record<string, string> = {}) {
+  const { lh, proxy, worker: cutOff, id, secondStarts } = await behindProxy(t, { LONG_MS: "8000", ...env });
   const cutAt = Date.now();
   proxy.cut();
   await new Promise((r) => setTimeout(r, cutMs));
@@ -204,24 +213,7 @@ test("bad liveness settings are refused at construction with a clear error", asy
 });
 
 test("a liveness session that goes silent while its backend lives on: the worker proves it dead, takes its lock back, and nothing runs twice", async (t) => {
-  const lh = await freshLeasehold(t);
-  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
-  await proxy.start();
-  t.after(() => proxy.stop());
-  const worker = await workerProcess(lh.schema, { LONG_MS: "6000" }, proxiedUrl());
-  t.after(() => worker.child.kill("SIGKILL"));
-  const { id } = await lh.enqueue("long", {}, { maxAttempts: 5 });
-  await eventually(async () => worker.lines().some((l) => l.event === "started" && l.jobId === id), "the job started behind the proxy");
-  const watchdog = lh.watchdog().start();
-  t.after(() => watchdog.stop());
-  const secondStarts: { attempt: number; at: number }[] = [];
-  const second = lh.worker({ watchdog: false, handlers: { long: () => new Promise((r) => setTimeout(r, 200)) } });
-  second.on("job:start", (j: { id: string; attempt: number }) => {
-    if (j.id === id) secondStarts.push({ attempt: j.attempt, at: Date.now() });
-  });
-  await second.start();
-  t.after(() => second.stop(0));
-  await new Promise((r) => setTimeout(r, 300));
+  const { lh, proxy, worker, id, secondStarts } = await behindProxy(t, { LONG_MS: "6000" });
   // The backend that holds the worker's liveness lock now: its session is about to go silent.
   const holder = async () =>
     (
