@@ -211,14 +211,15 @@ test(
 );
 
 /** This repository's root, where `npm start` runs `leasehold dev`. */
-const ROOT = path.resolve(path.dirname(CLI), "..", "..");
+const ROOT = path.resolve(path.dirname(CLI), "..", "..", "..", "..");
 
 /**
  * `npm start` (with `extra` after it in the shell, e.g. `| tee log`) run as from a terminal: in
  * a process group of its own, so a Ctrl-C is SIGINT to the whole group. Its dev state in `dir`.
  */
 function npmStart(dir: string, extra = "") {
-  const env = { ...process.env, ...NO_DATABASE, LEASEHOLD_DATA_DIR: path.join(dir, ".leasehold") };
+  // As a newcomer's shell runs it: the built packages, not the test runner's TypeScript sources.
+  const env = { ...process.env, ...NO_DATABASE, NODE_OPTIONS: "", LEASEHOLD_DATA_DIR: path.join(dir, ".leasehold") };
   const child = spawn("sh", ["-c", `exec npm start --silent -- --port 0 ${extra}`], {
     cwd: ROOT,
     env,

@@ -114,10 +114,25 @@ export class Listener {
     this.pingTimer = setTimeout(() => {
       if (this.stopped || client !== this.client) return;
       if (!ping.when()) return this.schedulePing(client);
-      client.query({ text: "SELECT 1", query_timeout: ping.timeoutMs } as pg.QueryConfig).then(
-        () => this.schedulePing(client),
-        () => this.scheduleReconnect(client, new SilentSessionError(ping.timeoutMs)),
+      let answered = false;
+      // A failed query ends the session through the client's own error event.
+      client.query("SELECT 1").then(
+        () => (answered = true),
+        () => {},
       );
+      // Judged after the event loop's next I/O phase (setImmediate): when a long synchronous
+      // handler blocked this process, the answer waits unread in the socket while the timer is
+      // already due, and must not be taken for silence.
+      this.pingTimer = setTimeout(
+        () =>
+          setImmediate(() => {
+            if (this.stopped || client !== this.client) return;
+            if (!answered) return this.scheduleReconnect(client, new SilentSessionError(ping.timeoutMs));
+            this.schedulePing(client);
+          }),
+        ping.timeoutMs,
+      );
+      this.pingTimer.unref();
     }, ping.everyMs);
     this.pingTimer.unref();
   }
