@@ -260,7 +260,7 @@ export async function resolve(specifier, ctx, next) {
 test("without tracing, @opentelemetry/api is never imported: enqueue and a worker run where it cannot be resolved; tracing: true says what to install", async (t) => {
   const register = hideOpenTelemetry();
   t.after(() => fs.rmSync(path.dirname(register), { recursive: true, force: true }));
-  const dist = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "dist", "index.js");
+  const dist = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "packages", "leasehold", "dist", "index.js");
   const schema = uniqueSchema();
   t.after(async () => {
     const lh = await Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent, migrate: false });

@@ -232,7 +232,7 @@ test("a tasks module for the CLI may export default an array of defined tasks", 
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-typed-"));
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
   const file = path.join(dir, "tasks.ts");
-  const index = pathToFileURL(path.resolve("src/index.ts")).href;
+  const index = pathToFileURL(path.resolve("packages/leasehold/src/index.ts")).href;
   fs.writeFileSync(
     file,
     `import { defineTask } from ${JSON.stringify(index)};
