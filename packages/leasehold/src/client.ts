@@ -9,7 +9,7 @@
 import type pg from "pg";
 import { silentLogger, type Logger } from "./logger.js";
 import type { Registry } from "prom-client";
-import type { EmbeddedPostgresOptions, EmbeddedServer } from "./embedded-options.js";
+import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "./embedded-options.js";
 import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
@@ -150,11 +150,7 @@ export class Leasehold {
     if (url) {
       checkDatabaseUrl(url);
     } else if (options.embedded) {
-      const { EmbeddedPostgres } = await loadOptional<{ EmbeddedPostgres: new (o: EmbeddedPostgresOptions) => EmbeddedServer }>(
-        "@leasehold/cli/embedded",
-        "embedded: true",
-      );
-      embedded = new EmbeddedPostgres(options.embedded === true ? {} : options.embedded);
+      embedded = await embeddedServer(options.embedded);
       url = await embedded.start();
       const { owner } = embedded;
       if (owner) {

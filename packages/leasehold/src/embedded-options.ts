@@ -3,6 +3,7 @@
  * `@leasehold/cli` package with the rest of the tooling; the library loads it only when asked.
  * Its options are declared here so that they type-check without it.
  */
+import { loadOptional } from "./optional.js";
 export interface EmbeddedPostgresOptions {
   /** Where the cluster's files live. Default `./.leasehold/pgdata`. */
   dataDir?: string;
@@ -42,4 +43,13 @@ export interface EmbeddedServer {
   start(): Promise<string>;
   /** Stops the server if this process started it. */
   stop(): Promise<void>;
+}
+
+/** A server for `embedded` (true, or its options), from `@leasehold/cli`; a ConfigError says what to install without it. */
+export async function embeddedServer(options: true | EmbeddedPostgresOptions): Promise<EmbeddedServer> {
+  const { EmbeddedPostgres } = await loadOptional<{ EmbeddedPostgres: new (o: EmbeddedPostgresOptions) => EmbeddedServer }>(
+    "@leasehold/cli/embedded",
+    "embedded: true",
+  );
+  return new EmbeddedPostgres(options === true ? {} : options);
 }

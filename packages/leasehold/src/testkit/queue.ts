@@ -6,8 +6,7 @@ import pg from "pg";
 import { silentLogger, type Logger } from "../logger.js";
 import { newRegistry } from "../metrics.js";
 import { Leasehold, type JobRecord, type ListedJob, type TaskHandlers } from "../index.js";
-import type { EmbeddedPostgresOptions, EmbeddedServer } from "../embedded-options.js";
-import { loadOptional } from "../optional.js";
+import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "../embedded-options.js";
 import { DatabaseClock, type TestClock } from "./clock.js";
 import { createTestDatabase, dropTestDatabase, ensureTemplate, urlForDatabase } from "./database.js";
 import { drain, type DrainOptions, type DrainResult } from "./drain.js";
@@ -69,11 +68,7 @@ export class TestQueue {
         );
       }
       // Loaded only here: a test suite with a DATABASE_URL never loads the embedded server.
-      const { EmbeddedPostgres } = await loadOptional<{ EmbeddedPostgres: new (o: EmbeddedPostgresOptions) => EmbeddedServer }>(
-        "@leasehold/cli/embedded",
-        "embedded: true",
-      );
-      embedded = new EmbeddedPostgres(options.embedded === true ? {} : options.embedded);
+      embedded = await embeddedServer(options.embedded);
       adminUrl = await embedded.start();
     }
     let name: string | undefined;

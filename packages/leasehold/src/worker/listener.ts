@@ -43,8 +43,11 @@ export interface ListenerOptions {
 
 /** The session did not answer a ping in time: it may have ended on the server long before. */
 export class SilentSessionError extends Error {
-  constructor(readonly timeoutMs: number) {
-    super(`the session did not answer a ping within ${timeoutMs} ms`);
+  /** The session may have ended this long before it was found silent (a ping interval and its timeout). */
+  readonly lateByMs: number;
+  constructor(ping: { everyMs: number; timeoutMs: number }) {
+    super(`the session did not answer a ping within ${ping.timeoutMs} ms`);
+    this.lateByMs = ping.everyMs + ping.timeoutMs;
     this.name = "SilentSessionError";
   }
 }
@@ -127,7 +130,7 @@ export class Listener {
         () =>
           setImmediate(() => {
             if (this.stopped || client !== this.client) return;
-            if (!answered) return this.scheduleReconnect(client, new SilentSessionError(ping.timeoutMs));
+            if (!answered) return this.scheduleReconnect(client, new SilentSessionError(ping));
             this.schedulePing(client);
           }),
         ping.timeoutMs,

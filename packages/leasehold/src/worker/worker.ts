@@ -25,7 +25,7 @@ import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { SilentSessionError } from "./listener.js";
-import { isConnectionError, livenessPing, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -412,8 +412,7 @@ export class Worker extends WorkerEmitter {
       this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
       // A silent session may have ended on the server up to a ping interval and its timeout
       // ago: only what is left of half the grace remains.
-      const ping = livenessPing(grace, () => true);
-      const late = err instanceof SilentSessionError ? ping.everyMs + ping.timeoutMs : 0;
+      const late = err instanceof SilentSessionError ? err.lateByMs : 0;
       this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - late));
       this.livenessTimer.unref();
       return;
