@@ -16,7 +16,7 @@ import type { NatsOptions } from "../packages/nats/src/options.js";
 import { consumerOf, subjectOf } from "../packages/nats/src/options.js";
 import type { NatsLink } from "../packages/nats/src/nats.js";
 import { NatsServer } from "./harness/nats-server.js";
-import { databaseUrl, eventually, silent, uniqueSchema, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, silent, uniqueSchema, recordEvents, waitForEvent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 
 const NATS_URL = process.env.LEASEHOLD_TEST_NATS_URL || undefined;
@@ -273,8 +273,9 @@ test("a job released at a graceful shutdown comes back by a recovery message, wi
   const leaving = lh.worker({ handlers: { t: handler } });
   await leaving.start();
   t.after(() => leaving.stop(0));
+  const starts = recordEvents(leaving, "job:start");
   const { id } = await lh.enqueue("t", {}, { maxAttempts: 5 });
-  await waitForEvent(leaving, "job:start", (j: { id: string }) => j.id === id);
+  await starts.waitFor((j: { id: string }) => j.id === id);
   await leaving.stop(0);
   const next = lh.worker({ handlers: { t: handler } });
   await next.start();

@@ -17,7 +17,7 @@ import { Registry } from "prom-client";
 import { Leasehold } from "../packages/leasehold/src/client.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { databaseUrl, eventually, freshLeasehold, NO_BACKOFF, rawClient, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, NO_BACKOFF, rawClient, recordEvents, waitForEvent } from "./helpers/db.js";
 import { runCli, startCli } from "./helpers/cli.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
@@ -67,8 +67,9 @@ test("a worker whose session blips (terminated, reconnects) keeps its jobs: the 
   t.after(() => worker.stop(0));
   const watchdog = lh.watchdog({ livenessIntervalMs: 50 }).start();
   t.after(() => watchdog.stop());
+  const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("t");
-  await waitForEvent(worker, "job:start", (j: { id: string }) => j.id === id);
+  await starts.waitFor((j: { id: string }) => j.id === id);
   const { rows } = await lh.pool.query<{ n: number }>(
     "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = 'leasehold-worker' AND query LIKE 'LISTEN%'",
   );

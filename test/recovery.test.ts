@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { NO_BACKOFF, eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
+import { NO_BACKOFF, eventually, freshLeasehold, recordEvents } from "./helpers/db.js";
 import { cliWorker, workerChild } from "./helpers/processes.js";
 
 const forever = () => new Promise<never>(() => {});
@@ -40,8 +40,9 @@ test("a handler that hangs while its process lives ends as stalled at its progre
   });
   await worker.start();
   t.after(() => worker.stop(0));
+  const starts = recordEvents(worker, "job:start");
   const hung = await lh.enqueue("hangs", {}, { maxAttempts: 1 });
-  await waitForEvent(worker, "job:start", (j: { id: string }) => j.id === hung.id);
+  await starts.waitFor((j: { id: string }) => j.id === hung.id);
   const startedAt = Date.now();
   const next = await lh.enqueue("quick");
   const job = await eventually(() => finalOf(lh, hung.id), "the hung job ended", 5_000);
@@ -189,8 +190,9 @@ test("a stable name stands for one live process: a second is refused (its jobs u
   const first = lh.worker({ name: "pod-y", handlers: { t: () => new Promise<void>((r) => (release = r)) } });
   await first.start();
   t.after(() => first.stop(0));
+  const starts = recordEvents(first, "job:start");
   const { id } = await lh.enqueue("t");
-  await waitForEvent(first, "job:start", (j: { id: string }) => j.id === id);
+  await starts.waitFor((j: { id: string }) => j.id === id);
   const second = lh.worker({ name: "pod-y", handlers: { t: () => undefined } });
   await assert.rejects(second.start(), (err: unknown) => err instanceof WorkerNameInUseError && /pod-y/.test(err.message));
   const { job } = await lh.getJob(id);
@@ -407,8 +409,9 @@ test("ctx.recovered is false after a graceful shutdown released the job: the wor
   const leaving = lh.worker({ watchdog: false, handlers: { t: untilAborted } });
   await leaving.start();
   t.after(() => leaving.stop(0));
+  const starts = recordEvents(leaving, "job:start");
   const { id } = await lh.enqueue("t", {}, { maxAttempts: 5 });
-  await waitForEvent(leaving, "job:start", (j: { id: string }) => j.id === id);
+  await starts.waitFor((j: { id: string }) => j.id === id);
   await leaving.stop(0); // past its deadline at once: the handler is aborted and the job released
   const next = lh.worker({ watchdog: false, handlers: { t: untilAborted } });
   await next.start();

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { freshLeasehold, waitForEvent } from "./helpers/db.js";
+import { freshLeasehold, recordEvents } from "./helpers/db.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 
 test("a job enqueued is run by a worker and recorded as succeeded", async (t) => {
@@ -15,8 +15,9 @@ test("a job enqueued is run by a worker and recorded as succeeded", async (t) =>
     },
   });
   await worker.start();
+  const ends = recordEvents(worker, "job:end");
   const { id } = await lh.enqueue("greet", { name: "ada" });
-  await waitForEvent(worker, "job:end", (job: { id: string }) => job.id === id);
+  await ends.waitFor((job: { id: string }) => job.id === id);
   await worker.stop();
   const { job, attempts } = await lh.getJob(id);
   assert.deepEqual(seen, ["ada"]);

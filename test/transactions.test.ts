@@ -11,7 +11,7 @@ import pg from "pg";
 import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { databaseUrl, eventually, freshLeasehold, uniqueSchema, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, uniqueSchema, recordEvents } from "./helpers/db.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -293,8 +293,9 @@ test("ctx.transaction of a job cancelled meanwhile rolls back its writes and thr
   });
   await worker.start();
   t.after(() => worker.stop(0));
+  const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("slow");
-  await waitForEvent(worker, "job:start", (j: { id: string }) => j.id === id);
+  await starts.waitFor((j: { id: string }) => j.id === id);
   assert.equal(await lh.cancel(id), "cancel_requested");
   release();
   await eventually(async () => errors.length === 1, "the transaction ended");

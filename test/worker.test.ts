@@ -8,7 +8,7 @@ import { Worker } from "../packages/leasehold/src/worker/worker.js";
 import { DatabaseTransport } from "../packages/leasehold/src/worker/transport.js";
 import { Registry } from "prom-client";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { freshLeasehold, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
+import { freshLeasehold, recordEvents, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
 import { Heartbeater, attemptKey, type InFlight } from "../packages/leasehold/src/worker/heartbeat.js";
 import { Outage } from "../packages/leasehold/src/worker/outage.js";
@@ -106,8 +106,9 @@ test("cancelling a running job aborts its handler at the next beat, and its late
   });
   await worker.start();
   t.after(() => worker.stop());
+  const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("stubborn");
-  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  await starts.waitFor((job: { id: string }) => job.id === id);
   assert.equal(await lh.cancel(id), "cancel_requested");
   const outcome = await endOf(worker, id);
   assert.deepEqual(aborted, ["cancelled"]);
@@ -137,8 +138,9 @@ test("a lease reaped under a running handler aborts it (reason lease_expired) an
   const worker = lh.worker({ heartbeatMs: 300, leaseMs: 3_000, watchdog: false, handlers: { slow: untilAborted(aborted) } });
   await worker.start();
   t.after(() => worker.stop());
+  const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("slow");
-  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  await starts.waitFor((job: { id: string }) => job.id === id);
   // Another watchdog reaps it as if the lease had run out (the worker hung, say).
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
   await lh.watchdog().runOnce();
@@ -162,8 +164,9 @@ test("a stale completion (the job was reaped and re-claimed while the handler ra
   });
   await worker.start();
   t.after(() => worker.stop());
+  const starts = recordEvents<[{ id: string; attempt: number }]>(worker, "job:start");
   const { id } = await lh.enqueue("t");
-  const [job] = await waitForEvent<[{ id: string; attempt: number }]>(worker, "job:start", (j) => j.id === id);
+  const [job] = await starts.waitFor((j) => j.id === id);
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
   await lh.watchdog().runOnce();
   const [reclaimed] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "other", leaseMs: 30_000, tasks: ["t"] });
@@ -276,8 +279,9 @@ test("a worker cut off from the database aborts its handlers before their leases
   // up sooner (liveness_lost: test/split-execution.test.ts).
   const worker = lh.worker({ leaseMs: 3_000, heartbeatMs: 500, livenessGraceMs: null, watchdog: false, handlers: { long: untilAborted(aborted) } });
   await worker.start();
+  const starts = recordEvents(worker, "job:start");
   const { id } = await admin.enqueue("long");
-  await waitForEvent(worker, "job:start", (job: { id: string }) => job.id === id);
+  await starts.waitFor((job: { id: string }) => job.id === id);
   const cutAt = Date.now();
   proxy.cut();
   await waitForEvent(worker, "job:aborted", (job: { id: string }) => job.id === id, 10_000);
@@ -372,14 +376,15 @@ test("a worker that claims again a job whose older attempt it still runs stops t
   });
   await worker.start();
   t.after(() => worker.stop(0));
+  const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("t");
-  await waitForEvent(worker, "job:start", (job: { id: string; attempt: number }) => job.id === id && job.attempt === 1);
+  await starts.waitFor((job: { id: string; attempt: number }) => job.id === id && job.attempt === 1);
   const ends: [number, string][] = [];
   worker.on("job:end", (job: { id: string; attempt: number }, o: { state: string }) => job.id === id && ends.push([job.attempt, o.state]));
   // Attempt 1's lease runs out and is reaped; the NOTIFY brings this same worker to claim it again.
   await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [id]);
   await lh.watchdog({ backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 } }).runOnce();
-  await waitForEvent(worker, "job:start", (job: { id: string; attempt: number }) => job.id === id && job.attempt === 2);
+  await starts.waitFor((job: { id: string; attempt: number }) => job.id === id && job.attempt === 2);
   await eventually(async () => ends.length === 1, "the older attempt ended");
   assert.deepEqual(aborted, [[1, "reclaimed"]]);
   assert.deepEqual(ends, [[1, "lost"]]);

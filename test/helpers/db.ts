@@ -73,6 +73,28 @@ export function waitForEvent<A extends unknown[]>(
   });
 }
 
+/**
+ * Records every `event` from now on, so a test can wait for one about a job it has yet to enqueue:
+ * a running worker woken by NOTIFY may start (or even end) the job before the enqueue's own answer
+ * is read, and a listener attached after the enqueue would miss it.
+ */
+export function recordEvents<A extends unknown[] = unknown[]>(emitter: EventEmitter, event: string) {
+  const seen: unknown[][] = [];
+  emitter.on(event, (...args: unknown[]) => void seen.push(args));
+  return {
+    async waitFor<B extends unknown[] = A>(match: (...args: B) => boolean, timeoutMs = 15_000): Promise<B> {
+      const deadline = Date.now() + timeoutMs;
+      for (;;) {
+        const found = seen.find((args) => match(...(args as B)));
+        if (found) return found as B;
+        const left = deadline - Date.now();
+        if (left <= 0) throw new Error(`timed out after ${timeoutMs} ms waiting for "${event}"`);
+        await waitForEvent<B>(emitter, event, match, left).catch(() => undefined);
+      }
+    },
+  };
+}
+
 /** Polls `check` until it returns a truthy value (for conditions only the database knows). */
 export async function eventually<T>(check: () => Promise<T>, what: string, timeoutMs = 15_000): Promise<NonNullable<T>> {
   const deadline = Date.now() + timeoutMs;
