@@ -10,11 +10,12 @@ import type pg from "pg";
 import { silentLogger, type Logger } from "./logger.js";
 import type { Registry } from "prom-client";
 import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "./embedded-options.js";
-import { ConfigError, JobNotFoundError, JobStateError, ValidationError } from "./errors.js";
+import { ConfigError, JobNotFoundError, JobStateError, UnknownQueueError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
 import { checkJobId } from "./jobs/ids.js";
-import { checkName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { checkName, closestName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { normalizeQueueLimits } from "./jobs/flow-limits.js";
 import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } from "./jobs/known-tasks.js";
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
@@ -382,6 +383,48 @@ export class Leasehold {
     if (typeof result === "object") {
       throw new JobStateError(`job ${id} is ${result.notRetryable}; only dead or cancelled jobs can be retried`);
     }
+  }
+
+  /**
+   * Every queue: its flow-control settings (paused, limits, rates) and how many jobs wait and
+   * hold leases in it (docs/flow-control.md).
+   */
+  listQueues(): Promise<store.QueueInfo[]> {
+    return store.listQueues(this.pool);
+  }
+
+  /**
+   * Pauses a queue for the whole fleet: from the moment this returns no claim anywhere takes
+   * its jobs, and every worker gives back the jobs it buffered but did not start (without
+   * spending an attempt) within a second. Enqueue goes on; running jobs finish.
+   */
+  async pauseQueue(name: string, options: { create?: boolean } = {}): Promise<store.QueueSettings> {
+    await this.checkQueue(name, options);
+    return store.setQueuePaused(this.pool, name, true);
+  }
+
+  /** Resumes a paused queue: sleeping workers are woken at once. */
+  async resumeQueue(name: string, options: { create?: boolean } = {}): Promise<store.QueueSettings> {
+    await this.checkQueue(name, options);
+    return store.setQueuePaused(this.pool, name, false);
+  }
+
+  /**
+   * Sets a queue's limits at run time, for every worker, without restarting any: each given
+   * limit takes its value (null: no limit), the others stay. A new limit binds claims that
+   * start after it is stored; attempts already running finish.
+   */
+  async setQueueLimits(name: string, limits: Partial<store.QueueLimits>, options: { create?: boolean } = {}): Promise<store.QueueSettings> {
+    const checked = normalizeQueueLimits(limits);
+    await this.checkQueue(name, options);
+    return store.setQueueLimits(this.pool, name, checked);
+  }
+
+  private async checkQueue(name: string, options: { create?: boolean }): Promise<void> {
+    checkName(name, "queue");
+    if (options.create || (await store.queueKnown(this.pool, name))) return;
+    const known = (await store.listQueues(this.pool)).map((q) => q.name);
+    throw new UnknownQueueError(name, known, closestName(name, known));
   }
 
   /** Counts by queue and state, leases, the fleet, and the waiting jobs no live worker can run. */

@@ -81,6 +81,22 @@ export class WorkerNameInUseError extends LeaseholdError {
   }
 }
 
+/** A queue nobody has used: no settings, no jobs, no worker. Nothing was changed. */
+export class UnknownQueueError extends LeaseholdError {
+  constructor(
+    readonly queue: string,
+    known: string[],
+    didYouMean?: string,
+  ) {
+    super(
+      "unknown_queue",
+      `queue "${queue}" is unknown: no job, worker or setting names it` +
+        (didYouMean ? ` (did you mean "${didYouMean}"?)` : known.length > 0 ? ` (known: ${known.slice(0, 10).join(", ")})` : "") +
+        "; to configure a queue before its first job, pass { create: true } (CLI: --create)",
+    );
+  }
+}
+
 export class ConfigError extends LeaseholdError {
   constructor(message: string) {
     super("invalid_config", message);

@@ -38,7 +38,7 @@ export type { TypedLeasehold, TypedNewJob, TypedScheduleDefinition, TypedWorkerO
 export { PayloadValidationError } from "./tasks/validate.js";
 export type { PayloadIssue } from "./tasks/validate.js";
 export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
-export { JobAbortedError, PermanentJobError, RetrySupersededError } from "./worker/context.js";
+export { JobAbortedError, PermanentJobError, RetrySupersededError, RateLimitedError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";
 export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";

@@ -15,7 +15,7 @@ export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded
  * job wrote first (superseded: the job finished as succeeded, not retried, no budget spent).
  */
 export type AttemptOutcome =
-  "succeeded" | "failed" | "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "cancelled" | "superseded";
+  "succeeded" | "failed" | "lease_expired" | "worker_lost" | "stalled" | "timed_out" | "released" | "cancelled" | "superseded" | "rate_limited";
 
 export interface EnqueueOptions {
   /** Queue name; default "default". */
@@ -30,6 +30,11 @@ export interface EnqueueOptions {
   maxAttempts?: number;
   /** While a job with this key is unfinished, enqueueing the key again returns that job. */
   uniqueKey?: string;
+  /**
+   * The job's flow-control key (a tenant, a customer, an entity id): the queue's per-key limits
+   * and rates count it, and keys take turns (docs/flow-control.md). 1-512 characters.
+   */
+  key?: string;
   /** Lease length for this job; default: the claiming worker's lease. */
   leaseMs?: number;
   /** Fail an attempt that reports no progress (ctx.progress/ctx.checkpoint) for this long; default: the task's. */
@@ -101,6 +106,8 @@ export interface ClaimedJob {
   maxRunUnlimited: boolean;
   /** The headers it was enqueued with (a trace context, metadata); null when none. */
   headers: JobHeaders | null;
+  /** Its flow-control key, if it was enqueued with one. */
+  key: string | null;
 }
 
 /** The whole record of a job, unfinished or finished, with its attempt history. */

@@ -11,6 +11,7 @@ export const MAX_PAYLOAD_BYTES = 1024 * 1024;
 export const MIN_LEASE_MS = 1_000;
 export const MAX_LEASE_MS = 24 * 3600_000;
 export const MAX_UNIQUE_KEY_LENGTH = 512;
+export const MAX_FLOW_KEY_LENGTH = 512;
 /**
  * jsonb's parser recurses once per level; at PostgreSQL's smallest stack setting
  * (max_stack_depth 100kB) it accepted 500 levels and refused 1,000. 256 leaves room.
@@ -27,6 +28,7 @@ const JOB_KEYS = new Set([
   "delayMs",
   "maxAttempts",
   "uniqueKey",
+  "key",
   "leaseMs",
   "progressTimeoutMs",
   "maxRunMs",
@@ -46,6 +48,8 @@ export interface NormalizedJob {
   delayMs: number;
   maxAttempts: number;
   uniqueKey: string | null;
+  /** The flow-control key; null or absent when the job has none. */
+  flowKey?: string | null;
   leaseMs: number | null;
   progressTimeoutMs: number | null;
   /** Null: not set (the task's limit applies), or no limit when `maxRunUnlimited`. */
@@ -102,6 +106,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     throw new ValidationError(`${where}: runAt must be a valid Date`);
   }
   if (job.uniqueKey !== undefined) checkText(job.uniqueKey, `${where}: uniqueKey`, MAX_UNIQUE_KEY_LENGTH);
+  if (job.key !== undefined) checkText(job.key, `${where}: key`, MAX_FLOW_KEY_LENGTH);
   return {
     queue,
     task: job.task,
@@ -111,6 +116,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     delayMs: integerIn(job.delayMs ?? 0, 0, 10 * 365 * 86_400_000, `${where}: delayMs`),
     maxAttempts: integerIn(job.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 1, 1000, `${where}: maxAttempts`),
     uniqueKey: job.uniqueKey ?? null,
+    flowKey: job.key ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
     progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
     maxRunMs: limitOrNone(job.maxRunMs, `${where}: maxRunMs`) ?? null,

@@ -32,7 +32,7 @@ UPDATE jobs
    AND state = 'waiting'
 RETURNING id, queue, task, payload, attempt, fence, spent_attempts, max_attempts,
           coalesce(lease_ms, $4) AS lease_ms, checkpoint, last_outcome, last_error, progress_timeout_ms, max_run_ms,
-          max_run_unlimited, headers`;
+          max_run_unlimited, headers, flow_key`;
 
 const CLAIMED = {
   id: "int8",
@@ -51,7 +51,15 @@ const CLAIMED = {
   max_run_ms: "int4?",
   max_run_unlimited: "bool",
   headers: "jsonb?",
+  flow_key: "text?",
 } as const;
+
+/**
+ * A queue under flow control (paused, limited, keyed, or held back by a handler) is claimed
+ * only through claim_flow(); the plain claims refuse it in the same statement, so a worker that
+ * has not yet heard of a new setting claims nothing there rather than past the limit.
+ */
+const PLAIN = (queue: string) => `NOT EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = ${queue} AND (fq.flow OR fq.held_until > now()))`;
 
 /** One queue (the common case): a plain walk of its partial index in claim order. */
 const CLAIM_FROM_QUEUE = statement(
@@ -60,6 +68,7 @@ const CLAIM_FROM_QUEUE = statement(
   SELECT id
     FROM jobs
    WHERE state = 'waiting' AND queue = ($1::text[])[1] AND run_at <= now() AND task = ANY($5::text[])
+     AND ${PLAIN("($1::text[])[1]")}
    ORDER BY priority, run_at, id
    LIMIT $2
      FOR UPDATE SKIP LOCKED`),
@@ -79,6 +88,7 @@ const CLAIM_FROM_QUEUES = statement(
          SELECT id, priority, run_at
            FROM jobs
           WHERE state = 'waiting' AND queue = q.name AND run_at <= now() AND task = ANY($5::text[])
+            AND ${PLAIN("q.name")}
           ORDER BY priority, run_at, id
           LIMIT $2
             FOR UPDATE SKIP LOCKED
@@ -102,6 +112,7 @@ const CLAIM_BY_ID = statement(
     FROM jobs
    WHERE id = ANY($1::bigint[]) AND id::text || ':' || attempt = ANY($6::text[])
      AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[])
+     AND ${PLAIN("jobs.queue")}
    ORDER BY id
    LIMIT $2
      FOR UPDATE SKIP LOCKED`),
@@ -109,7 +120,10 @@ const CLAIM_BY_ID = statement(
 );
 
 export interface ClaimParams {
+  /** Queues claimed the plain way (the statement refuses any under flow control). */
   queues: string[];
+  /** Queues under flow control, as far as the caller knows: each claimed through claim_flow(). */
+  flowQueues?: string[];
   limit: number;
   workerId: string;
   /** Lease for jobs that did not set their own. */
@@ -118,10 +132,55 @@ export interface ClaimParams {
   tasks: string[];
 }
 
-export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJob[]> {
+/**
+ * What a claim found. `retryInMs`: a flow limit (not the backlog) held the claim back; asking
+ * again sooner finds nothing. `paused`: queues that were paused when claimed.
+ */
+export type ClaimedJobs = ClaimedJob[] & { retryInMs?: number; paused?: string[] };
+
+const CLAIM_FLOW = statement(
+  "claimFlow",
+  `SELECT id, queue, task, payload, attempt, fence, spent_attempts, max_attempts, lease_ms, checkpoint, last_outcome,
+          last_error, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key, retry_ms
+     FROM claim_flow($1, $2, $3, $4, $5::text[])`,
+  {
+    ...CLAIMED,
+    id: "int8?",
+    task: "text?",
+    payload: "jsonb?",
+    attempt: "int4?",
+    fence: "int8?",
+    spent_attempts: "int4?",
+    max_attempts: "int4?",
+    lease_ms: "int4?",
+    max_run_unlimited: "bool?",
+    retry_ms: "int4?",
+  },
+);
+
+export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJobs> {
   if (p.limit <= 0) return [];
-  const st = p.queues.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
-  return toClaimed(await run(db, st, [p.queues, p.limit, p.workerId, p.leaseMs, p.tasks]));
+  const flow = new Set(p.flowQueues ?? []);
+  const plain = p.queues.filter((q) => !flow.has(q));
+  const claimed: ClaimedJobs = [];
+  if (plain.length > 0) {
+    const st = plain.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
+    claimed.push(...toClaimed(await run(db, st, [plain, p.limit, p.workerId, p.leaseMs, p.tasks])));
+  }
+  for (const queue of p.queues.filter((q) => flow.has(q))) {
+    if (claimed.length >= p.limit) break;
+    const rows = await run(db, CLAIM_FLOW, [queue, p.limit - claimed.length, p.workerId, p.leaseMs, p.tasks]);
+    for (const r of rows) {
+      if (r.id !== null) {
+        claimed.push(...toClaimed([r as typeof r & { id: string }] as never));
+      } else if (r.retry_ms === null) {
+        (claimed.paused ??= []).push(queue);
+      } else {
+        claimed.retryInMs = Math.min(claimed.retryInMs ?? Infinity, r.retry_ms);
+      }
+    }
+  }
+  return claimed;
 }
 
 export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues" | "limit"> & { spells: AttemptRef[] }): Promise<ClaimedJob[]> {
@@ -156,5 +215,6 @@ function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): Claim
     maxRunMs: r.max_run_ms,
     maxRunUnlimited: r.max_run_unlimited,
     headers: r.headers as ClaimedJob["headers"],
+    key: r.flow_key,
   }));
 }

@@ -324,6 +324,54 @@ export function releaseJobs(
   ]);
 }
 
+const RATE_LIMIT_JOBS = ending(
+  "rateLimitJobs",
+  `WITH asked AS (
+  SELECT j.id, j.attempt, j.queue, j.flow_key, r.delay_ms, r.scope
+    FROM jobs AS j
+    JOIN unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[]) AS r(id, attempt, delay_ms, scope)
+      ON j.id = r.id AND j.attempt = r.attempt
+   WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $5 AND j.state = 'running'
+), held AS (
+  SELECT count(flow_hold(a.queue, CASE WHEN a.scope = 'key' THEN a.flow_key END, now() + a.delay_ms * interval '1 millisecond')) AS n
+    FROM asked AS a WHERE a.scope <> 'job'
+), ending AS (
+  SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
+         'rate-limited: retry in ' || a.delay_ms || ' ms' || coalesce(': ' || $6, '') AS error,
+         a.delay_ms AS retry_delay_ms,
+         false AS spend, false AS give_up, 'rate_limited' AS outcome,
+         j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
+         false AS recovery
+    FROM jobs AS j
+    JOIN asked AS a ON a.id = j.id
+   CROSS JOIN held
+     FOR UPDATE OF j
+)`,
+);
+
+/** How a handler said it was rate-limited: its job waits `delayMs`; `scope` holds back its key or queue too. */
+export interface RateLimited extends AttemptRef {
+  delayMs: number;
+  scope: "job" | "key" | "queue";
+}
+
+/**
+ * Attempts whose handlers were rate-limited by what they called (an HTTP 429): each job goes
+ * back to waiting for its delay without spending its retry budget, and its key (a keyless job:
+ * its queue) or queue starts nothing for that long. Fenced like a release.
+ */
+export function rateLimitJobs(db: Queryable, p: { workerId: string; jobs: RateLimited[]; message?: string }): Promise<Ended> {
+  if (p.jobs.length === 0) return Promise.resolve(new Map());
+  return endAttempts(db, RATE_LIMIT_JOBS, [
+    p.jobs.map((j) => j.id),
+    p.jobs.map((j) => j.attempt),
+    p.jobs.map((j) => j.delayMs),
+    p.jobs.map((j) => j.scope),
+    p.workerId,
+    p.message ?? null,
+  ]);
+}
+
 const RECOVER_EARLIER_PROCESS = ending(
   "recoverJobsOfEarlierProcess",
   `WITH ending AS (

@@ -15,24 +15,37 @@ import type { EnqueuedJob } from "../jobs/types.js";
  */
 const insertJobsText = (jobs: string, onConflict: string, publishing = "", returning = "") => `
 INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
-                     progress_timeout_ms, max_run_ms, max_run_unlimited, headers)
+                     progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
 SELECT queue, task, payload, priority,
        coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers
+       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key
   FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
-              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[])
+              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[],
+              $14::text[])
        AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
-            progress_timeout_ms, max_run_ms, max_run_unlimited, headers)${publishing}${onConflict}
+            progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)${publishing}${onConflict}
 RETURNING id, unique_key${returning}`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
 const findByKeyText = (jobs: string) => `
 SELECT id, unique_key FROM ${jobs} WHERE unique_key = ANY($1::text[])`;
 
+/**
+ * Keyed jobs make their queue a flow-controlled one (claimed round-robin between keys, through
+ * claim_flow): marked before the jobs are inserted, so no claim ever takes a keyed job as a
+ * plain one. Writes nothing once the queue is marked.
+ */
+const markKeyedText = (queues: string) => `
+INSERT INTO ${queues} AS qs (name, keyed)
+SELECT DISTINCT q.name, true FROM unnest($1::text[]) AS q(name)
+ WHERE NOT EXISTS (SELECT 1 FROM ${queues} AS k WHERE k.name = q.name AND k.keyed)
+ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now()`;
+
 const INSERTED = { id: "int8", unique_key: "text?" } as const;
 const INSERT_JOBS = statement("enqueueJobs", insertJobsText("jobs", ""), INSERTED);
 const INSERT_KEYED_JOBS = statement("enqueueJobs (unique keys)", insertJobsText("jobs", ON_KEY_CONFLICT), INSERTED);
 const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKeyText("jobs"), { id: "int8", unique_key: "text" });
+const MARK_KEYED_QUEUES = statement("enqueueJobs (keyed queues)", markKeyedText("queues"), {});
 
 /**
  * NATS dispatch (docs/nats.md): the same INSERT, by a client that publishes its jobs'
@@ -41,7 +54,7 @@ const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKe
  * for a dispatcher) and learns which jobs are due by the database's clock, the only one
  * that counts: those are the ones it publishes. The default path's text is unchanged.
  */
-const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $14::text, true)) AS publishing";
+const PUBLISHING = "\n CROSS JOIN (SELECT set_config('leasehold.publishing_ms', $15::text, true)) AS publishing";
 const INSERTED_DUE = { ...INSERTED, due: "bool" } as const;
 const INSERT_JOBS_PUBLISHING = statement(
   "enqueueJobs (publishing)",
@@ -58,9 +71,15 @@ interface EnqueueStatements {
   insert: typeof INSERT_JOBS;
   insertKeyed: typeof INSERT_KEYED_JOBS;
   findByKey: typeof FIND_UNFINISHED_BY_KEY;
+  markKeyed: typeof MARK_KEYED_QUEUES;
 }
 
-const UNQUALIFIED: EnqueueStatements = { insert: INSERT_JOBS, insertKeyed: INSERT_KEYED_JOBS, findByKey: FIND_UNFINISHED_BY_KEY };
+const UNQUALIFIED: EnqueueStatements = {
+  insert: INSERT_JOBS,
+  insertKeyed: INSERT_KEYED_JOBS,
+  findByKey: FIND_UNFINISHED_BY_KEY,
+  markKeyed: MARK_KEYED_QUEUES,
+};
 const qualified = new Map<string, EnqueueStatements>();
 
 /** The statements with the schema named, for a client whose search_path is not ours. */
@@ -74,6 +93,7 @@ function statementsFor(schema: string | undefined): EnqueueStatements {
       insert: as(INSERT_JOBS, insertJobsText(jobs, "")),
       insertKeyed: as(INSERT_KEYED_JOBS, insertJobsText(jobs, ON_KEY_CONFLICT)),
       findByKey: as(FIND_UNFINISHED_BY_KEY, findByKeyText(jobs)),
+      markKeyed: as(MARK_KEYED_QUEUES, markKeyedText(`${quoteIdent(schema)}.queues`)),
     };
     qualified.set(schema, s);
   }
@@ -102,6 +122,8 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
   const st = statementsFor(schema);
   const keyed = jobs.some((j) => j.uniqueKey !== null);
   const publishing = publishingMs !== undefined && schema === undefined;
+  const keyedQueues = [...new Set(jobs.filter((j) => j.flowKey != null).map((j) => j.queue))];
+  if (keyedQueues.length > 0 && round === 1) await run(db, st.markKeyed, [keyedQueues]);
   const insert = publishing ? (keyed ? INSERT_KEYED_JOBS_PUBLISHING : INSERT_JOBS_PUBLISHING) : keyed ? st.insertKeyed : st.insert;
   const rows: { id: string; unique_key: string | null; due?: boolean }[] = await run(db, insert, [
     jobs.map((j) => j.queue),
@@ -117,6 +139,7 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
     jobs.map((j) => j.maxRunMs),
     jobs.map((j) => j.maxRunUnlimited),
     jobs.map((j) => j.headersJson ?? null),
+    jobs.map((j) => j.flowKey ?? null),
     ...(publishing ? [String(publishingMs)] : []),
   ]);
   const inserted = rows;

@@ -16,13 +16,23 @@ export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations } from "./migrate.js";
 export { enqueueJobs } from "./enqueue.js";
 export { claimJobs, claimJobsById } from "./claim.js";
-export type { ClaimParams } from "./claim.js";
+export type { ClaimParams, ClaimedJobs } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
 export { completeJobs, completeWithin, supersedeJobs } from "./finish.js";
 export type { AttemptRef, Supersession } from "./finish.js";
-export { failJobs, reapExpiredLeases, recoverLostWorkers, endOverdueAttempts, releaseJobs, recoverJobsOfEarlierProcess } from "./end-attempts.js";
-export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended } from "./end-attempts.js";
+export {
+  failJobs,
+  reapExpiredLeases,
+  recoverLostWorkers,
+  endOverdueAttempts,
+  releaseJobs,
+  rateLimitJobs,
+  recoverJobsOfEarlierProcess,
+} from "./end-attempts.js";
+export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended, RateLimited } from "./end-attempts.js";
+export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits } from "./flow.js";
+export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, workerNameHeldElsewhere, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement } from "./workers.js";
 export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "./admin.js";

@@ -160,3 +160,20 @@ export class PermanentJobError extends Error {
     this.name = "PermanentJobError";
   }
 }
+
+/**
+ * Throw from a handler when what it called said "too many requests, try again in X" (an HTTP
+ * 429 with Retry-After, say): the job waits `retryInMs` without spending an attempt, and its
+ * key (`scope: "key"`, the default; a keyless job: its queue), its whole queue (`"queue"`) or
+ * only the job (`"job"`) starts nothing for that long, fleet-wide (docs/flow-control.md).
+ */
+export class RateLimitedError extends Error {
+  constructor(
+    readonly retryInMs: number,
+    readonly scope: "key" | "queue" | "job" = "key",
+    message = `rate-limited: retry in ${retryInMs} ms`,
+  ) {
+    super(message);
+    this.name = "RateLimitedError";
+  }
+}

@@ -1,0 +1,318 @@
+-- Leasehold schema, version 13: flow control (docs/flow-control.md).
+--
+-- A queue may be paused, limited fleet-wide (attempts at once, starts per window) and limited
+-- per key (a job's `flow_key`: a tenant, a customer), with round-robin between keys. All of it
+-- is decided in the claim, which is the lease grant, so a limit counts leases: a buffered job
+-- holds one and counts, and a crashed worker's slots come back with its leases.
+--
+-- Queues with no settings and no keyed jobs keep the plain claim (one statement, no lock); it
+-- refuses a queue whose `flow` flag is set, in the same statement, so a worker that has not yet
+-- heard of a new setting claims nothing there instead of claiming past it. Every other queue is
+-- claimed through claim_flow(), which serialises its claims on the queue's flow_state row: a
+-- limit counted and then claimed under SKIP LOCKED is exceeded when two claimers count at once;
+-- here the second one counts after the first one's claim has committed.
+--
+-- Additive only: new tables, a nullable column, a partial index, a function. The previous
+-- release's workers never see a keyed job's key and ignore the settings.
+
+ALTER TABLE jobs ADD COLUMN flow_key text;
+
+-- A keyed job's place in its key's line: a key's jobs start in (priority, enqueue) order, and
+-- one not yet due (delayed, or waiting for its retry) holds its place. Only keyed jobs pay it.
+CREATE INDEX jobs_flow_key_idx ON jobs (queue, flow_key, priority, id) WHERE state = 'waiting' AND flow_key IS NOT NULL;
+-- Leases held per queue and key, counted by every limited claim.
+CREATE INDEX jobs_running_idx ON jobs (queue, flow_key) WHERE state = 'running';
+
+CREATE TABLE queues (
+  name              text        PRIMARY KEY,
+  paused            boolean     NOT NULL DEFAULT false,
+  paused_at         timestamptz,
+  -- At most this many attempts hold leases in the queue at once, fleet-wide (null: no limit).
+  concurrency       integer     CHECK (concurrency BETWEEN 1 AND 100000),
+  -- At most this many per key.
+  key_concurrency   integer     CHECK (key_concurrency BETWEEN 1 AND 100000),
+  -- At most rate_limit starts in any window of rate_window_ms, in the queue / per key.
+  rate_limit        integer     CHECK (rate_limit BETWEEN 1 AND 1000000),
+  rate_window_ms    integer     CHECK (rate_window_ms BETWEEN 10 AND 86400000),
+  key_rate_limit    integer     CHECK (key_rate_limit BETWEEN 1 AND 1000000),
+  key_rate_window_ms integer    CHECK (key_rate_window_ms BETWEEN 10 AND 86400000),
+  -- Round-robin weights of some keys ({"key": 3}); the others weigh 1.
+  key_weights       jsonb,
+  -- Keyed jobs were enqueued here: claims go round-robin between keys.
+  keyed             boolean     NOT NULL DEFAULT false,
+  -- A handler asked the whole queue to hold back ("rate-limited, retry in X").
+  held_until        timestamptz,
+  updated_at        timestamptz NOT NULL DEFAULT now(),
+  flow              boolean     GENERATED ALWAYS AS (
+    paused OR keyed OR concurrency IS NOT NULL OR key_concurrency IS NOT NULL
+    OR rate_limit IS NOT NULL OR key_rate_limit IS NOT NULL
+  ) STORED,
+  CONSTRAINT queues_rate_pair CHECK ((rate_limit IS NULL) = (rate_window_ms IS NULL)),
+  CONSTRAINT queues_key_rate_pair CHECK ((key_rate_limit IS NULL) = (key_rate_window_ms IS NULL))
+);
+
+-- What claims of a flow-controlled queue share, locked by each such claim: the starts of the
+-- current rate window (one entry per claim: its time and how many it started) and where the
+-- round-robin goes on.
+CREATE TABLE flow_state (
+  queue        text        PRIMARY KEY,
+  start_times  timestamptz[] NOT NULL DEFAULT '{}',
+  start_counts integer[]   NOT NULL DEFAULT '{}',
+  next_key     text
+);
+
+-- The same per key, for keys with a rate limit or a hold.
+CREATE TABLE flow_key_state (
+  queue        text        NOT NULL,
+  flow_key     text        NOT NULL,
+  start_times  timestamptz[] NOT NULL DEFAULT '{}',
+  start_counts integer[]   NOT NULL DEFAULT '{}',
+  held_until   timestamptz,
+  PRIMARY KEY (queue, flow_key)
+);
+
+-- A settings change reaches every worker at once (the worker's own channel, with a payload no
+-- queue name can be); workers also read the settings when their session (re)starts.
+CREATE FUNCTION notify_queue_settings() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_notify('leasehold:' || TG_TABLE_SCHEMA, '!queues');
+  RETURN NULL;
+END;
+$$;
+CREATE TRIGGER queues_notify AFTER INSERT OR UPDATE OR DELETE ON queues
+  FOR EACH STATEMENT EXECUTE FUNCTION notify_queue_settings();
+
+-- Starts still inside a window: the entries of a log newer than `since`, and their sum.
+CREATE FUNCTION flow_window_used(times timestamptz[], counts integer[], since timestamptz)
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+  SELECT coalesce(sum(c), 0)::int FROM unnest(times, counts) AS l(t, c) WHERE t > since
+$$;
+
+-- When the window frees `need` more starts: the time its oldest entries leave it.
+CREATE FUNCTION flow_window_frees_at(times timestamptz[], counts integer[], since timestamptz, lim integer, need integer, window_ms integer)
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+  SELECT min(t) + window_ms * interval '1 millisecond'
+    FROM (SELECT t, sum(c) OVER (ORDER BY t) AS running_total
+            FROM unnest(times, counts) AS l(t, c) WHERE t > since) AS w
+   WHERE (SELECT coalesce(sum(c), 0) FROM unnest(times, counts) AS l(t, c) WHERE t > since) - running_total <= lim - need
+$$;
+
+-- The claim of a flow-controlled queue: up to `lim` jobs within every limit of the queue, in
+-- claim order for keyless jobs and round-robin between keys. Returns the claimed jobs and, when
+-- a limit (not the queue's backlog) held the claim back, one more row with a null id and
+-- `retry_ms`: how long until asking again may find a slot (null: paused; wait for a resume).
+--
+-- Times: the lease, the attempt's start and the rate log take clock_timestamp() after the lock,
+-- not now() (this statement's start, before it waited): an attempt's recorded start is then
+-- after every end its claim counted, so the audit trail shows a limit as it held.
+CREATE FUNCTION claim_flow(q text, lim integer, worker text, default_lease_ms integer, task_names text[])
+RETURNS TABLE (id bigint, queue text, task text, payload jsonb, attempt integer, fence bigint,
+               spent_attempts integer, max_attempts integer, lease_ms integer, checkpoint jsonb,
+               last_outcome text, last_error text, progress_timeout_ms integer, max_run_ms integer,
+               max_run_unlimited boolean, headers jsonb, flow_key text, retry_ms integer)
+LANGUAGE plpgsql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+  s          queues;
+  st         flow_state;
+  budget     integer := lim;
+  held_ms    integer;          -- a limit held the claim back: ask again after this long
+  running_q  integer;
+  picked     bigint[];
+  claimed    integer;
+  keys       text[];
+  t_now      timestamptz;
+  rate_since timestamptz;
+  key_since  timestamptz;
+BEGIN
+  -- One claimer of this queue at a time: every count below sees the claims before it.
+  INSERT INTO flow_state AS fs (queue) VALUES (q) ON CONFLICT DO NOTHING;
+  SELECT * INTO st FROM flow_state AS fs WHERE fs.queue = q FOR UPDATE;
+  SELECT * INTO s FROM queues AS qs WHERE qs.name = q;
+  t_now := clock_timestamp();
+  IF s.paused THEN
+    RETURN QUERY SELECT NULL::bigint, q, NULL::text, NULL::jsonb, NULL::int, NULL::bigint, NULL::int, NULL::int, NULL::int,
+                        NULL::jsonb, NULL::text, NULL::text, NULL::int, NULL::int, NULL::boolean, NULL::jsonb, NULL::text, NULL::int;
+    RETURN;
+  END IF;
+
+  IF s.held_until > t_now THEN
+    budget := 0;
+    held_ms := ceil(extract(epoch FROM s.held_until - t_now) * 1000);
+  END IF;
+  IF budget > 0 THEN
+    SELECT count(*) INTO running_q FROM jobs AS j WHERE j.state = 'running' AND j.queue = q;
+    IF s.concurrency - running_q < budget THEN
+      budget := greatest(s.concurrency - running_q, 0);
+      held_ms := 100;  -- a slot frees when a job ends, on whichever worker: ask again soon
+    END IF;
+  END IF;
+  IF budget > 0 AND s.rate_limit IS NOT NULL THEN
+    rate_since := t_now - s.rate_window_ms * interval '1 millisecond';
+    IF s.rate_limit - flow_window_used(st.start_times, st.start_counts, rate_since) < budget THEN
+      budget := greatest(s.rate_limit - flow_window_used(st.start_times, st.start_counts, rate_since), 0);
+      held_ms := least(coalesce(held_ms, 2147483647), greatest(1, ceil(extract(epoch FROM
+        flow_window_frees_at(st.start_times, st.start_counts, rate_since, s.rate_limit, 1, s.rate_window_ms) - t_now) * 1000)))::int;
+    END IF;
+  END IF;
+
+  IF budget > 0 AND NOT coalesce(s.keyed, false) AND s.key_concurrency IS NULL AND s.key_rate_limit IS NULL THEN
+    -- No keys: the plain claim order.
+    picked := ARRAY(
+      SELECT j.id FROM jobs AS j
+       WHERE j.state = 'waiting' AND j.queue = q AND j.run_at <= t_now AND j.task = ANY(task_names)
+       ORDER BY j.priority, j.run_at, j.id
+       LIMIT budget
+         FOR UPDATE SKIP LOCKED);
+  ELSIF budget > 0 THEN
+    -- The keys with waiting jobs, from where the round-robin stopped, wrapping around: each
+    -- step one descent of the keyed index. Enough of them to pass the keys at their limit.
+    keys := ARRAY(
+      WITH RECURSIVE line AS (
+        (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
+          WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > coalesce(st.next_key, '')
+          ORDER BY j.flow_key LIMIT 1)
+        UNION ALL
+        SELECT (SELECT j.flow_key FROM jobs AS j
+                  WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
+                  ORDER BY j.flow_key LIMIT 1), l.n + 1
+          FROM line AS l WHERE l.k IS NOT NULL AND l.n < least(5000, 2 * budget + running_q + 16)
+      ) SELECT k FROM line WHERE k IS NOT NULL);
+    IF st.next_key IS NOT NULL AND cardinality(keys) < least(5000, 2 * budget + running_q + 16) THEN
+      keys := keys || ARRAY(
+        WITH RECURSIVE line AS (
+          (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
+            WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key <= st.next_key
+            ORDER BY j.flow_key LIMIT 1)
+          UNION ALL
+          SELECT (SELECT j.flow_key FROM jobs AS j
+                    WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
+                      AND j.flow_key <= st.next_key
+                    ORDER BY j.flow_key LIMIT 1), l.n + 1
+            FROM line AS l WHERE l.k IS NOT NULL AND l.n < least(5000, 2 * budget + running_q + 16) - cardinality(keys)
+        ) SELECT k FROM line WHERE k IS NOT NULL);
+    END IF;
+    key_since := t_now - s.key_rate_window_ms * interval '1 millisecond';
+
+    -- Each key's line: its next jobs in (priority, enqueue) order, as many as it has slots for;
+    -- one not yet due keeps its place (so with a limit of 1 a key runs strictly in order).
+    -- Ranked round-robin: every key's first job, then every key's second, and so on (a weight
+    -- w gives a key w turns per round); keyless jobs take their turns as one more key.
+    WITH visited AS (
+      SELECT v.k, v.ord FROM unnest(keys) WITH ORDINALITY AS v(k, ord)
+    ), running AS (
+      SELECT j.flow_key AS k, count(*)::int AS n
+        FROM jobs AS j WHERE j.state = 'running' AND j.queue = q AND j.flow_key = ANY(keys)
+       GROUP BY j.flow_key
+    ), slots AS (
+      SELECT v.k, v.ord, coalesce((s.key_weights ->> v.k)::float8, 1) AS weight,
+             least(budget,
+                   coalesce(s.key_concurrency - coalesce(r.n, 0), budget),
+                   CASE WHEN s.key_rate_limit IS NULL THEN budget
+                        ELSE s.key_rate_limit - flow_window_used(ks.start_times, ks.start_counts, key_since) END,
+                   CASE WHEN ks.held_until > t_now THEN 0 ELSE budget END) AS n
+        FROM visited AS v
+        LEFT JOIN running AS r ON r.k = v.k
+        LEFT JOIN flow_key_state AS ks ON ks.queue = q AND ks.flow_key = v.k
+    ), candidates AS (
+      SELECT c.id, sl.k, sl.ord, (c.rank - 1) / sl.weight AS turn
+        FROM slots AS sl
+       CROSS JOIN LATERAL (
+             SELECT l.id, l.rank
+               FROM (SELECT j.id, j.run_at, j.task, row_number() OVER (ORDER BY j.priority, j.id) AS rank
+                       FROM jobs AS j
+                      WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key = sl.k
+                      ORDER BY j.priority, j.id
+                      LIMIT greatest(sl.n, 0)) AS l
+              WHERE l.run_at <= t_now AND l.task = ANY(task_names)
+           ) AS c
+      UNION ALL
+      SELECT l.id, NULL, 0, (row_number() OVER (ORDER BY l.priority, l.run_at, l.id) - 1)::float8
+        FROM (SELECT j.id, j.priority, j.run_at, j.flow_key, j.task
+                FROM jobs AS j
+               WHERE j.state = 'waiting' AND j.queue = q AND j.run_at <= t_now
+               ORDER BY j.priority, j.run_at, j.id
+               LIMIT 1000) AS l
+       WHERE l.flow_key IS NULL AND l.task = ANY(task_names)
+    ), chosen AS (
+      SELECT c.id, c.k, row_number() OVER (ORDER BY c.turn, c.ord) AS pos
+        FROM candidates AS c
+       ORDER BY c.turn, c.ord
+       LIMIT budget
+    )
+    SELECT array_agg(c.id ORDER BY c.pos), (array_agg(c.k ORDER BY c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1]
+      INTO picked, st.next_key
+      FROM chosen AS c;
+
+    IF coalesce(cardinality(picked), 0) < budget AND (s.key_concurrency IS NOT NULL OR s.key_rate_limit IS NOT NULL
+                                                      OR EXISTS (SELECT 1 FROM flow_key_state AS ks WHERE ks.queue = q AND ks.held_until > t_now)) THEN
+      held_ms := least(coalesce(held_ms, 100), 100);  -- keys at their limits: ask again soon
+    END IF;
+    UPDATE flow_state AS fs SET next_key = st.next_key WHERE fs.queue = q AND st.next_key IS NOT NULL;
+    IF s.key_rate_limit IS NOT NULL AND cardinality(picked) > 0 THEN
+      INSERT INTO flow_key_state AS ks (queue, flow_key, start_times, start_counts)
+      SELECT q, j.flow_key, ARRAY[t_now], ARRAY[count(*)::int]
+        FROM jobs AS j WHERE j.id = ANY(picked) AND j.flow_key IS NOT NULL
+       GROUP BY j.flow_key
+      ON CONFLICT (queue, flow_key) DO UPDATE
+         SET start_times = ARRAY(SELECT t FROM unnest(ks.start_times) AS t WHERE t > key_since ORDER BY t) || t_now,
+             start_counts = ARRAY(SELECT c FROM unnest(ks.start_times, ks.start_counts) AS l(t, c) WHERE t > key_since ORDER BY t)
+                            || EXCLUDED.start_counts;
+    END IF;
+  END IF;
+
+  claimed := coalesce(cardinality(picked), 0);
+  IF claimed > 0 THEN
+    IF s.rate_limit IS NOT NULL THEN
+      UPDATE flow_state AS fs
+         SET start_times = ARRAY(SELECT t FROM unnest(fs.start_times) AS t WHERE t > rate_since ORDER BY t) || t_now,
+             start_counts = ARRAY(SELECT c FROM unnest(fs.start_times, fs.start_counts) AS l(t, c) WHERE t > rate_since ORDER BY t)
+                            || claimed
+       WHERE fs.queue = q;
+    END IF;
+    RETURN QUERY
+    UPDATE jobs AS j
+       SET state = 'running',
+           attempt = j.attempt + 1,
+           fence = nextval('fence_seq'),
+           locked_by = worker,
+           lease_until = t_now + coalesce(j.lease_ms, default_lease_ms) * interval '1 millisecond',
+           heartbeat_at = t_now,
+           started_at = t_now,
+           progress_at = t_now
+     WHERE j.id = ANY(picked)
+       AND j.state = 'waiting'
+    RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.fence, j.spent_attempts, j.max_attempts,
+              coalesce(j.lease_ms, default_lease_ms), j.checkpoint, j.last_outcome, j.last_error,
+              j.progress_timeout_ms, j.max_run_ms, j.max_run_unlimited, j.headers, j.flow_key, NULL::int;
+  END IF;
+  IF held_ms IS NOT NULL AND claimed < lim THEN
+    RETURN QUERY SELECT NULL::bigint, q, NULL::text, NULL::jsonb, NULL::int, NULL::bigint, NULL::int, NULL::int, NULL::int,
+                        NULL::jsonb, NULL::text, NULL::text, NULL::int, NULL::int, NULL::boolean, NULL::jsonb, NULL::text, held_ms;
+  END IF;
+END;
+$$;
+
+-- A hold a handler asked for ("rate-limited, retry in X"): its key, or its whole queue, starts
+-- nothing until `until`. A later hold never shortens an earlier one.
+CREATE FUNCTION flow_hold(q text, k text, until timestamptz) RETURNS void LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+  IF k IS NULL THEN
+    INSERT INTO queues AS qs (name, held_until) VALUES (q, until)
+    ON CONFLICT (name) DO UPDATE SET held_until = greatest(qs.held_until, EXCLUDED.held_until);
+  ELSE
+    INSERT INTO flow_key_state AS ks (queue, flow_key, held_until) VALUES (q, k, until)
+    ON CONFLICT (queue, flow_key) DO UPDATE SET held_until = greatest(ks.held_until, EXCLUDED.held_until);
+  END IF;
+END;
+$$;
+
+ALTER TABLE job_attempts DROP CONSTRAINT job_attempts_outcome_check;
+ALTER TABLE job_attempts ADD CONSTRAINT job_attempts_outcome_check CHECK (
+  outcome IN ('succeeded', 'failed', 'lease_expired', 'worker_lost', 'stalled', 'timed_out', 'released', 'cancelled',
+              'superseded', 'rate_limited')
+) NOT VALID;

@@ -1,0 +1,193 @@
+/**
+ * Flow control's settings, as rows of `queues` (migration 013, docs/flow-control.md): pause,
+ * fleet-wide and per-key limits and rates, key weights. The claim enforces them (claim_flow());
+ * this module reads and changes them. Every change notifies the workers (a trigger on queues).
+ */
+import type { Queryable } from "./db.js";
+import { run, statement, type RowOf } from "./sql.js";
+
+/** A rate: at most `limit` starts in any window of `windowMs`, fleet-wide. */
+export interface RateLimit {
+  limit: number;
+  windowMs: number;
+}
+
+/** The limits of a queue; null: none. */
+export interface QueueLimits {
+  /** At most this many attempts hold leases in the queue at once, across every process. */
+  concurrency: number | null;
+  /** At most this many per key. 1: one at a time, in (priority, enqueue) order. */
+  keyConcurrency: number | null;
+  /** Starts of the whole queue. */
+  rate: RateLimit | null;
+  /** Starts per key. */
+  keyRate: RateLimit | null;
+  /** Round-robin weights of some keys (turns per round); the others weigh 1. */
+  keyWeights: Record<string, number> | null;
+}
+
+export interface QueueSettings extends QueueLimits {
+  name: string;
+  paused: boolean;
+  pausedAt: Date | null;
+  /** Keyed jobs were enqueued in it: its claims go round-robin between keys. */
+  keyed: boolean;
+  /** A handler asked the queue to hold back until then ("rate-limited, retry in X"). */
+  heldUntil: Date | null;
+  /** Claimed through claim_flow() (paused, limited, keyed or held). */
+  flow: boolean;
+  updatedAt: Date | null;
+}
+
+export interface QueueInfo extends QueueSettings {
+  /** Jobs waiting (due or not) and holding leases (running or buffered by a worker). */
+  waiting: number;
+  running: number;
+}
+
+const SETTINGS_COLUMNS = `name, paused, paused_at, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit,
+       key_rate_window_ms, key_weights, keyed, held_until, flow OR coalesce(held_until > now(), false) AS flow, updated_at`;
+
+const SETTINGS = {
+  name: "text",
+  paused: "bool",
+  paused_at: "timestamptz?",
+  concurrency: "int4?",
+  key_concurrency: "int4?",
+  rate_limit: "int4?",
+  rate_window_ms: "int4?",
+  key_rate_limit: "int4?",
+  key_rate_window_ms: "int4?",
+  key_weights: "jsonb?",
+  keyed: "bool",
+  held_until: "timestamptz?",
+  flow: "bool",
+  updated_at: "timestamptz?",
+} as const;
+
+function toSettings(r: RowOf<typeof SETTINGS>): QueueSettings {
+  const rate = (limit: number | null, windowMs: number | null) => (limit === null || windowMs === null ? null : { limit, windowMs });
+  return {
+    name: r.name,
+    paused: r.paused,
+    pausedAt: r.paused_at,
+    concurrency: r.concurrency,
+    keyConcurrency: r.key_concurrency,
+    rate: rate(r.rate_limit, r.rate_window_ms),
+    keyRate: rate(r.key_rate_limit, r.key_rate_window_ms),
+    keyWeights: r.key_weights as Record<string, number> | null,
+    keyed: r.keyed,
+    heldUntil: r.held_until,
+    flow: r.flow,
+    updatedAt: r.updated_at,
+  };
+}
+
+const FLOW_SETTINGS = statement("queueSettings", `SELECT ${SETTINGS_COLUMNS} FROM queues ORDER BY name`, SETTINGS);
+
+/** Every queue with settings (a worker's view of flow control). */
+export async function queueSettings(db: Queryable): Promise<QueueSettings[]> {
+  return (await run(db, FLOW_SETTINGS, [])).map(toSettings);
+}
+
+/**
+ * Every queue anyone can name: with settings, with unfinished jobs, served by a worker seen in
+ * the last day, or with jobs finished in the retention window, with its counts.
+ */
+const LIST_QUEUES = statement(
+  "listQueues",
+  `WITH names AS (
+  SELECT name FROM queues
+  UNION SELECT DISTINCT queue FROM jobs
+  UNION SELECT DISTINCT unnest(queues) FROM workers WHERE kind = 'worker' AND last_seen_at > now() - interval '1 day'
+), counts AS (
+  SELECT queue, count(*) FILTER (WHERE state = 'waiting')::int AS waiting, count(*) FILTER (WHERE state = 'running')::int AS running
+    FROM jobs GROUP BY queue
+)
+SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.concurrency, q.key_concurrency, q.rate_limit,
+       q.rate_window_ms, q.key_rate_limit, q.key_rate_window_ms, q.key_weights, coalesce(q.keyed, false) AS keyed,
+       q.held_until, coalesce(q.flow OR q.held_until > now(), q.flow, false) AS flow, q.updated_at,
+       coalesce(c.waiting, 0) AS waiting, coalesce(c.running, 0) AS running
+  FROM names AS n
+  LEFT JOIN queues AS q ON q.name = n.name
+  LEFT JOIN counts AS c ON c.queue = n.name
+ ORDER BY n.name`,
+  { ...SETTINGS, waiting: "int4", running: "int4" },
+);
+
+export async function listQueues(db: Queryable): Promise<QueueInfo[]> {
+  return (await run(db, LIST_QUEUES, [])).map((r) => ({ ...toSettings(r), waiting: r.waiting, running: r.running }));
+}
+
+/** Whether a queue is known: it has settings or jobs (waiting, running or finished) or a worker. */
+const QUEUE_KNOWN = statement(
+  "queueKnown",
+  `SELECT EXISTS (SELECT 1 FROM queues WHERE name = $1)
+       OR EXISTS (SELECT 1 FROM jobs WHERE queue = $1)
+       OR EXISTS (SELECT 1 FROM workers WHERE kind = 'worker' AND $1 = ANY(queues) AND last_seen_at > now() - interval '1 day')
+       OR EXISTS (SELECT 1 FROM finished_jobs WHERE queue = $1) AS known`,
+  { known: "bool" },
+);
+
+export async function queueKnown(db: Queryable, name: string): Promise<boolean> {
+  return (await run(db, QUEUE_KNOWN, [name]))[0]!.known;
+}
+
+const SET_PAUSED = statement(
+  "setQueuePaused",
+  `INSERT INTO queues AS q (name, paused, paused_at) VALUES ($1, $2, CASE WHEN $2 THEN now() END)
+   ON CONFLICT (name) DO UPDATE
+      SET paused = EXCLUDED.paused,
+          paused_at = CASE WHEN EXCLUDED.paused THEN coalesce(q.paused_at, now()) END,
+          updated_at = now()
+   RETURNING ${SETTINGS_COLUMNS}`,
+  SETTINGS,
+);
+
+export async function setQueuePaused(db: Queryable, name: string, paused: boolean): Promise<QueueSettings> {
+  return toSettings((await run(db, SET_PAUSED, [name, paused]))[0]!);
+}
+
+/**
+ * Changes the given limits (each: a value, or null for none); the others stay. The statement
+ * names every column and a flag per column saying whether to take the new value.
+ */
+const SET_LIMITS = statement(
+  "setQueueLimits",
+  `INSERT INTO queues AS q (name, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit, key_rate_window_ms, key_weights)
+   VALUES ($1, $3, $5, $7, $8, $10, $11, $13)
+   ON CONFLICT (name) DO UPDATE
+      SET concurrency = CASE WHEN $2 THEN EXCLUDED.concurrency ELSE q.concurrency END,
+          key_concurrency = CASE WHEN $4 THEN EXCLUDED.key_concurrency ELSE q.key_concurrency END,
+          rate_limit = CASE WHEN $6 THEN EXCLUDED.rate_limit ELSE q.rate_limit END,
+          rate_window_ms = CASE WHEN $6 THEN EXCLUDED.rate_window_ms ELSE q.rate_window_ms END,
+          key_rate_limit = CASE WHEN $9 THEN EXCLUDED.key_rate_limit ELSE q.key_rate_limit END,
+          key_rate_window_ms = CASE WHEN $9 THEN EXCLUDED.key_rate_window_ms ELSE q.key_rate_window_ms END,
+          key_weights = CASE WHEN $12 THEN EXCLUDED.key_weights ELSE q.key_weights END,
+          updated_at = now()
+   RETURNING ${SETTINGS_COLUMNS}`,
+  SETTINGS,
+);
+
+export async function setQueueLimits(db: Queryable, name: string, limits: Partial<QueueLimits>): Promise<QueueSettings> {
+  const given = (k: keyof QueueLimits) => limits[k] !== undefined;
+  return toSettings(
+    (
+      await run(db, SET_LIMITS, [
+        name,
+        given("concurrency"),
+        limits.concurrency ?? null,
+        given("keyConcurrency"),
+        limits.keyConcurrency ?? null,
+        given("rate"),
+        limits.rate?.limit ?? null,
+        limits.rate?.windowMs ?? null,
+        given("keyRate"),
+        limits.keyRate?.limit ?? null,
+        limits.keyRate?.windowMs ?? null,
+        given("keyWeights"),
+        limits.keyWeights ? JSON.stringify(limits.keyWeights) : null,
+      ])
+    )[0]!,
+  );
+}
