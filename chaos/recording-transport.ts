@@ -33,7 +33,7 @@ export class RecordingTransport implements WorkerTransport {
     }
   }
 
-  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+  claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {
     return this.record(
       "claim",
       [],
@@ -84,6 +84,17 @@ export class RecordingTransport implements WorkerTransport {
       "supersede",
       p.jobs,
       () => this.inner.supersede(p),
+      (r) => [...r.keys()],
+    );
+  }
+  queueSettings(): Promise<store.QueueSettings[]> {
+    return this.inner.queueSettings();
+  }
+  rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>> {
+    return this.record(
+      "release",
+      p.jobs,
+      () => this.inner.rateLimit(p),
       (r) => [...r.keys()],
     );
   }

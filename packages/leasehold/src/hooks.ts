@@ -42,8 +42,11 @@ export interface ClaimBatch {
 
 /** A report batch: attempts' ends written in one statement. */
 export interface SettleBatch {
-  /** complete: successes; fail: failures (retried or dead); supersede: superseded attempts. */
-  kind: "complete" | "fail" | "supersede";
+  /**
+   * complete: successes; fail: failures (retried or dead); supersede: superseded attempts;
+   * rate_limit: attempts whose handlers were rate-limited (waiting again, no budget spent).
+   */
+  kind: "complete" | "fail" | "supersede" | "rate_limit";
   jobs: { id: string; attempt: number }[];
 }
 

@@ -34,10 +34,16 @@ class HookedTransport implements WorkerTransport {
     return around({ kind, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) }, write) as Promise<M>;
   }
 
-  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+  claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {
     const around = this.hooks.aroundClaim;
     if (!around) return this.inner.claim(p);
     return around({ queues: p.queues, limit: p.limit }, () => this.inner.claim(p));
+  }
+  queueSettings(): Promise<store.QueueSettings[]> {
+    return this.inner.queueSettings();
+  }
+  rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>> {
+    return this.settle("rate_limit", p.jobs, () => this.inner.rateLimit(p));
   }
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
     return this.settle("complete", p.jobs, () => this.inner.complete(p));

@@ -89,12 +89,12 @@ export class RemoteTransport implements WorkerTransport {
     this.timeoutMs = options.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS;
   }
 
-  async claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+  async claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {
     if (p.limit <= 0) return [];
     const controller = new AbortController();
     this.claiming = controller;
     try {
-      const res = await this.post<{ jobs: WireJob[]; waited?: boolean }>(
+      const res = await this.post<{ jobs: WireJob[]; waited?: boolean; retryInMs?: number; paused?: string[] }>(
         "/v1/worker/claim",
         { ...p, waitMs: this.waitMs },
         this.waitMs + this.timeoutMs,
@@ -104,7 +104,7 @@ export class RemoteTransport implements WorkerTransport {
       // answered without waiting (at its long-poll cap, or stopping), the worker's poll
       // interval paces the next claim instead.
       if (this.waitMs > 0 && (res.body.waited !== false || res.body.jobs.length > 0)) this.wake?.();
-      return res.body.jobs.map(({ receipt, ...j }) => {
+      const claimed: store.ClaimedJobs = res.body.jobs.map(({ receipt, ...j }) => {
         if (receipt) this.keepReceipt(j, receipt, p.workerId);
         return {
           ...j,
@@ -115,8 +115,12 @@ export class RemoteTransport implements WorkerTransport {
           maxRunMs: j.maxRunMs ?? null,
           maxRunUnlimited: j.maxRunUnlimited ?? false,
           headers: j.headers ?? null,
+          key: j.key ?? null,
         };
       });
+      if (res.body.retryInMs !== undefined) claimed.retryInMs = res.body.retryInMs;
+      if (res.body.paused !== undefined) claimed.paused = res.body.paused;
+      return claimed;
     } catch (err) {
       if (controller.signal.aborted) return []; // interrupted by stop()
       throw err;
@@ -223,6 +227,33 @@ export class RemoteTransport implements WorkerTransport {
   supersede(p: { workerId: string; jobs: store.Supersession[] }): Promise<Map<string, "superseded" | "cancelled">> {
     const jobs = p.jobs.map((j) => ({ ...this.withReceipt(j), reason: j.reason.slice(0, SUPERSEDED_REASON_MAX) }));
     return this.report("/v1/worker/supersede", { workerId: p.workerId, jobs }, p.jobs);
+  }
+
+  async queueSettings(): Promise<store.QueueSettings[]> {
+    const res = await this.request<{ queues: (store.QueueSettings & { pausedAt: string | null; heldUntil: string | null; updatedAt: string | null })[] }>(
+      "GET",
+      "/v1/worker/queues",
+      undefined,
+      this.timeoutMs,
+    );
+    const date = (s: string | null) => (s === null ? null : new Date(s));
+    return res.body.queues.map((q) => ({ ...q, pausedAt: date(q.pausedAt), heldUntil: date(q.heldUntil), updatedAt: date(q.updatedAt) }));
+  }
+
+  async rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>> {
+    try {
+      return await this.report(
+        "/v1/worker/rate-limited",
+        {
+          workerId: p.workerId,
+          jobs: p.jobs.map((j) => ({ ...this.withReceipt(j), delayMs: j.delayMs, scope: j.scope })),
+          ...(p.message !== undefined && { message: p.message.slice(0, 1000) }),
+        },
+        p.jobs,
+      );
+    } finally {
+      for (const j of p.jobs) this.receipts.delete(key(j));
+    }
   }
 
   async release(p: { workerId: string; jobs: store.AttemptRef[]; reason: string }): Promise<Map<string, store.EndState>> {

@@ -57,7 +57,15 @@ export interface WorkerTransport {
    * calls `wake` when jobs may be ready. Resolves when the worker may start claiming.
    */
   attach(p: AttachParams): Promise<Attachment>;
-  claim(p: store.ClaimParams): Promise<ClaimedJob[]>;
+  /** Claims jobs; `retryInMs` and `paused` say when flow control (not the backlog) held it back. */
+  claim(p: store.ClaimParams): Promise<store.ClaimedJobs>;
+  /** Flow-control settings of every configured queue (paused, limited, keyed, held). */
+  queueSettings(): Promise<store.QueueSettings[]>;
+  /**
+   * Attempts whose handlers threw RateLimitedError: each job waits its delay without spending
+   * budget, its key or queue held back as long. Fenced like a release.
+   */
+  rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>>;
   heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult>;
   complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
@@ -256,8 +264,14 @@ export class DatabaseTransport implements WorkerTransport {
     };
   }
 
-  claim(p: store.ClaimParams): Promise<ClaimedJob[]> {
+  claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {
     return store.claimJobs(withQueryTimeout(this.pool, p.leaseMs), p);
+  }
+  queueSettings(): Promise<store.QueueSettings[]> {
+    return store.queueSettings(this.pool);
+  }
+  rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>> {
+    return store.rateLimitJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   async heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult> {
     // A beat that cannot answer within a third of the lease is retried on a fresh connection.
