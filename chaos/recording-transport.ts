@@ -3,7 +3,7 @@
  * sends and what the database answered, so the invariant checker can compare each accepted report
  * with the audit rows afterwards.
  */
-import type { ClaimedJob, WorkerTransport } from "../packages/leasehold/src/index.js";
+import type { WorkerTransport } from "../packages/leasehold/src/index.js";
 import type { AttachParams, Attachment, CompleteWithinParams, CompleteWithinResult } from "../packages/leasehold/src/worker/transport.js";
 import type * as store from "../packages/leasehold/src/store/index.js";
 import type { ProcessLog } from "./process-log.js";

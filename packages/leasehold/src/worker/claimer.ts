@@ -44,6 +44,8 @@ export interface ClaimerHost {
   deliver(jobs: ClaimedJob[], sentAt: number): void;
   /** The queue had nothing more for us. */
   idle(): void;
+  /** What to claim from now: the queues not paused, and which of them go through flow control. */
+  queues(): { queues: string[]; flowQueues: string[] };
 }
 
 export class Claimer {
@@ -66,6 +68,8 @@ export class Claimer {
   private readonly maxBatch: number;
   /** Another dispatch (NATS) claims for this worker: no polling until it gives up. */
   private paused = false;
+  /** The last claim was held back by a flow limit: a slot this worker frees may let the next through. */
+  private limited = false;
   /** The worker cannot vouch for itself now (its liveness session is gone): no claims at all. */
   private held = false;
 
@@ -95,7 +99,11 @@ export class Claimer {
     while (this.claims.size > 0) await Promise.all([...this.claims]);
   }
 
-  /** Pauses polling (another dispatch claims), or resumes it with a claim at once. */
+  /**
+   * Pauses polling (another dispatch claims), or resumes it with a claim at once. Queues under
+   * flow control are still polled: only the flow claim may take their jobs (dispatch by id
+   * refuses them).
+   */
   setPaused(paused: boolean): void {
     this.paused = paused;
     if (paused) clearTimeout(this.pollTimer);
@@ -113,7 +121,7 @@ export class Claimer {
 
   /** Jobs may be ready (a NOTIFY, a reconnect): claim even if the last claim came back short. */
   wake(): void {
-    if (this.paused) return;
+    if (this.paused && this.host.queues().flowQueues.length === 0) return;
     this.wakes++;
     this.drained = false;
     clearTimeout(this.pollTimer);
@@ -124,6 +132,15 @@ export class Claimer {
   jobFinished(): void {
     this.finished++;
     this.kick();
+  }
+
+  /**
+   * A report landed: a slot of a limited queue is free in the database only now (its lease is
+   * gone), so a claim held back by the limit may go through.
+   */
+  reportLanded(): void {
+    if (this.limited) this.wake();
+    else this.kick();
   }
 
   /** Jobs to hold (running + buffered) for the current rate: the concurrency, plus prefetch. */
@@ -143,7 +160,8 @@ export class Claimer {
 
   /** Starts claims while the buffer is short of the target, up to MAX_CLAIMS_IN_FLIGHT. */
   kick(): void {
-    while (!this.stopped && !this.paused && !this.held && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
+    while (!this.stopped && !this.held && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
+      if (this.paused && this.host.queues().flowQueues.length === 0) return;
       // While reports cannot get through (a half-open connection), finished jobs keep their
       // leases: stop claiming once more than `concurrency` of them wait, so leases held stay
       // bounded.
@@ -161,21 +179,27 @@ export class Claimer {
     this.asked += limit;
     const sentAt = performance.now();
     const wakesAtSend = this.wakes;
+    const view = this.host.queues();
+    // While another dispatch claims plain queues, poll only the flow-controlled ones.
+    const queues = this.paused ? view.flowQueues : view.queues;
     const done = this.transport
-      .claim({ queues: this.settings.queues, limit, workerId: this.workerId, leaseMs: this.settings.leaseMs, tasks: this.tasks })
+      .claim({ queues, flowQueues: view.flowQueues, limit, workerId: this.workerId, leaseMs: this.settings.leaseMs, tasks: this.tasks })
       .then(
         (jobs) => {
           this.metrics.claimDuration.observe((performance.now() - sentAt) / 1000);
           this.outage.ok();
           this.errorDelay = ERROR_BACKOFF_MIN_MS;
           if (jobs.length > 0) this.host.deliver(jobs, sentAt);
+          this.limited = jobs.retryInMs !== undefined;
           // A wake-up while this claim ran may be for jobs its snapshot did not see.
-          if (jobs.length < limit && !this.stopped && !this.paused && this.wakes === wakesAtSend) {
-            // The queue is drained for now: sleep until a NOTIFY or the poll interval.
+          if (jobs.length < limit && !this.stopped && this.wakes === wakesAtSend) {
+            // The queue is drained for now, or a flow limit held the claim back: sleep until a
+            // NOTIFY, the poll interval, or the moment the limit may let a claim through.
             this.drained = true;
             this.host.idle();
             clearTimeout(this.pollTimer);
-            this.pollTimer = setTimeout(() => this.wake(), this.settings.pollIntervalMs);
+            const sleepMs = Math.min(this.settings.pollIntervalMs, jobs.retryInMs ?? Infinity);
+            this.pollTimer = setTimeout(() => this.wake(), sleepMs);
           }
         },
         (err: unknown) => {

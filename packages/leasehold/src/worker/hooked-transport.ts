@@ -3,7 +3,6 @@
  * aroundSettle hooks (src/hooks.ts). Used only when such a hook is registered: otherwise the
  * worker talks to its transport directly. Everything else is passed through unchanged.
  */
-import type { ClaimedJob } from "../jobs/types.js";
 import type * as store from "../store/index.js";
 import type { ComposedHooks, SettleBatch } from "../hooks.js";
 import type { AttachParams, Attachment, CompleteWithinParams, CompleteWithinResult, WorkerTransport } from "./transport.js";

@@ -230,12 +230,9 @@ export class RemoteTransport implements WorkerTransport {
   }
 
   async queueSettings(): Promise<store.QueueSettings[]> {
-    const res = await this.request<{ queues: (store.QueueSettings & { pausedAt: string | null; heldUntil: string | null; updatedAt: string | null })[] }>(
-      "GET",
-      "/v1/worker/queues",
-      undefined,
-      this.timeoutMs,
-    );
+    const res = await this.request<{
+      queues: (store.QueueSettings & { pausedAt: string | null; heldUntil: string | null; updatedAt: string | null })[];
+    }>("GET", "/v1/worker/queues", undefined, this.timeoutMs);
     const date = (s: string | null) => (s === null ? null : new Date(s));
     return res.body.queues.map((q) => ({ ...q, pausedAt: date(q.pausedAt), heldUntil: date(q.heldUntil), updatedAt: date(q.updatedAt) }));
   }

@@ -2,7 +2,8 @@
 import { StaleLeaseError } from "../errors.js";
 import { sanitizeText } from "../jobs/validate.js";
 import type { Failure } from "../store/index.js";
-import { JobAbortedError, PermanentJobError, RetrySupersededError, type AbortReason } from "./context.js";
+import { JobAbortedError, PermanentJobError, RateLimitedError, RetrySupersededError, type AbortReason } from "./context.js";
+import { checkRetryIn } from "../jobs/flow-limits.js";
 import type { InFlight } from "./heartbeat.js";
 import type { ReportOutcome } from "./reporter.js";
 import { recordRefusals } from "./transport.js";
@@ -36,8 +37,23 @@ export async function reportEnd(
   // state would otherwise miss what the handler reported.
   if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
   let outcome: ReportOutcome;
+  const rateLimited = err instanceof RateLimitedError && !limit ? validRateLimit(err) : undefined;
   if (err === undefined) {
     outcome = await worker.reporter.succeed({ id: job.id, attempt: job.attempt });
+  } else if (rateLimited) {
+    outcome = await worker.reporter.rateLimit({
+      id: job.id,
+      attempt: job.attempt,
+      delayMs: rateLimited.retryInMs,
+      scope: rateLimited.scope,
+      message: sanitizeText(rateLimited.message, MAX_ERROR_LENGTH),
+    });
+    if (outcome.applied)
+      worker.logger.info(
+        { jobId: job.id, attempt: job.attempt, retryInMs: rateLimited.retryInMs },
+        "job rate-limited; waits without spending an attempt",
+      );
+    return answered(worker, entry, outcome, "fail", "rate_limited");
   } else {
     const failure: Failure = {
       id: job.id,
@@ -58,10 +74,10 @@ export async function reportEnd(
 }
 
 /** Turns the reporter's answer into the attempt's outcome: counted, and a refusal recorded. */
-function answered(worker: Worker, entry: InFlight, outcome: ReportOutcome, kind: "complete" | "fail" | "supersede"): JobOutcome {
+function answered(worker: Worker, entry: InFlight, outcome: ReportOutcome, kind: "complete" | "fail" | "supersede", countAs?: string): JobOutcome {
   const { job } = entry;
   if (outcome.applied) {
-    worker.countEnded(job.queue, outcome.state === "waiting" ? "retry" : outcome.state);
+    worker.countEnded(job.queue, countAs ?? (outcome.state === "waiting" ? "retry" : outcome.state));
     return { state: outcome.state };
   }
   if ("reason" in outcome) {
@@ -76,6 +92,17 @@ function answered(worker: Worker, entry: InFlight, outcome: ReportOutcome, kind:
   // watchdog will put the job through the retry path.
   worker.logger.error({ jobId: job.id, err: String(outcome.error) }, "could not report job end");
   return { state: "report_failed", error: outcome.error };
+}
+
+/** A RateLimitedError with a usable delay and scope; a bad one is an ordinary failure that says why. */
+function validRateLimit(err: RateLimitedError): RateLimitedError | undefined {
+  try {
+    checkRetryIn(err.retryInMs, err.scope);
+    return err;
+  } catch (bad) {
+    err.message = `${err.message} (ignored as a rate limit: ${(bad as Error).message})`;
+    return undefined;
+  }
 }
 
 function describeError(err: unknown): string {

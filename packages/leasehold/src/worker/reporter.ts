@@ -8,7 +8,7 @@
  * row says whether the first try landed ("succeeded by my attempt" is success); anything
  * else is a stale lease: an ambiguous commit is not a stale report.
  */
-import type { AttemptRef, EndState, Failure, LostLease, Supersession } from "../store/index.js";
+import type { AttemptRef, EndState, Failure, LostLease, RateLimited, Supersession } from "../store/index.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { Outage } from "./outage.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
@@ -38,6 +38,7 @@ export class Reporter {
   private successes: Pending<AttemptRef>[] = [];
   private failures: Pending<Failure>[] = [];
   private supersessions: Pending<Supersession>[] = [];
+  private rateLimits: Pending<RateLimited & { message: string }>[] = [];
   private inFlight = 0;
   private drained: (() => void)[] = [];
   /** After this moment (Date.now()), connection errors are no longer retried. */
@@ -71,8 +72,16 @@ export class Reporter {
     });
   }
 
+  /** An attempt whose handler was told to slow down: its job waits, no budget spent. */
+  rateLimit(r: RateLimited & { message: string }): Promise<ReportOutcome> {
+    return new Promise((resolve) => {
+      this.rateLimits.push({ item: r, resolve });
+      this.kick();
+    });
+  }
+
   private pending(): number {
-    return this.successes.length + this.failures.length + this.supersessions.length;
+    return this.successes.length + this.failures.length + this.supersessions.length + this.rateLimits.length;
   }
 
   /** Resolves when everything handed in so far has been reported. */
@@ -89,6 +98,7 @@ export class Reporter {
       const successes = takeOnePerJob(this.successes);
       const failures = takeOnePerJob(this.failures);
       const supersessions = takeOnePerJob(this.supersessions);
+      const rateLimits = takeOnePerJob(this.rateLimits);
       this.inFlight++;
       void Promise.all([
         successes.length &&
@@ -102,6 +112,13 @@ export class Reporter {
           ]),
         supersessions.length &&
           this.send(supersessions, (items) => this.transport.supersede({ workerId: this.workerId, jobs: items }), ["superseded", "cancelled"]),
+        rateLimits.length &&
+          this.send(
+            rateLimits,
+            // One statement per batch; the message of its first attempt stands for all (each says its own delay).
+            (items) => this.transport.rateLimit({ workerId: this.workerId, jobs: items, message: items[0]!.message }),
+            ["rate_limited", "cancelled"],
+          ),
       ]).finally(() => {
         this.inFlight--;
         this.kick();

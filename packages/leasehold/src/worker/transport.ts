@@ -7,13 +7,15 @@
 import os from "node:os";
 import type pg from "pg";
 import { WorkerNameInUseError } from "../errors.js";
-import type { ClaimedJob } from "../jobs/types.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
 import { isConnectionError } from "../store/db.js";
 
 export { isConnectionError };
+
+/** The payload of the notification a change of queue settings sends (migration 013); no queue can be named so. */
+export const QUEUE_SETTINGS_CHANGED = "!queues";
 
 /** What a worker tells the world about itself when it starts. */
 export interface AttachParams {
@@ -35,6 +37,8 @@ export interface AttachParams {
   policies: store.TaskPolicy[];
   /** Jobs may have become ready in one of the queues (or a wake-up may have been missed). */
   wake: () => void;
+  /** Queue settings (pause, limits) may have changed, or a notification of it may have been missed. */
+  onQueueSettings?: () => void;
   /** The worker's identity was taken while it ran (its name is held by another process). */
   onIdentityLost: (err: Error) => void;
   /**
@@ -239,6 +243,7 @@ export class DatabaseTransport implements WorkerTransport {
       applicationName: "leasehold-worker",
       sessionOptions: `-c search_path=${store.quoteIdent(this.schema)}`,
       onNotify: (queue) => {
+        if (queue === QUEUE_SETTINGS_CHANGED || queue === undefined) p.onQueueSettings?.();
         if (queue === undefined || wanted.has(queue)) p.wake();
       },
       onConnect: async (client) => {

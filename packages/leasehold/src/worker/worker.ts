@@ -19,6 +19,7 @@ import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
+import { FlowView } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Outage } from "./outage.js";
@@ -61,6 +62,7 @@ const RELEASE_CAUSE = {
   cancelled: "cancelled",
   "not vouched for": "unvouched",
   "liveness lost": "liveness_lost",
+  "queue paused": "paused",
 } as const;
 
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
@@ -86,6 +88,7 @@ export class Worker extends WorkerEmitter {
   private reporting = 0;
   private readonly outage: Outage;
   private readonly claimer: Claimer;
+  private readonly flow: FlowView;
   private readonly heartbeater: Heartbeater;
   readonly reporter: Reporter;
   private attachment?: Attachment;
@@ -131,6 +134,13 @@ export class Worker extends WorkerEmitter {
     this.reporter = new Reporter(this.transport, this.id, this.outage);
     const tasks = [...this.settings.tasks.keys()];
     this.tasks = tasks;
+    this.flow = new FlowView(
+      this.transport,
+      this.settings.queues,
+      () => this.buffer.length > this.head,
+      () => this.flowChanged(),
+      this.logger,
+    );
     this.claimer = new Claimer(
       {
         buffered: () => this.buffer.length - this.head,
@@ -138,6 +148,7 @@ export class Worker extends WorkerEmitter {
         reporting: () => this.reporting,
         deliver: (j, at) => this.deliver(j, at),
         idle: () => this.emit("idle"),
+        queues: () => ({ queues: this.flow.claimable(), flowQueues: this.flow.flowQueues() }),
       },
       this.transport,
       this.id,
@@ -190,6 +201,7 @@ export class Worker extends WorkerEmitter {
       heartbeatMs: s.heartbeatMs,
       policies: [...s.tasks].map(([task, t]) => ({ task, backoff: t.backoff, progressTimeoutMs: t.progressTimeoutMs, maxRunMs: t.maxRunMs })),
       wake: () => this.claimer.wake(),
+      onQueueSettings: () => void this.flow.refresh(),
       onIdentityLost: (err) => {
         this.logger.error({ err: err.message }, "this worker's name was taken by another process; stopping");
         this.emit("identity:lost", err);
@@ -209,6 +221,7 @@ export class Worker extends WorkerEmitter {
       }
     }
     this.metrics.leaseHolders.add(this.heldLeases);
+    await this.flow.start();
     this.heartbeater.start();
     if (this.dispatchFactory) {
       // Polling waits until the dispatch says it is unavailable.
@@ -270,6 +283,7 @@ export class Worker extends WorkerEmitter {
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
     clearTimeout(this.livenessTimer);
+    this.flow.stop();
     await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
     const deadline = Date.now() + timeoutMs;
@@ -357,10 +371,16 @@ export class Worker extends WorkerEmitter {
   private pump(): void {
     if (this.livenessLostAt !== undefined) return;
     let unvouched: InFlight[] | undefined;
+    let pausedNow: InFlight[] | undefined;
     let now = performance.now();
     while (this.running < this.settings.concurrency && this.head < this.buffer.length && this.state === "started") {
       const entry = this.buffer[this.head++]!;
       if (!this.waiting(entry)) continue;
+      if (this.flow.isPaused(entry.job.queue)) {
+        // Paused since it was claimed: given back (flowChanged), never started.
+        (pausedNow ??= []).push(entry);
+        continue;
+      }
       // Handlers may have started since `now` was read; a stale `now` only errs toward vouching
       // less, so read the clock again only when the answer would be no.
       if (!canVouchFor(entry, this.settings.heartbeatMs, now) && !canVouchFor(entry, this.settings.heartbeatMs, (now = performance.now()))) {
@@ -373,6 +393,7 @@ export class Worker extends WorkerEmitter {
       this.buffer = this.buffer.slice(this.head);
       this.head = 0;
     }
+    if (pausedNow) void this.release(pausedNow, "queue paused");
     if (unvouched) {
       this.logger.warn(
         { jobs: unvouched.map((e) => e.job.id) },
@@ -449,6 +470,21 @@ export class Worker extends WorkerEmitter {
    */
   private waiting(e: InFlight): boolean {
     return e.phase === "buffered" && !e.lostReason && this.newestAttempt.get(e.job.id) === e;
+  }
+
+  /**
+   * A queue was paused or resumed, or came under flow control or left it: buffered jobs of a
+   * paused queue are given back (no attempt spent; they never start here), and claims are
+   * asked for again with the new view (a resumed queue's backlog at once).
+   */
+  private flowChanged(): void {
+    if (this.state !== "started") return;
+    const paused = this.buffer.slice(this.head).filter((e) => this.waiting(e) && this.flow.isPaused(e.job.queue));
+    if (paused.length > 0) {
+      this.logger.info({ jobs: paused.length }, "queue paused: buffered jobs given back");
+      void this.release(paused, "queue paused");
+    }
+    this.claimer.wake();
   }
 
   /** Takes every job still buffered (not started), in order. */
@@ -652,7 +688,7 @@ export class Worker extends WorkerEmitter {
     } finally {
       this.reporting--;
       this.forget(entry);
-      this.claimer.kick(); // a report that landed may let claims resume (see Claimer)
+      this.claimer.reportLanded(); // may let claims resume (see Claimer), or free a limited queue's slot
     }
   }
 
