@@ -163,6 +163,9 @@ test("the SQL function refuses what lh.enqueue refuses and stores what it stores
     ["t", {}, { delayMs: -1 }],
     ["t", {}, { uniqueKey: "" }],
     ["t", {}, { uniqueKey: "k".repeat(513) }],
+    ["t", {}, { key: "" }],
+    ["t", {}, { key: "k".repeat(513) }],
+    ["t", {}, { key: 42 }],
     ["t", { a: deep(256) }, {}],
     ["t", { big: "x".repeat(1024 * 1024) }, {}],
   ];
@@ -180,9 +183,9 @@ test("the SQL function refuses what lh.enqueue refuses and stores what it stores
   const [fromSql] = (await sql("t", JSON.stringify({ a: deep(255) }), options)).rows;
   assert.equal(fromSql!.id, fromClient.id, "a key held by an unfinished job answers with that job");
   const runAt = "2030-01-01T00:00:00.000Z";
-  const a = await lh.enqueue("t", { n: 1 }, { runAt: new Date(runAt), maxAttempts: 3 });
-  const [b] = (await sql("t", JSON.stringify({ n: 1 }), { runAt, maxAttempts: 3 })).rows;
-  const cols = "queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms";
+  const a = await lh.enqueue("t", { n: 1 }, { runAt: new Date(runAt), maxAttempts: 3, key: "tenant-1" });
+  const [b] = (await sql("t", JSON.stringify({ n: 1 }), { runAt, maxAttempts: 3, key: "tenant-1" })).rows;
+  const cols = "queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, flow_key";
   const rows = (await lh.pool.query(`SELECT ${cols} FROM jobs WHERE id = ANY($1::bigint[]) ORDER BY id`, [[a.id, b!.id]])).rows;
   assert.deepEqual(rows[0], rows[1]);
 });
