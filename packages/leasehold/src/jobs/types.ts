@@ -130,6 +130,8 @@ export interface JobRecord {
   checkpoint: JsonValue | null;
   lastError: string | null;
   uniqueKey: string | null;
+  /** Its flow-control key while it is unfinished (finished jobs do not keep it). */
+  key: string | null;
   createdAt: Date;
   startedAt: Date | null;
   finishedAt: Date | null;

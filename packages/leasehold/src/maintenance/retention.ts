@@ -6,7 +6,15 @@
  */
 import type pg from "pg";
 import type { Logger } from "../logger.js";
-import { GENERATIONS, pruneDeadJobs, pruneStaleRefusals, setGenerationWidth, truncateOldGenerations, vacuumIfBloated } from "../store/index.js";
+import {
+  GENERATIONS,
+  pruneDeadJobs,
+  pruneFlowKeyState,
+  pruneStaleRefusals,
+  setGenerationWidth,
+  truncateOldGenerations,
+  vacuumIfBloated,
+} from "../store/index.js";
 import { ConfigError } from "../errors.js";
 import type { Metrics } from "../metrics.js";
 import { MaintenanceService } from "./service.js";
@@ -62,6 +70,10 @@ export class Retention extends MaintenanceService<number> {
     // Stale refusals (what the dashboard's Recoveries view lists) are kept as long as finished jobs.
     for (let i = 0; i < MAX_BATCHES_PER_RUN; i++) {
       if ((await pruneStaleRefusals(this.pool, { retainMs: this.retainMs, limit: batch })) < batch) break;
+    }
+    // Per-key rate logs and holds of keys that went quiet (one row per key that was ever limited).
+    for (let i = 0; i < MAX_BATCHES_PER_RUN; i++) {
+      if ((await pruneFlowKeyState(this.pool, { limit: batch })) < batch) break;
     }
     this.metrics.retentionDeleted.inc(total);
     if (total > 0) {

@@ -6,19 +6,19 @@ import type { AttemptRecord, JobRecord, JobState, ListedJob } from "../jobs/type
 /** Every column of a job record but its id and payload (lists may leave the payload out). */
 const JOB_FIELDS = `queue, task, priority, state, attempt, spent_attempts, max_attempts,
        run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
-       last_error, unique_key, created_at, started_at, finished_at`;
+       last_error, unique_key, flow_key, created_at, started_at, finished_at`;
 const JOB_COLUMNS = `id, payload, ${JOB_FIELDS}`;
 
 // One shape for unfinished and finished jobs: the columns the other table lacks are null.
 const ALL_JOBS = `(
   SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
          run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
-         last_error, unique_key, created_at, started_at, NULL::timestamptz AS finished_at
+         last_error, unique_key, flow_key, created_at, started_at, NULL::timestamptz AS finished_at
     FROM jobs
   UNION ALL
   SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
          NULL, NULL, NULL, NULL, NULL, progress, checkpoint,
-         last_error, unique_key, created_at, started_at, finished_at
+         last_error, unique_key, NULL::text, created_at, started_at, finished_at
     FROM finished_jobs
 ) AS all_jobs`;
 
@@ -41,6 +41,7 @@ const JOB_ROW = {
   checkpoint: "jsonb?",
   last_error: "text?",
   unique_key: "text?",
+  flow_key: "text?",
   created_at: "timestamptz",
   started_at: "timestamptz?",
   finished_at: "timestamptz?",
@@ -77,6 +78,7 @@ function toRecord(r: JobRow): JobRecord {
     checkpoint: r.checkpoint,
     lastError: r.last_error,
     uniqueKey: r.unique_key,
+    key: r.flow_key,
     createdAt: r.created_at,
     startedAt: r.started_at,
     finishedAt: r.finished_at,

@@ -149,6 +149,29 @@ export async function setQueuePaused(db: Queryable, name: string, paused: boolea
 }
 
 /**
+ * Forgets per-key flow state no claim needs: no hold in force and no start inside any rate
+ * window (a window is at most a day). A key's row comes back with its next limited start.
+ */
+const PRUNE_KEY_STATE = statement(
+  "pruneFlowKeyState",
+  `WITH gone AS (
+  DELETE FROM flow_key_state AS ks
+   WHERE (ks.queue, ks.flow_key) IN (
+         SELECT queue, flow_key FROM flow_key_state
+          WHERE coalesce(held_until < now(), true)
+            AND coalesce(start_times[cardinality(start_times)] < now() - interval '1 day', true)
+          LIMIT $1)
+  RETURNING 1
+)
+SELECT count(*)::int AS deleted FROM gone`,
+  { deleted: "int4" },
+);
+
+export async function pruneFlowKeyState(db: Queryable, p: { limit: number }): Promise<number> {
+  return (await run(db, PRUNE_KEY_STATE, [p.limit]))[0]!.deleted;
+}
+
+/**
  * Changes the given limits (each: a value, or null for none); the others stay. The statement
  * names every column and a flag per column saying whether to take the new value.
  */
