@@ -126,6 +126,7 @@ DECLARE
   t_now      timestamptz;
   rate_since timestamptz;
   key_since  timestamptz;
+  share      float8;           -- a weight-1 key's share of this claim
 BEGIN
   -- One claimer of this queue at a time: every count below sees the claims before it.
   INSERT INTO flow_state AS fs (queue) VALUES (q) ON CONFLICT DO NOTHING;
@@ -195,6 +196,9 @@ BEGIN
         ) SELECT k FROM line WHERE k IS NOT NULL);
     END IF;
     key_since := t_now - s.key_rate_window_ms * interval '1 millisecond';
+    -- No key takes more than its weighted share of the claim: a key with a deep backlog is not
+    -- read past what it can get (it gets the rest at the next claim, which comes at once).
+    SELECT budget / greatest(sum(coalesce((s.key_weights ->> k)::float8, 1)), 1) INTO share FROM unnest(keys) AS k;
 
     -- Each key's line: its next jobs in (priority, enqueue) order, as many as it has slots for;
     -- one not yet due keeps its place (so with a limit of 1 a key runs strictly in order).
@@ -209,6 +213,7 @@ BEGIN
     ), slots AS (
       SELECT v.k, v.ord, coalesce((s.key_weights ->> v.k)::float8, 1) AS weight,
              least(budget,
+                   ceil(coalesce(share, budget) * coalesce((s.key_weights ->> v.k)::float8, 1))::int,
                    coalesce(s.key_concurrency - coalesce(r.n, 0), budget),
                    CASE WHEN s.key_rate_limit IS NULL THEN budget
                         ELSE s.key_rate_limit - flow_window_used(ks.start_times, ks.start_counts, key_since) END,
@@ -249,6 +254,9 @@ BEGIN
     IF coalesce(cardinality(picked), 0) < budget AND (s.key_concurrency IS NOT NULL OR s.key_rate_limit IS NOT NULL
                                                       OR EXISTS (SELECT 1 FROM flow_key_state AS ks WHERE ks.queue = q AND ks.held_until > t_now)) THEN
       held_ms := least(coalesce(held_ms, 100), 100);  -- keys at their limits: ask again soon
+    END IF;
+    IF cardinality(picked) > 0 AND cardinality(picked) < budget AND cardinality(keys) > 1 THEN
+      held_ms := 1;  -- shares may have left jobs behind: ask again at once
     END IF;
     UPDATE flow_state AS fs SET next_key = st.next_key WHERE fs.queue = q AND st.next_key IS NOT NULL;
     IF s.key_rate_limit IS NOT NULL AND cardinality(picked) > 0 THEN
