@@ -158,18 +158,21 @@ const CLAIM_FLOW = statement(
   },
 );
 
+/**
+ * Each flow queue is claimed on its own (its claims are serialised on its own row), with at most
+ * an even share of the limit, before the plain queues take the rest: a plain queue's backlog
+ * never starves a limited queue of the same worker.
+ */
 export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJobs> {
   if (p.limit <= 0) return [];
   const flow = new Set(p.flowQueues ?? []);
   const plain = p.queues.filter((q) => !flow.has(q));
+  const flowQueues = p.queues.filter((q) => flow.has(q));
+  const share = Math.max(1, Math.ceil(p.limit / (flowQueues.length + (plain.length > 0 ? 1 : 0))));
   const claimed: ClaimedJobs = [];
-  if (plain.length > 0) {
-    const st = plain.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
-    claimed.push(...toClaimed(await run(db, st, [plain, p.limit, p.workerId, p.leaseMs, p.tasks])));
-  }
-  for (const queue of p.queues.filter((q) => flow.has(q))) {
+  for (const queue of flowQueues) {
     if (claimed.length >= p.limit) break;
-    const rows = await run(db, CLAIM_FLOW, [queue, p.limit - claimed.length, p.workerId, p.leaseMs, p.tasks]);
+    const rows = await run(db, CLAIM_FLOW, [queue, Math.min(share, p.limit - claimed.length), p.workerId, p.leaseMs, p.tasks]);
     for (const r of rows) {
       if (r.id !== null) {
         claimed.push(...toClaimed([r as typeof r & { id: string }] as never));
@@ -179,6 +182,10 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
         claimed.retryInMs = Math.min(claimed.retryInMs ?? Infinity, r.retry_ms);
       }
     }
+  }
+  if (plain.length > 0 && claimed.length < p.limit) {
+    const st = plain.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
+    claimed.push(...toClaimed(await run(db, st, [plain, p.limit - claimed.length, p.workerId, p.leaseMs, p.tasks])));
   }
   return claimed;
 }

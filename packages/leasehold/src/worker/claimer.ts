@@ -46,6 +46,8 @@ export interface ClaimerHost {
   idle(): void;
   /** What to claim from now: the queues not paused, and which of them go through flow control. */
   queues(): { queues: string[]; flowQueues: string[] };
+  /** A claim found a queue paused that the worker's view did not know of. */
+  queuesStale(): void;
 }
 
 export class Claimer {
@@ -191,6 +193,7 @@ export class Claimer {
           this.errorDelay = ERROR_BACKOFF_MIN_MS;
           if (jobs.length > 0) this.host.deliver(jobs, sentAt);
           this.limited = jobs.retryInMs !== undefined;
+          if (jobs.paused) this.host.queuesStale();
           // A wake-up while this claim ran may be for jobs its snapshot did not see.
           if (jobs.length < limit && !this.stopped && this.wakes === wakesAtSend) {
             // The queue is drained for now, or a flow limit held the claim back: sleep until a

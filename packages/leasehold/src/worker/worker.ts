@@ -149,6 +149,7 @@ export class Worker extends WorkerEmitter {
         deliver: (j, at) => this.deliver(j, at),
         idle: () => this.emit("idle"),
         queues: () => ({ queues: this.flow.claimable(), flowQueues: this.flow.flowQueues() }),
+        queuesStale: () => void this.flow.refresh(),
       },
       this.transport,
       this.id,
