@@ -301,3 +301,39 @@ test("the CLI: enqueue --nats publishes (LEASEHOLD_NATS_URL too); a bad URL is r
   assert.notEqual(bad.code, 0);
   assert.match(bad.stderr, /the NATS URL must look like nats:\/\/host:4222/);
 });
+
+test("flow control under NATS dispatch: a paused queue starts nothing until resumed; a limited or keyed queue is claimed by polling, within its limit", async (t) => {
+  const lh = await natsLeasehold(t);
+  let running = 0;
+  let most = 0;
+  const started: string[] = [];
+  const worker = lh.worker({
+    concurrency: 10,
+    handlers: {
+      work: async (_p, ctx: JobContext) => {
+        started.push(ctx.jobId);
+        most = Math.max(most, ++running);
+        await new Promise((r) => setTimeout(r, 100));
+        running--;
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+
+  await lh.pauseQueue("default", { create: true });
+  const paused = await lh.enqueueMany(Array.from({ length: 5 }, () => ({ task: "work" })));
+  // The messages arrive; the claims by id refuse a paused queue, and polling skips it.
+  await new Promise((r) => setTimeout(r, 1_500));
+  assert.deepEqual(started, [], "nothing of a paused queue starts");
+  await lh.resumeQueue("default");
+  for (const { id } of paused) await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", `job ${id} ran after the resume`);
+
+  await lh.setQueueLimits("default", { concurrency: 2 });
+  started.length = 0;
+  most = 0;
+  const limited = await lh.enqueueMany(Array.from({ length: 10 }, (_, i) => ({ task: "work", key: `k${i % 3}` })));
+  for (const { id } of limited) await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", `job ${id} ran within the limit`);
+  assert.equal(started.length, 10);
+  assert.equal(most, 2, "at most the limit at once, and the limit reached");
+});
