@@ -87,6 +87,9 @@ export class RecordingTransport implements WorkerTransport {
       (r) => [...r.keys()],
     );
   }
+  get notifiesQueueSettings(): boolean | undefined {
+    return this.inner.notifiesQueueSettings;
+  }
   queueSettings(): Promise<store.QueueSettings[]> {
     return this.inner.queueSettings();
   }

@@ -6,9 +6,10 @@
  * which buffered jobs to give back when their queue is paused.
  *
  * Refreshed at once on the settings notification (`!queues` on the worker's channel) and on
- * every new session; polled every REFRESH_BUFFERED_MS while the worker holds buffered jobs
- * (a pause must reach them within a second even without notifications: a remote worker, a
- * missed NOTIFY) and every REFRESH_IDLE_MS otherwise.
+ * every new session (a notification sent while the session was down is lost), so a worker on
+ * the database polls only every REFRESH_NOTIFIED_MS. A transport without notifications (a
+ * remote worker) polls every REFRESH_BUFFERED_MS while it holds buffered jobs (a pause must
+ * reach them within a second) and every REFRESH_IDLE_MS otherwise.
  */
 import type { Logger } from "../logger.js";
 import type { QueueSettings } from "../store/index.js";
@@ -16,6 +17,8 @@ import type { WorkerTransport } from "./transport.js";
 
 export const REFRESH_BUFFERED_MS = 500;
 export const REFRESH_IDLE_MS = 2_000;
+/** With notifications (a worker on the database), polling is only a safety net. */
+export const REFRESH_NOTIFIED_MS = 10_000;
 
 export class FlowView {
   private settings = new Map<string, QueueSettings>();
@@ -101,7 +104,8 @@ export class FlowView {
   private schedule(): void {
     if (this.stopped) return;
     this.timer = setTimeout(() => {
-      const due = this.holdsBuffered() || performance.now() - this.readAt >= REFRESH_IDLE_MS;
+      const since = performance.now() - this.readAt;
+      const due = this.transport.notifiesQueueSettings ? since >= REFRESH_NOTIFIED_MS : this.holdsBuffered() || since >= REFRESH_IDLE_MS;
       void (due ? this.refresh() : Promise.resolve()).finally(() => this.schedule());
     }, REFRESH_BUFFERED_MS);
     this.timer.unref();

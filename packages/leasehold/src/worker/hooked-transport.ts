@@ -33,6 +33,9 @@ class HookedTransport implements WorkerTransport {
     return around({ kind, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) }, write) as Promise<M>;
   }
 
+  get notifiesQueueSettings(): boolean | undefined {
+    return this.inner.notifiesQueueSettings;
+  }
   claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {
     const around = this.hooks.aroundClaim;
     if (!around) return this.inner.claim(p);

@@ -103,6 +103,11 @@ export interface WorkerTransport {
   recordRefusals?(refusals: store.StaleRefusal[]): Promise<void>;
   /** The most jobs one claim may ask for through this transport (default: the runtime's own cap). */
   readonly maxClaimBatch?: number;
+  /**
+   * The transport calls `onQueueSettings` on every change of queue settings (and on every new
+   * session): the worker then reads them on notice, and polls only as a slow safety net.
+   */
+  readonly notifiesQueueSettings?: boolean;
 }
 
 export interface CompleteWithinParams<T> {
@@ -171,6 +176,7 @@ function withQueryTimeout(pool: pg.Pool, ms: number): store.Queryable {
 }
 
 export class DatabaseTransport implements WorkerTransport {
+  readonly notifiesQueueSettings = true;
   /** Connections for ctx.transaction, made on first use (see completeWithin). */
   private appPool?: pg.Pool;
 
