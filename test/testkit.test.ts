@@ -161,6 +161,27 @@ test("drain({ advanceClock }) runs retries and delayed jobs at once by moving th
   assert.ok((await q.clock.now()).getTime() - before.getTime() >= 2 * DAY, "the clock moved to the delayed job");
 });
 
+test("drain({ advanceClock }) runs a limited, keyed queue's delayed jobs too: flow control reads the same (fake) clock", async (t) => {
+  const order: number[] = [];
+  const q = await queue(t, { step: async (p: { n: number }) => void order.push(p.n) });
+  await q.lh.setQueueLimits("default", { concurrency: 1, keyConcurrency: 1, rate: { limit: 100, windowMs: 1_000 } }, { create: true });
+  await q.lh.enqueue("step", { n: 1 }, { key: "order-7", delayMs: DAY });
+  await q.lh.enqueue("step", { n: 2 }, { key: "order-7" });
+  const result = await q.drain({ advanceClock: true });
+  assert.deepEqual(result.left, []);
+  // One key at a time, in enqueue order: the delayed first job holds its place.
+  assert.deepEqual(order, [1, 2]);
+
+  // A paused queue's jobs are left, and the drain says why.
+  await q.lh.pauseQueue("default");
+  const { id } = await q.lh.enqueue("step", { n: 3 });
+  const paused = await q.drain({ advanceClock: true });
+  assert.deepEqual(
+    paused.left.map((j) => [j.id, j.why]),
+    [[id, "flow_control"]],
+  );
+});
+
 test("drain() refuses without handlers, and stops a job that enqueues itself forever", async (t) => {
   const q = await queue(t);
   await assert.rejects(q.drain(), /no handlers/);

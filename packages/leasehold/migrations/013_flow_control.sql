@@ -107,8 +107,8 @@ $$;
 -- a limit (not the queue's backlog) held the claim back, one more row with a null id and
 -- `retry_ms`: how long until asking again may find a slot (null: paused; wait for a resume).
 --
--- Times: the lease, the attempt's start and the rate log take clock_timestamp() after the lock,
--- not now() (this statement's start, before it waited): an attempt's recorded start is then
+-- Times: the lease, the attempt's start and the rate log take the time after the lock, not
+-- now() (this statement's start, before it waited): an attempt's recorded start is then
 -- after every end its claim counted, so the audit trail shows a limit as it held.
 CREATE FUNCTION claim_flow(q text, lim integer, worker text, default_lease_ms integer, task_names text[])
 RETURNS TABLE (id bigint, queue text, task text, payload jsonb, attempt integer, fence bigint,
@@ -137,7 +137,9 @@ BEGIN
   INSERT INTO flow_state AS fs (queue) VALUES (q) ON CONFLICT DO NOTHING;
   SELECT * INTO st FROM flow_state AS fs WHERE fs.queue = q FOR UPDATE;
   SELECT * INTO s FROM queues AS qs WHERE qs.name = q;
-  t_now := clock_timestamp();
+  -- The time now, after the lock: clock_timestamp(), written so that a clock that moves now()
+  -- (the test kit's fake clock replaces now()) moves it too.
+  t_now := now() + (clock_timestamp() - transaction_timestamp());
   IF s.paused THEN
     RETURN QUERY SELECT NULL::bigint, q, NULL::text, NULL::jsonb, NULL::int, NULL::bigint, NULL::int, NULL::int, NULL::int,
                         NULL::jsonb, NULL::text, NULL::text, NULL::int, NULL::int, NULL::boolean, NULL::jsonb, NULL::text, NULL::int;

@@ -45,13 +45,16 @@ export interface DrainedJob {
   error?: unknown;
 }
 
-/** A waiting job the drain left: not due yet, no handler registered for its task, or outside `queues`. */
+/**
+ * A waiting job the drain left: not due yet, no handler registered for its task, outside `queues`,
+ * or due but held back by its queue's flow control (paused, or a limit the drain cannot wait out).
+ */
 export interface LeftJob {
   id: string;
   task: string;
   queue: string;
   runAt: Date;
-  why: "not_due" | "no_handler" | "other_queue";
+  why: "not_due" | "no_handler" | "other_queue" | "flow_control";
 }
 
 export interface DrainResult {
@@ -73,11 +76,17 @@ const READY_QUEUES = `
 SELECT DISTINCT queue FROM jobs
  WHERE state = 'waiting' AND run_at <= now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
 
-/** A round is over when none of its jobs is ready or held by its worker in the database. */
+/**
+ * A round is over when none of its jobs is ready or held by its worker in the database. A ready
+ * job of a queue under flow control (paused, limited, keyed) may be one no claim can take yet
+ * (its key's earlier job is delayed, a rate window is full): there the worker's own word that its
+ * last claim came back short decides.
+ */
 const ROUND_BUSY = `
 SELECT EXISTS (
   SELECT 1 FROM jobs
-   WHERE (state = 'waiting' AND run_at <= now() AND task = ANY($1::text[]) AND queue = ANY($2::text[]))
+   WHERE (state = 'waiting' AND run_at <= now() AND task = ANY($1::text[]) AND queue = ANY($2::text[])
+          AND NOT EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())))
       OR (state = 'running' AND locked_by = $3)) AS busy`;
 
 const NEXT_DUE = `
@@ -85,7 +94,9 @@ SELECT min(run_at) AS at FROM jobs
  WHERE state = 'waiting' AND run_at > now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
 
 const LEFT = `
-SELECT id::text, task, queue, run_at, run_at > now() AS later FROM jobs WHERE state = 'waiting' ORDER BY run_at, id LIMIT $1`;
+SELECT id::text, task, queue, run_at, run_at > now() AS later,
+       EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())) AS held
+  FROM jobs WHERE state = 'waiting' ORDER BY run_at, id LIMIT $1`;
 
 export interface DrainHost {
   lh: Leasehold;
@@ -114,8 +125,10 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
     await scheduler.runOnce();
     const ready = (await host.pool.query<{ queue: string }>(READY_QUEUES, [tasks, queues])).rows.map((r) => r.queue);
     if (ready.length > 0) {
+      const before = ran.length;
       await runRound(host, handlers, ready, tasks, settings, deadline, ran, errors);
-      continue;
+      // A round that ran nothing found only jobs flow control holds back: let time move them.
+      if (ran.length > before) continue;
     }
     if (!options.advanceClock) break;
     const { rows } = await host.pool.query<{ at: Date | null }>(NEXT_DUE, [tasks, queues]);
@@ -123,15 +136,15 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
     await host.clock.advanceTo(rows[0]!.at);
   }
   const handled = new Set(tasks);
-  const left = (await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean }>(LEFT, [LEFT_SHOWN])).rows.map(
-    (r): LeftJob => ({
-      id: r.id,
-      task: r.task,
-      queue: r.queue,
-      runAt: r.run_at,
-      why: !handled.has(r.task) ? "no_handler" : queues && !queues.includes(r.queue) ? "other_queue" : "not_due",
-    }),
-  );
+  const left = (
+    await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean; held: boolean }>(LEFT, [LEFT_SHOWN])
+  ).rows.map((r): LeftJob => ({
+    id: r.id,
+    task: r.task,
+    queue: r.queue,
+    runAt: r.run_at,
+    why: !handled.has(r.task) ? "no_handler" : queues && !queues.includes(r.queue) ? "other_queue" : !r.later && r.held ? "flow_control" : "not_due",
+  }));
   return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded"), left };
 }
 
@@ -175,11 +188,17 @@ async function runRound(
     ran.push(entry);
     check();
   });
-  worker.on("idle", () => check());
+  // The worker's last claim came back short (nothing more it could take), since its last start.
+  let idle = false;
+  worker.on("job:start", () => (idle = false));
+  worker.on("idle", () => {
+    idle = true;
+    check();
+  });
   let checking = false;
   // Over when the worker holds nothing and the database agrees that nothing of its is ready.
   async function settled(): Promise<boolean> {
-    if (worker.inFlightCount > 0) return false;
+    if (worker.inFlightCount > 0 || !idle) return false;
     const { rows } = await host.pool.query<{ busy: boolean }>(ROUND_BUSY, [tasks, queues, worker.id]);
     return !rows[0]!.busy && worker.inFlightCount === 0;
   }
