@@ -102,14 +102,24 @@ RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
    WHERE (SELECT coalesce(sum(c), 0) FROM unnest(times, counts) AS l(t, c) WHERE t > since) - running_total <= lim - need
 $$;
 
+-- The time now, inside a statement that has run a while (waited for a lock): clock_timestamp(),
+-- written so that a clock that moves now() moves it too (the test kit's fake clock replaces now()).
+CREATE FUNCTION flow_clock() RETURNS timestamptz LANGUAGE sql VOLATILE AS $$
+  SELECT now() + (clock_timestamp() - transaction_timestamp())
+$$;
+
 -- The claim of a flow-controlled queue: up to `lim` jobs within every limit of the queue, in
 -- claim order for keyless jobs and round-robin between keys. Returns the claimed jobs and, when
 -- a limit (not the queue's backlog) held the claim back, one more row with a null id and
 -- `retry_ms`: how long until asking again may find a slot (null: paused; wait for a resume).
 --
--- Times: the lease, the attempt's start and the rate log take the time after the lock, not
--- now() (this statement's start, before it waited): an attempt's recorded start is then
--- after every end its claim counted, so the audit trail shows a limit as it held.
+-- Times: the lease, the attempt's start and the rate logs take the time once the jobs are
+-- chosen (t_start), not now() (this statement's start, before it waited) nor the time the
+-- claim began counting (t_now): each statement that counts leases sees the ends committed before
+-- it began, and such an end's recorded time (its statement's now()) can be later than t_now. Taken
+-- after the last count, an attempt's recorded start is after every end its claim counted, so the
+-- audit trail shows a limit as it held. (The rate logs are read at t_now and written at t_start:
+-- a window ending at t_start holds no start the claim did not count.)
 CREATE FUNCTION claim_flow(q text, lim integer, worker text, default_lease_ms integer, task_names text[])
 RETURNS TABLE (id bigint, queue text, task text, payload jsonb, attempt integer, fence bigint,
                spent_attempts integer, max_attempts integer, lease_ms integer, checkpoint jsonb,
@@ -128,7 +138,8 @@ DECLARE
   picked     bigint[];
   claimed    integer;
   keys       text[];
-  t_now      timestamptz;
+  t_now      timestamptz;      -- due times, holds and rate windows are judged at this time
+  t_start    timestamptz;      -- the claimed attempts' start: after every count (see above)
   rate_since timestamptz;
   key_since  timestamptz;
   share      float8;           -- a weight-1 key's share of this claim
@@ -137,9 +148,7 @@ BEGIN
   INSERT INTO flow_state AS fs (queue) VALUES (q) ON CONFLICT DO NOTHING;
   SELECT * INTO st FROM flow_state AS fs WHERE fs.queue = q FOR UPDATE;
   SELECT * INTO s FROM queues AS qs WHERE qs.name = q;
-  -- The time now, after the lock: clock_timestamp(), written so that a clock that moves now()
-  -- (the test kit's fake clock replaces now()) moves it too.
-  t_now := now() + (clock_timestamp() - transaction_timestamp());
+  t_now := flow_clock();
   IF s.paused THEN
     RETURN QUERY SELECT NULL::bigint, q, NULL::text, NULL::jsonb, NULL::int, NULL::bigint, NULL::int, NULL::int, NULL::int,
                         NULL::jsonb, NULL::text, NULL::text, NULL::int, NULL::int, NULL::boolean, NULL::jsonb, NULL::text, NULL::int;
@@ -174,6 +183,7 @@ BEGIN
        ORDER BY j.priority, j.run_at, j.id
        LIMIT budget
          FOR UPDATE SKIP LOCKED);
+    t_start := flow_clock();
   ELSIF budget > 0 THEN
     -- The keys with waiting jobs, from where the round-robin stopped, wrapping around: each
     -- step one descent of the keyed index. Enough of them to pass the keys at their limit.
@@ -257,6 +267,7 @@ BEGIN
     SELECT array_agg(c.id ORDER BY c.pos), (array_agg(c.k ORDER BY c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1]
       INTO picked, st.next_key
       FROM chosen AS c;
+    t_start := flow_clock();
 
     IF coalesce(cardinality(picked), 0) < budget AND (s.key_concurrency IS NOT NULL OR s.key_rate_limit IS NOT NULL
                                                       OR EXISTS (SELECT 1 FROM flow_key_state AS ks WHERE ks.queue = q AND ks.held_until > t_now)) THEN
@@ -268,11 +279,11 @@ BEGIN
     UPDATE flow_state AS fs SET next_key = st.next_key WHERE fs.queue = q AND st.next_key IS NOT NULL;
     IF s.key_rate_limit IS NOT NULL AND cardinality(picked) > 0 THEN
       INSERT INTO flow_key_state AS ks (queue, flow_key, start_times, start_counts)
-      SELECT q, j.flow_key, ARRAY[t_now], ARRAY[count(*)::int]
+      SELECT q, j.flow_key, ARRAY[t_start], ARRAY[count(*)::int]
         FROM jobs AS j WHERE j.id = ANY(picked) AND j.flow_key IS NOT NULL
        GROUP BY j.flow_key
       ON CONFLICT (queue, flow_key) DO UPDATE
-         SET start_times = ARRAY(SELECT t FROM unnest(ks.start_times) AS t WHERE t > key_since ORDER BY t) || t_now,
+         SET start_times = ARRAY(SELECT t FROM unnest(ks.start_times) AS t WHERE t > key_since ORDER BY t) || t_start,
              start_counts = ARRAY(SELECT c FROM unnest(ks.start_times, ks.start_counts) AS l(t, c) WHERE t > key_since ORDER BY t)
                             || EXCLUDED.start_counts;
     END IF;
@@ -282,7 +293,7 @@ BEGIN
   IF claimed > 0 THEN
     IF s.rate_limit IS NOT NULL THEN
       UPDATE flow_state AS fs
-         SET start_times = ARRAY(SELECT t FROM unnest(fs.start_times) AS t WHERE t > rate_since ORDER BY t) || t_now,
+         SET start_times = ARRAY(SELECT t FROM unnest(fs.start_times) AS t WHERE t > rate_since ORDER BY t) || t_start,
              start_counts = ARRAY(SELECT c FROM unnest(fs.start_times, fs.start_counts) AS l(t, c) WHERE t > rate_since ORDER BY t)
                             || claimed
        WHERE fs.queue = q;
@@ -293,10 +304,10 @@ BEGIN
            attempt = j.attempt + 1,
            fence = nextval('fence_seq'),
            locked_by = worker,
-           lease_until = t_now + coalesce(j.lease_ms, default_lease_ms) * interval '1 millisecond',
-           heartbeat_at = t_now,
-           started_at = t_now,
-           progress_at = t_now
+           lease_until = t_start + coalesce(j.lease_ms, default_lease_ms) * interval '1 millisecond',
+           heartbeat_at = t_start,
+           started_at = t_start,
+           progress_at = t_start
      WHERE j.id = ANY(picked)
        AND j.state = 'waiting'
     RETURNING j.id, j.queue, j.task, j.payload, j.attempt, j.fence, j.spent_attempts, j.max_attempts,
