@@ -11,7 +11,7 @@ import assert from "node:assert/strict";
 import { UnknownQueueError, ValidationError } from "../packages/leasehold/src/errors.js";
 import type { NewJob } from "../packages/leasehold/src/jobs/types.js";
 import { eventually, freshLeasehold } from "./helpers/db.js";
-import { auditTrail, byKey, dbNow, flowWorkers, maxOverlap, maxStartsInWindow, sleep, type Attempt } from "./helpers/flow.js";
+import { auditTrail, byKey, dbNow, flowWorkers, holdersAt, maxOverlap, maxStartsInWindow, sleep, type Attempt } from "./helpers/flow.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -70,12 +70,12 @@ test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim aga
   const keyOf = new Map([...jobOf].filter(([, j]) => j.key !== undefined).map(([id, j]) => [id, j.key!]));
 
   const global = maxOverlap(inQueue("global5"));
-  assert.ok(global.max <= 5, `global5: ${global.max} attempts at once at ${new Date(global.at).toISOString()} (limit 5)`);
+  assert.ok(global.max <= 5, `global5: ${global.max} attempts at once (limit 5): ${holdersAt(inQueue("global5"), global.at)}`);
   assert.equal(global.max, 5, "global5: the limit was reached (the test had overlap to refuse)");
 
   for (const [key, attempts] of byKey(inQueue("key1"), keyOf)) {
     const o = maxOverlap(attempts);
-    assert.ok(o.max <= 1, `key1/${key}: ${o.max} attempts at once at ${new Date(o.at).toISOString()} (limit 1)`);
+    assert.ok(o.max <= 1, `key1/${key}: ${o.max} attempts at once (limit 1): ${holdersAt(attempts, o.at)}`);
     // Strictly in line: the jobs in the order they started (a released job that starts again
     // counts once) are the key's jobs by (priority, enqueue).
     const started = attempts.map((a) => a.jobId).filter((id, i, all) => i === 0 || all[i - 1] !== id);
@@ -91,7 +91,7 @@ test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim aga
   let perKeyMax = 0;
   for (const [key, attempts] of byKey(inQueue("key3"), keyOf)) {
     const o = maxOverlap(attempts);
-    assert.ok(o.max <= 3, `key3/${key}: ${o.max} attempts at once at ${new Date(o.at).toISOString()} (limit 3)`);
+    assert.ok(o.max <= 3, `key3/${key}: ${o.max} attempts at once (limit 3): ${holdersAt(attempts, o.at)}`);
     perKeyMax = Math.max(perKeyMax, o.max);
   }
   assert.equal(perKeyMax, 3, "key3: some key reached its limit");

@@ -55,18 +55,19 @@ export interface Attempt {
   jobId: string;
   attempt: number;
   outcome: string;
+  workerId: string;
   start: number;
   end: number;
 }
 
 /** Every finished attempt (the `all_attempts` view), oldest start first. */
 export async function auditTrail(db: Queryable): Promise<Attempt[]> {
-  const { rows } = await db.query<{ job_id: string; attempt: number; outcome: string; start_ms: number; end_ms: number }>(
-    `SELECT job_id::text, attempt, outcome,
+  const { rows } = await db.query<{ job_id: string; attempt: number; outcome: string; worker_id: string; start_ms: number; end_ms: number }>(
+    `SELECT job_id::text, attempt, outcome, worker_id,
             extract(epoch FROM started_at)::float8 * 1000 AS start_ms, extract(epoch FROM ended_at)::float8 * 1000 AS end_ms
        FROM all_attempts ORDER BY started_at, job_id`,
   );
-  return rows.map((r) => ({ jobId: r.job_id, attempt: r.attempt, outcome: r.outcome, start: r.start_ms, end: r.end_ms }));
+  return rows.map((r) => ({ jobId: r.job_id, attempt: r.attempt, outcome: r.outcome, workerId: r.worker_id, start: r.start_ms, end: r.end_ms }));
 }
 
 /** The database's clock now, in ms since the epoch. */
@@ -92,6 +93,15 @@ export function maxOverlap(attempts: Attempt[]): { max: number; at: number } {
     if (now > best.max) best = { max: now, at: at! };
   }
   return best;
+}
+
+/** The attempts holding leases at `at`, described (for a failure's message). */
+export function holdersAt(attempts: Attempt[], at: number): string {
+  const iso = (ms: number) => new Date(ms).toISOString().slice(11, 23) + String(Math.round((ms % 1) * 1000)).padStart(3, "0");
+  return attempts
+    .filter((a) => a.start <= at && at < a.end)
+    .map((a) => `job ${a.jobId} attempt ${a.attempt} (${a.outcome}, ${a.workerId}) ${iso(a.start)}-${iso(a.end)}`)
+    .join("; ");
 }
 
 /** The most starts in any window of `windowMs` (a start counts in [t, t + windowMs)), and where. */
