@@ -152,21 +152,23 @@ test("pause: nothing starts once pauseQueue returns, buffered jobs go back witho
   await allSucceededFree(lh, total + 1);
 });
 
-test("a limit changed at run time binds the running fleet: raised, lowered, removed", async (t) => {
+test("a limit set at run time binds the running fleet at once: set, raised, lowered, removed, no worker restarted", async (t) => {
   const lh = await freshLeasehold(t);
-  await lh.setQueueLimits("c", { concurrency: 2 }, { create: true });
-  const total = 800;
+  const total = 1_000;
   await lh.enqueueMany(Array.from({ length: total }, () => ({ task: "sleep", payload: { min: 20, max: 60 }, queue: "c" })));
   await flowWorkers(t, lh.schema, [
     { queues: ["c"], concurrency: 10 },
     { queues: ["c"], concurrency: 10 },
   ]);
-  await eventually(async () => (await lh.pool.query("SELECT count(*)::int AS n FROM finished_jobs")).rows[0].n >= 10, "running at 2");
+  // No limit yet: the workers claim the queue with the plain claim.
+  await eventually(async () => (await lh.pool.query("SELECT count(*)::int AS n FROM finished_jobs")).rows[0].n >= 20, "draining");
   const change = async (concurrency: number | null) => {
     const before = await dbNow(lh.pool);
     await lh.setQueueLimits("c", { concurrency });
     return { before, after: await dbNow(lh.pool) };
   };
+  const set = await change(2);
+  await sleep(1_500);
   const raised = await change(6);
   await sleep(1_500);
   const lowered = await change(1);
@@ -175,14 +177,17 @@ test("a limit changed at run time binds the running fleet: raised, lowered, remo
   await drained(lh, "every job ran");
   await allSucceededFree(lh, total);
 
+  // A limit binds the claims that start after it is stored; attempts already running finish,
+  // so a start is checked against the attempts holding leases at that moment, itself included.
   const at = concurrencyAtStarts(await auditTrail(lh.pool));
   const worst = (from: number, to: number) => Math.max(0, ...at.filter((s) => s.start >= from && s.start < to).map((s) => s.n));
-  assert.ok(worst(0, raised.before) <= 2, `at 2: a start with ${worst(0, raised.before)} at once`);
+  assert.ok(worst(0, set.before) > 6, `no limit at first: ${worst(0, set.before)} at once at most`);
+  assert.ok(worst(set.after, raised.before) <= 2, `at 2: a start with ${worst(set.after, raised.before)} at once`);
+  assert.equal(worst(set.after, raised.before), 2, "set to 2: the queue went on at 2");
   assert.ok(worst(raised.before, lowered.before) <= 6, `at 6: a start with ${worst(raised.before, lowered.before)} at once`);
   assert.equal(worst(raised.after, lowered.before), 6, "raised to 6: the running workers used it");
-  // Lowered: attempts already running finish, but no start while one holds the only slot.
   assert.ok(worst(lowered.after, removed.before) <= 1, `at 1: a start with ${worst(lowered.after, removed.before)} at once`);
-  assert.ok(worst(removed.after, Infinity) > 6, `no limit: ${worst(removed.after, Infinity)} at once at most`);
+  assert.ok(worst(removed.after, Infinity) > 6, `no limit again: ${worst(removed.after, Infinity)} at once at most`);
 });
 
 test("a killed worker's slot comes back with its lease: the limited queue's next job starts within crash detection", async (t) => {
