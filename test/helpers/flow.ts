@@ -98,10 +98,9 @@ export function maxOverlap(attempts: Attempt[]): { max: number; at: number } {
 /** The attempts holding leases at `at`, described (for a failure's message). */
 export function holdersAt(attempts: Attempt[], at: number): string {
   const iso = (ms: number) => new Date(ms).toISOString().slice(11, 23) + String(Math.round((ms % 1) * 1000)).padStart(3, "0");
-  return attempts
-    .filter((a) => a.start <= at && at < a.end)
-    .map((a) => `job ${a.jobId} attempt ${a.attempt} (${a.outcome}, ${a.workerId}) ${iso(a.start)}-${iso(a.end)}`)
-    .join("; ");
+  const holders = attempts.filter((a) => a.start <= at && at < a.end);
+  const shown = holders.slice(0, 8).map((a) => `job ${a.jobId} attempt ${a.attempt} (${a.outcome}, ${a.workerId}) ${iso(a.start)}-${iso(a.end)}`);
+  return shown.join("; ") + (holders.length > shown.length ? `; and ${holders.length - shown.length} more` : "");
 }
 
 /** The most starts in any window of `windowMs` (a start counts in [t, t + windowMs)), and where. */
