@@ -32,7 +32,7 @@ if (process.argv.includes("--child")) {
   const limit = Number(values.limit);
   const processes = Number(values.processes);
   const server = await startServer(process.env.DATABASE_URL);
-  const url = process.env.DATABASE_URL ?? server.urlFor("postgres");
+  const url = server.adminUrl;
   const schema = `flow_rate_${randomBytes(4).toString("hex")}`;
   const lh = await Leasehold.connect({ databaseUrl: url, schema, logger });
   const children: ReturnType<typeof fork>[] = [];
