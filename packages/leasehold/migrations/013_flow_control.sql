@@ -58,12 +58,14 @@ CREATE TABLE queues (
 
 -- What claims of a flow-controlled queue share, locked by each such claim: the starts of the
 -- current rate window (one entry per claim: its time and how many it started) and where the
--- round-robin goes on.
+-- round-robin goes on: the key that took the last turn, and how many of its round's turns (its
+-- weight) it has had, so a weight holds across claims of a few jobs as within one large claim.
 CREATE TABLE flow_state (
   queue        text        PRIMARY KEY,
   start_times  timestamptz[] NOT NULL DEFAULT '{}',
   start_counts integer[]   NOT NULL DEFAULT '{}',
-  next_key     text
+  next_key     text,
+  next_key_turns integer   NOT NULL DEFAULT 0
 );
 
 -- The same per key, for keys with a rate limit or a hold.
@@ -143,6 +145,7 @@ DECLARE
   rate_since timestamptz;
   key_since  timestamptz;
   share      float8;           -- a weight-1 key's share of this claim
+  last_turns integer;          -- turns of its round the last key served has had
 BEGIN
   -- One claimer of this queue at a time: every count below sees the claims before it.
   INSERT INTO flow_state AS fs (queue) VALUES (q) ON CONFLICT DO NOTHING;
@@ -190,7 +193,7 @@ BEGIN
     keys := ARRAY(
       WITH RECURSIVE line AS (
         (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
-          WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > coalesce(st.next_key, '')
+          WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key >= coalesce(st.next_key, '')
           ORDER BY j.flow_key LIMIT 1)
         UNION ALL
         SELECT (SELECT j.flow_key FROM jobs AS j
@@ -202,12 +205,12 @@ BEGIN
       keys := keys || ARRAY(
         WITH RECURSIVE line AS (
           (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
-            WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key <= st.next_key
+            WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key < st.next_key
             ORDER BY j.flow_key LIMIT 1)
           UNION ALL
           SELECT (SELECT j.flow_key FROM jobs AS j
                     WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
-                      AND j.flow_key <= st.next_key
+                      AND j.flow_key < st.next_key
                     ORDER BY j.flow_key LIMIT 1), l.n + 1
             FROM line AS l WHERE l.k IS NOT NULL AND l.n < least(5000, 2 * budget + running_q + 16) - cardinality(keys)
         ) SELECT k FROM line WHERE k IS NOT NULL);
@@ -219,8 +222,10 @@ BEGIN
 
     -- Each key's line: its next jobs in (priority, enqueue) order, as many as it has slots for;
     -- one not yet due keeps its place (so with a limit of 1 a key runs strictly in order).
-    -- Ranked round-robin: every key's first job, then every key's second, and so on (a weight
-    -- w gives a key w turns per round); keyless jobs take their turns as one more key.
+    -- Round-robin in rounds: each key in line takes its turns (its weight: w turns in a row),
+    -- then the next; keyless jobs take one turn per round as one more key, first. The line
+    -- starts at the key that took the last turn, with the turns of its round it already had, so
+    -- claims of one job each go heavy, heavy, heavy, light as one claim of four would.
     WITH visited AS (
       SELECT v.k, v.ord FROM unnest(keys) WITH ORDINALITY AS v(k, ord)
     ), running AS (
@@ -228,7 +233,8 @@ BEGIN
         FROM jobs AS j WHERE j.state = 'running' AND j.queue = q AND j.flow_key = ANY(keys)
        GROUP BY j.flow_key
     ), slots AS (
-      SELECT v.k, v.ord, coalesce((s.key_weights ->> v.k)::float8, 1) AS weight,
+      SELECT v.k, v.ord, coalesce((s.key_weights ->> v.k)::int, 1) AS weight,
+             CASE WHEN v.k = st.next_key THEN st.next_key_turns ELSE 0 END AS had,
              least(budget,
                    ceil(coalesce(share, budget) * coalesce((s.key_weights ->> v.k)::float8, 1))::int,
                    coalesce(s.key_concurrency - coalesce(r.n, 0), budget),
@@ -239,7 +245,8 @@ BEGIN
         LEFT JOIN running AS r ON r.k = v.k
         LEFT JOIN flow_key_state AS ks ON ks.queue = q AND ks.flow_key = v.k
     ), candidates AS (
-      SELECT c.id, sl.k, sl.ord, (c.rank - 1) / sl.weight AS turn
+      SELECT c.id, sl.k, sl.ord, c.rank, (c.rank - 1 + sl.had) / sl.weight AS round,
+             (c.rank - 1 + sl.had) % sl.weight + 1 AS turns
         FROM slots AS sl
        CROSS JOIN LATERAL (
              SELECT l.id, l.rank
@@ -251,7 +258,7 @@ BEGIN
               WHERE l.run_at <= t_now AND l.task = ANY(task_names)
            ) AS c
       UNION ALL
-      SELECT l.id, NULL, 0, (row_number() OVER (ORDER BY l.priority, l.run_at, l.id) - 1)::float8
+      SELECT l.id, NULL, 0, row_number() OVER (ORDER BY l.priority, l.run_at, l.id), row_number() OVER (ORDER BY l.priority, l.run_at, l.id) - 1, 1
         FROM (SELECT j.id, j.priority, j.run_at, j.flow_key, j.task
                 FROM jobs AS j
                WHERE j.state = 'waiting' AND j.queue = q AND j.run_at <= t_now
@@ -259,13 +266,14 @@ BEGIN
                LIMIT 1000) AS l
        WHERE l.flow_key IS NULL AND l.task = ANY(task_names)
     ), chosen AS (
-      SELECT c.id, c.k, row_number() OVER (ORDER BY c.turn, c.ord) AS pos
+      SELECT c.id, c.k, c.turns, row_number() OVER (ORDER BY c.round, c.ord, c.rank) AS pos
         FROM candidates AS c
-       ORDER BY c.turn, c.ord
+       ORDER BY c.round, c.ord, c.rank
        LIMIT budget
     )
-    SELECT array_agg(c.id ORDER BY c.pos), (array_agg(c.k ORDER BY c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1]
-      INTO picked, st.next_key
+    SELECT array_agg(c.id ORDER BY c.pos), (array_agg(c.k ORDER BY c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1],
+           (array_agg(c.turns ORDER BY c.pos DESC) FILTER (WHERE c.k IS NOT NULL))[1]
+      INTO picked, st.next_key, last_turns
       FROM chosen AS c;
     t_start := flow_clock();
 
@@ -276,7 +284,8 @@ BEGIN
     IF cardinality(picked) > 0 AND cardinality(picked) < budget AND cardinality(keys) > 1 THEN
       held_ms := 1;  -- shares may have left jobs behind: ask again at once
     END IF;
-    UPDATE flow_state AS fs SET next_key = st.next_key WHERE fs.queue = q AND st.next_key IS NOT NULL;
+    UPDATE flow_state AS fs SET next_key = st.next_key, next_key_turns = last_turns
+     WHERE fs.queue = q AND st.next_key IS NOT NULL AND last_turns IS NOT NULL;
     IF s.key_rate_limit IS NOT NULL AND cardinality(picked) > 0 THEN
       INSERT INTO flow_key_state AS ks (queue, flow_key, start_times, start_counts)
       SELECT q, j.flow_key, ARRAY[t_start], ARRAY[count(*)::int]
