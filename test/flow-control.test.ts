@@ -33,12 +33,13 @@ async function allSucceededFree(lh: Lh, count: number) {
   assert.deepEqual(rows, [{ state: "succeeded", spent: 0, n: count }]);
 }
 
-test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim against concurrency 5, per key 1 (in order) and 3, and 50 starts/s", async (t) => {
+test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim against concurrency 5, per key 1 (in order) and 3, 50 starts/s, and 10 starts per 500 ms per key", async (t) => {
   const lh = await freshLeasehold(t);
   await lh.setQueueLimits("global5", { concurrency: 5 }, { create: true });
   await lh.setQueueLimits("key1", { keyConcurrency: 1 }, { create: true });
   await lh.setQueueLimits("key3", { keyConcurrency: 3 }, { create: true });
   await lh.setQueueLimits("rate50", { rate: { limit: 50, windowMs: 1_000 } }, { create: true });
+  await lh.setQueueLimits("keyrate", { keyRate: { limit: 10, windowMs: 500 } }, { create: true });
 
   // Handlers sleep a few tens of ms: without the limits, attempts would overlap by the dozen.
   const sleepy = { min: 10, max: 40 };
@@ -50,12 +51,13 @@ test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim aga
   }
   for (let i = 0; i < 8 * 25; i++) jobs.push({ task: "sleep", payload: sleepy, queue: "key3", key: `k3-${i % 8}` });
   for (let i = 0; i < 250; i++) jobs.push({ task: "sleep", payload: { min: 5, max: 20 }, queue: "rate50" });
+  for (let i = 0; i < 4 * 40; i++) jobs.push({ task: "sleep", payload: { min: 5, max: 20 }, queue: "keyrate", key: `kr-${i % 4}` });
   // One transaction: every key's whole line is there before the first claim, so its order is
   // the (priority, enqueue) order of all its jobs.
   const enqueued = await lh.enqueueMany(jobs);
   const jobOf = new Map(enqueued.map((e, i) => [e.id, { ...jobs[i]!, seq: i }]));
 
-  const queues = ["global5", "key1", "key3", "rate50"];
+  const queues = ["global5", "key1", "key3", "rate50", "keyrate"];
   await flowWorkers(t, lh.schema, [
     { queues, concurrency: 10 },
     { queues, concurrency: 50 },
@@ -99,6 +101,15 @@ test("no limit is exceeded: 4 worker processes (concurrency 10 and 50) claim aga
   const rate = maxStartsInWindow(inQueue("rate50"), 1_000);
   assert.ok(rate.max <= 50, `rate50: ${rate.max} starts in the second from ${new Date(rate.at).toISOString()} (limit 50/s)`);
   assert.equal(rate.max, 50, "rate50: the rate was reached");
+
+  let keyRateMax = 0;
+  for (const [key, attempts] of byKey(inQueue("keyrate"), keyOf)) {
+    const r = maxStartsInWindow(attempts, 500);
+    assert.ok(r.max <= 10, `keyrate/${key}: ${r.max} starts in the 500 ms from ${new Date(r.at).toISOString()} (limit 10)`);
+    keyRateMax = Math.max(keyRateMax, r.max);
+  }
+  assert.equal(keyRateMax, 10, "keyrate: some key reached its rate");
+  assert.ok(maxStartsInWindow(inQueue("keyrate"), 500).max > 10, "keyrate: keys started side by side");
 });
 
 test("pause: nothing starts once pauseQueue returns, buffered jobs go back without spending an attempt, running ones finish; enqueue goes on; resume drains", async (t) => {
