@@ -143,6 +143,11 @@ test("pause: nothing starts once pauseQueue returns, buffered jobs go back witho
   const handlerStartsAfter = workers.flatMap((w) => [...w.starts.values()]).filter((at) => at > pausedLocal + 1_000);
   assert.deepEqual(handlerStartsAfter, [], "handlers started more than 1 s after the pause returned");
   const released = paused.filter((a) => a.outcome === "released");
+  const lastHandler = Math.max(...workers.flatMap((w) => [...w.starts.values()]));
+  t.diagnostic(
+    `${released.length} buffered jobs given back, the last ${Math.round(Math.max(...released.map((a) => a.end)) - pausedAt)} ms after the pause returned; ` +
+      `the last handler start ${lastHandler - pausedLocal} ms after it`,
+  );
   assert.ok(released.length > 0, "some buffered jobs were given back (the test had a buffer to pause)");
   for (const a of released) {
     assert.ok(a.end >= pausedAt - 1_000 && a.end <= pausedAt + 1_000, `released ${a.end - pausedAt} ms after the pause`);
@@ -220,6 +225,9 @@ test("a killed worker's slot comes back with its lease: the limited queue's next
   const lost = trail.find((a) => a.jobId === hold.id)!;
   assert.equal(lost.outcome, "worker_lost");
   const firstNext = Math.min(...trail.filter((a) => next.some((n) => n.id === a.jobId)).map((a) => a.start));
+  t.diagnostic(
+    `kill -9 to the next start: ${Math.round(firstNext - killedAt)} ms (the lost attempt ended ${Math.round(lost.end - killedAt)} ms after the kill)`,
+  );
   // Crash detection at defaults: the 1 s liveness grace plus about two watchdog slots of 250
   // ms (docs/concepts.md); the lease (30 s) would be ten times this.
   assert.ok(firstNext - killedAt < 3_000, `the next job started ${Math.round(firstNext - killedAt)} ms after the kill`);
