@@ -11,6 +11,8 @@ export const FAULT_KINDS = [
   "idle_txn", // a session holds an idle transaction (pins the xmin horizon)
   "burst", // enqueue at 1.5x the measured drain rate
   "hang", // a handler stops making progress (never settles) while its process keeps beating
+  "pause", // the main queue paused for 3-6 s, then resumed (flow control: it must start nothing meanwhile)
+  "flow_kill", // kill -9 of the worker holding the probe queue's only slot while another job waits for it
   "nats_restart", // --dispatch nats: nats-server stopped (SIGKILL or SIGTERM) and started again
   "nats_partition", // --dispatch nats: one worker's NATS connection cut or stalled at its proxy (its database stays reachable)
 ] as const;
@@ -95,6 +97,9 @@ export function seededRandom(seed: number): () => number {
     return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
   };
 }
+
+/** How often an idle worker asks for jobs besides being woken (worker-process.ts). */
+export const WORKER_POLL_MS = 500;
 
 /** The schema the chaos run uses in its own database, and the downstream table. */
 export const CHAOS_SCHEMA = "chaos";

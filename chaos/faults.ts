@@ -6,11 +6,15 @@
  */
 import pg from "pg";
 import type { EmbeddedPostgres } from "../packages/cli/src/embedded/postgres.js";
+import type { Leasehold } from "../packages/leasehold/src/index.js";
+import { STARTUP_GRACE_MS } from "../packages/leasehold/src/maintenance/watchdog.js";
 import type { NatsServer } from "../test/harness/nats-server.js";
 import type { ChaosOptions, FaultKind } from "./config.js";
 import type { Producer } from "./producer.js";
 import type { TcpProxy } from "./proxy.js";
 import type { Supervised } from "./supervisor.js";
+import { QUEUE, probeJob } from "./workload.js";
+import { PROBE_QUEUE } from "./flow-queues.js";
 
 export interface HeldAttempt {
   job: string;
@@ -31,10 +35,41 @@ export interface FaultRecord {
   detail?: string;
   held: HeldAttempt[];
   skipped?: string;
+  /** The `pause` fault: its window on the database's clock (flow-checks.ts). */
+  pause?: PauseWindow;
+  /** The `flow_kill` fault: the job whose slot the killed worker held, and the job waiting for it. */
+  probe?: SlotProbe;
+}
+
+/** Microseconds since the epoch on the database's clock, the clock of the audit trail. */
+export interface PauseWindow {
+  queue: string;
+  /** The pause statement's now() (queues.paused_at): the pause committed after it. */
+  pausedAtUs: number;
+  /** now() of a statement sent once pauseQueue had returned: the pause had committed before it. */
+  confirmedUs: number;
+  /** now() of a statement sent before resumeQueue was called: the resume committed after it. Unset: never resumed. */
+  resumeFromUs?: number;
+  /** Jobs of the queue waiting then: what the pause held back. */
+  waitingAtResume?: number;
+}
+
+export interface SlotProbe {
+  queue: string;
+  /** The attempt that held the queue's only slot on the killed worker. */
+  blocker: HeldAttempt;
+  /** The job enqueued while that slot was held: only that slot kept it from starting. */
+  blocked: string;
 }
 
 export interface FaultContext {
   options: ChaosOptions;
+  /** The harness's own client (pause and resume, the probe's jobs). */
+  lh: Leasehold;
+  /** The faults injected so far. */
+  faults: FaultRecord[];
+  /** flow_kill faults so far: numbers their probe jobs. */
+  probes: number;
   random: () => number;
   workers: Supervised[];
   watchdogs: Supervised[];
@@ -284,6 +319,131 @@ async function natsPartition(ctx: FaultContext): Promise<FaultRecord> {
   return { kind: "nats_partition", target: w.spec.name, at, durationMs, detail: mode, held: [] };
 }
 
+/** Retries `fn` through restarts and storms, for up to `ms`. */
+async function retrying<T>(fn: () => Promise<T>, ms = 60_000): Promise<T> {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    try {
+      return await fn();
+    } catch (err) {
+      if (Date.now() > deadline) throw err;
+      await sleep(200);
+    }
+  }
+}
+
+const US = (col: string) => `(extract(epoch FROM ${col}) * 1000000)::bigint::text`;
+
+/**
+ * The main queue paused for 3-6 s (flow control): no claim anywhere may start one of its jobs
+ * from the moment the pause has committed until the resume commits. The window is read on the
+ * database's clock, the audit trail's: `pausedAtUs` (the pause statement's now()) and
+ * `confirmedUs` (a statement sent after pauseQueue returned) bracket the pause's commit;
+ * `resumeFromUs` (a statement sent before resumeQueue is called) precedes the resume's.
+ */
+async function pause(ctx: FaultContext): Promise<FaultRecord> {
+  const queue = QUEUE;
+  const durationMs = between(ctx.random, 3_000, 6_000);
+  const at = Date.now();
+  await retrying(() => ctx.lh.pauseQueue(queue, { create: true }));
+  const { rows } = await retrying(() =>
+    ctx.admin.query<{ paused_us: string; now_us: string }>(
+      `SELECT ${US("paused_at")} AS paused_us, ${US("now()")} AS now_us FROM queues WHERE name = $1`,
+      [queue],
+    ),
+  );
+  const window: PauseWindow = { queue, pausedAtUs: Number(rows[0]!.paused_us), confirmedUs: Number(rows[0]!.now_us) };
+  const record: FaultRecord = { kind: "pause", target: queue, at, durationMs, held: [], pause: window };
+  ctx.pending.push(
+    (async () => {
+      await sleep(Math.max(0, at + durationMs - Date.now()));
+      const { rows: before } = await retrying(() =>
+        ctx.admin.query<{ now_us: string; waiting: number }>(
+          `SELECT ${US("now()")} AS now_us, (SELECT count(*)::int FROM jobs WHERE queue = $1 AND state = 'waiting') AS waiting`,
+          [queue],
+        ),
+      );
+      window.resumeFromUs = Number(before[0]!.now_us);
+      window.waitingAtResume = before[0]!.waiting;
+      // A queue left paused would never drain: keep trying for as long as a drain may take.
+      await retrying(() => ctx.lh.resumeQueue(queue), ctx.options.drainTimeoutMs);
+      record.endedAt = Date.now();
+      record.detail = `${window.waitingAtResume} jobs waiting at the resume`;
+    })(),
+  );
+  return record;
+}
+
+/** How long the probe's blocker runs: well past the crash-detection bound, far inside its own lease. */
+const PROBE_BLOCKER_MS = 6_000;
+/** The blocker's lease: only crash detection, not the lease running out, can free its slot in seconds. */
+const PROBE_LEASE_MS = 30_000;
+
+async function until<T>(what: () => Promise<T | undefined>, ms: number): Promise<T | undefined> {
+  const deadline = Date.now() + ms;
+  while (Date.now() < deadline) {
+    const v = await what().catch(() => undefined);
+    if (v !== undefined) return v;
+    await sleep(50);
+  }
+  return undefined;
+}
+
+/**
+ * A crashed worker's slot in a limited queue comes back with crash detection: a long job (the
+ * blocker) takes the probe queue's only slot; a second job (the blocked) is enqueued, which only
+ * that slot keeps waiting; the worker holding the blocker is killed (and restarted only after the
+ * crash-detection bound, so its start-up reconciliation cannot be what frees the slot). The
+ * checker bounds the time from the kill to the slot's end and to the next start in the queue.
+ * Injected where crash detection works at its pace: every watchdog up, no database restart in
+ * its start-up grace (the watchdogs call no one lost then).
+ */
+async function flowKill(ctx: FaultContext): Promise<FaultRecord> {
+  const skip = (why: string): FaultRecord => ({ kind: "flow_kill", at: Date.now(), held: [], skipped: why });
+  const lastRestart = Math.max(0, ...ctx.faults.filter((f) => f.kind === "pg_restart").map((f) => f.at + (f.durationMs ?? 0)));
+  await sleep(Math.max(0, lastRestart + STARTUP_GRACE_MS + 1_000 - Date.now()));
+  if (!(await until(async () => ctx.watchdogs.every((w) => w.ready) || undefined, 5_000))) return skip("a watchdog is down");
+  const empty = await until(async () => {
+    const { rows } = await ctx.admin.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs WHERE queue = $1", [PROBE_QUEUE.name]);
+    return rows[0]!.n === 0 || undefined;
+  }, 10_000);
+  if (!empty) return skip("the probe queue is still busy");
+  const n = ++ctx.probes;
+  const [blocker] = await retrying(
+    () => ctx.lh.enqueueMany([probeJob(-2 * n + 1, PROBE_BLOCKER_MS, ctx.options.maxAttempts, PROBE_LEASE_MS)]),
+    10_000,
+  );
+  const holder = await until(async () => {
+    const { rows } = await ctx.admin.query<{ locked_by: string; attempt: number }>(
+      "SELECT locked_by, attempt FROM jobs WHERE id = $1 AND state = 'running'",
+      [blocker!.id],
+    );
+    return rows[0];
+  }, 10_000);
+  const w = holder && ctx.workers.find((s) => s.workerId === holder.locked_by);
+  if (!holder || !w || !w.ready || w.busy) return skip(`the blocker job ${blocker!.id} is not held by a free worker`);
+  const [blocked] = await retrying(() => ctx.lh.enqueueMany([probeJob(-2 * n, 50, ctx.options.maxAttempts)]), 10_000);
+  // Let the workers ask for it and be held back by the limit.
+  await sleep(300);
+  const held = await heldBy(ctx, w.workerId);
+  const pid = w.pid;
+  const at = Date.now();
+  w.kill9(between(ctx.random, 5_000, 6_000));
+  await until(async () => {
+    const { rows } = await ctx.admin.query("SELECT 1 FROM jobs WHERE id = $1 AND state = 'waiting'", [blocked!.id]);
+    return rows.length === 0 || undefined;
+  }, 15_000);
+  return {
+    kind: "flow_kill",
+    target: w.spec.name,
+    pid,
+    at,
+    detail: `blocker ${blocker!.id}, blocked ${blocked!.id}`,
+    held,
+    probe: { queue: PROBE_QUEUE.name, blocker: { job: blocker!.id, attempt: holder.attempt }, blocked: blocked!.id },
+  };
+}
+
 export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRecord>> = {
   nats_restart: natsRestart,
   nats_partition: natsPartition,
@@ -297,6 +457,8 @@ export const INJECTORS: Record<FaultKind, (ctx: FaultContext) => Promise<FaultRe
   idle_txn: idleTransaction,
   burst,
   hang,
+  pause,
+  flow_kill: flowKill,
 };
 
 /** Each kind at least this often in a short run; longer runs repeat the mix. */
@@ -311,6 +473,8 @@ const MIX: Record<FaultKind, number> = {
   idle_txn: 1,
   burst: 2,
   hang: 3,
+  pause: 1,
+  flow_kill: 2,
   nats_restart: 3,
   nats_partition: 4,
 };

@@ -15,6 +15,7 @@ import { CHAOS_SCHEMA, seededRandom, type ChaosOptions } from "./config.js";
 import { DOWNSTREAM_SQL } from "./downstream.js";
 import { INJECTORS, faultPlan, faultsPerRound, type FaultContext, type FaultRecord } from "./faults.js";
 import { checkInvariants } from "./invariants.js";
+import { LIMITED_QUEUES } from "./flow-queues.js";
 import { readLogs } from "./process-log.js";
 import { Producer } from "./producer.js";
 import { TcpProxy } from "./proxy.js";
@@ -83,6 +84,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     admin = new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 });
     admin.on("error", () => {});
     await admin.query(DOWNSTREAM_SQL);
+    // The limits hold from the first job on; the workers read them when they start.
+    for (const q of LIMITED_QUEUES) await lh.setQueueLimits(q.name, q.limits, { create: true });
 
     const onExit = (e: UnexpectedExit) => {
       exits.push(e);
@@ -149,8 +152,12 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     say(`${workers.length} workers and ${watchdogs.length} watchdogs ready`);
 
     const producer = new Producer(lh, options, random, say);
+    const faults: FaultRecord[] = [];
     const ctx: FaultContext = {
       options,
+      lh,
+      faults,
+      probes: 0,
       random,
       workers,
       watchdogs,
@@ -166,7 +173,6 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       pending: [],
       log: say,
     };
-    const faults: FaultRecord[] = [];
     const plan = faultPlan(options, random);
     const spacing = options.faultWindowMs / plan.length;
     producer.burstsPlanned = plan.filter((k) => k === "burst").length;

@@ -11,6 +11,7 @@ import type { FaultRecord } from "./faults.js";
 import { RECONNECT_MAX_MS } from "../packages/leasehold/src/worker/listener.js";
 import type { LogLine } from "./process-log.js";
 import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
+import { NEXT_START_MS, SLOT_BACK_MS, checkFlow, loadFlowAttempts, type FlowResult } from "./flow-checks.js";
 import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
 
 export interface Violation {
@@ -70,6 +71,7 @@ export interface Recovery {
 
 export interface CheckResult {
   violations: Violation[];
+  /** The producer's jobs by end state (the flow_kill fault's probe jobs are counted in `flow`). */
   finished: Record<string, number>;
   /** Finished jobs that ended inside ctx.transaction (their rows checked by invariant 4b). */
   transactional: number;
@@ -97,6 +99,17 @@ export interface CheckResult {
     /** Avoidable ones by the faults on the older attempt's worker around them ("none"). */
     avoidableAround: Record<string, number>;
     timeline: OverlapResult["timeline"];
+  };
+  /** Flow control (invariants 10-12, flow-checks.ts): each limit's peak, the pauses, the killed workers' slots. */
+  flow: Omit<FlowResult, "probes"> & {
+    probes: {
+      n: number;
+      probeJobs: number;
+      slotBack: Percentiles;
+      nextStart: Percentiles;
+      bounds: { slotBackMs: number; nextStartMs: number };
+      notMeasured: string[];
+    };
   };
 }
 
@@ -154,8 +167,10 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   if (rows.unfinished.length > MAX_LISTED) add("no job lost or stuck", `${rows.unfinished.length} jobs unfinished in all`);
   const finished: Record<string, number> = {};
   const seqs = new Map<number, number>();
+  let probeJobs = 0;
   for (const h of rows.history) {
-    finished[h.state] = (finished[h.state] ?? 0) + 1;
+    if (h.seq < 0) probeJobs++;
+    else finished[h.state] = (finished[h.state] ?? 0) + 1;
     seqs.set(h.seq, (seqs.get(h.seq) ?? 0) + 1);
     if (!["succeeded", "dead"].includes(h.state)) add("one terminal state", `ended ${h.state}; the run cancels nothing`, h.id);
   }
@@ -373,6 +388,10 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     for (const k of kinds.size ? kinds : ["none"]) avoidableAround[k] = (avoidableAround[k] ?? 0) + 1;
   }
 
+  // 10-12. Flow control: no limit exceeded, a paused queue starts nothing, a killed worker's slot comes back.
+  const flow = checkFlow(await loadFlowAttempts(input.admin), input.faults);
+  violations.push(...flow.violations);
+
   // 7. Workers survive what they can survive.
   for (const e of input.unexpectedExits) {
     if (e.duringStartup) continue;
@@ -401,6 +420,17 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       unavoidable: { frozen: split.counts.frozen, killed: split.counts.killed },
       avoidableAround,
       timeline: split.timeline,
+    },
+    flow: {
+      ...flow.result,
+      probes: {
+        n: flow.result.probes.n,
+        probeJobs,
+        slotBack: percentiles(flow.result.probes.slotBackMs),
+        nextStart: percentiles(flow.result.probes.nextStartMs),
+        bounds: { slotBackMs: SLOT_BACK_MS, nextStartMs: NEXT_START_MS },
+        notMeasured: flow.result.probes.notMeasured,
+      },
     },
   };
 }

@@ -29,6 +29,7 @@ export interface ChaosReport {
   producerDuplicates: number;
   hangs: CheckResult["hangs"];
   overlaps: CheckResult["overlaps"];
+  flow: CheckResult["flow"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
   /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
   nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
@@ -73,6 +74,7 @@ export function buildReport(p: {
     producerDuplicates: p.check.producerDuplicates,
     hangs: p.check.hangs,
     overlaps: p.check.overlaps,
+    flow: p.check.flow,
     pressure: p.pressure,
     ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
@@ -138,6 +140,7 @@ export function toMarkdown(r: ChaosReport): string {
     `Half-open partitions (${r.halfOpen.n}; open connections go silent, new ones work): the worker next got an answer from the database ` +
       `after p50 ${ms(r.halfOpen.backAfter.p50)} / max ${ms(r.halfOpen.backAfter.max)}, while the faults lasted p50 ${ms(r.halfOpen.faultLasted.p50)} / max ${ms(r.halfOpen.faultLasted.max)}.`,
     "",
+    ...flowLines(r.flow),
   ];
   if (r.violations.length) {
     lines.push("### Violations", "", "| invariant | job | detail |", "|---|---|---|");
@@ -147,6 +150,28 @@ export function toMarkdown(r: ChaosReport): string {
     lines.push("");
   }
   return lines.join("\n");
+}
+
+/** Flow control: each limit against the most the audit trail shows, the pauses, the killed workers' slots. */
+function flowLines(f: ChaosReport["flow"]): string[] {
+  const p = f.probes;
+  const pauses = f.pauses;
+  return [
+    "Flow control, from the audit trail (a slot is held from the claim to the attempt's recorded end):",
+    "",
+    "| queue | limit | attempts | most at once / per window (must not pass the limit) |",
+    "|---|---|---|---|",
+    ...f.limits.map((l) => `| ${l.queue} | ${l.limit} | ${l.attempts} | ${l.peak} of ${l.max} |`),
+    "",
+    `Pauses (${pauses.length}, ${pauses.map((x) => `${(x.durationMs / 1000).toFixed(1)} s`).join(", ") || "none"}): attempts started while paused (must be 0) ` +
+      `${pauses.reduce((n, x) => n + x.startsInside, 0)}; claims that raced the pause's commit ${pauses.reduce((n, x) => n + x.raced, 0)}; ` +
+      `jobs waiting at the resumes ${pauses.map((x) => x.waitingAtResume ?? "?").join(", ") || "–"}.`,
+    "",
+    `Killed while holding a limited queue's only slot (flow_kill, ${p.n}; ${p.probeJobs} probe jobs): the slot came back after p50 ${ms(p.slotBack.p50)} / max ${ms(p.slotBack.max)} ` +
+      `(bound ${ms(p.bounds.slotBackMs)}), the job waiting for it started after p50 ${ms(p.nextStart.p50)} / max ${ms(p.nextStart.max)} (bound ${ms(p.bounds.nextStartMs)})` +
+      `${p.notMeasured.length ? `; not measured: ${p.notMeasured.join(", ")}` : ""}.`,
+    "",
+  ];
 }
 
 function fmtRate(v: number | null): string {

@@ -16,7 +16,8 @@ import { ProcessLog, withTimeline } from "./process-log.js";
 import { RecordingTransport } from "./recording-transport.js";
 import { CHAOS_BACKOFF, env, waitForDatabase } from "./process-env.js";
 import { QUEUE, TASK, chaosHandler, type HandlerFaults } from "./workload.js";
-import { TX_EFFECTS_TABLE } from "./config.js";
+import { TX_EFFECTS_TABLE, WORKER_POLL_MS } from "./config.js";
+import { LIMITED_QUEUES } from "./flow-queues.js";
 
 const logger = pino({ level: process.env.CHAOS_LOG_LEVEL ?? "error" }, pino.destination(2));
 const log = new ProcessLog(env("CHAOS_LOG"));
@@ -41,11 +42,11 @@ const worker = new Worker({
   dispatch: lh.dispatchFactory(),
   logger,
   name: env("CHAOS_NAME"),
-  queues: [QUEUE],
+  queues: [QUEUE, ...LIMITED_QUEUES.map((q) => q.name)],
   concurrency: Number(env("CHAOS_CONCURRENCY")),
   leaseMs: Number(env("CHAOS_LEASE_MS")),
   heartbeatMs: Number(env("CHAOS_HEARTBEAT_MS")),
-  pollIntervalMs: 500,
+  pollIntervalMs: WORKER_POLL_MS,
   backoff: CHAOS_BACKOFF,
   handlers: {
     [TASK]: {

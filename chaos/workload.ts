@@ -8,6 +8,7 @@
 import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../packages/leasehold/src/index.js";
 import { RESULTS_TABLE } from "./config.js";
 import type { ProcessLog } from "./process-log.js";
+import { PROBE_QUEUE, pickFlowQueue } from "./flow-queues.js";
 
 export const TASK = "chaos";
 export const QUEUE = "chaos";
@@ -25,6 +26,8 @@ export interface ChaosPayload {
   poison: boolean;
   /** A careless handler ignores ctx.signal and goes on writing after its lease is gone. */
   honorsSignal: boolean;
+  /** The job's flow-control key, also kept here: finished jobs keep their payload, not their key. */
+  key?: string;
 }
 
 /** The job for sequence number `seq`; `random` makes the mix. */
@@ -34,6 +37,7 @@ export function makeJob(seq: number, random: () => number, leaseMs: number, maxA
   // alive by heartbeats): a mean of about 0.3 s.
   const total =
     r < 0.75 ? 20 + random() * 180 : r < 0.95 ? 200 + random() * 400 : r < 0.99 ? 1_000 + random() * leaseMs : leaseMs * (1.5 + random() * 1.5);
+  const flow = pickFlowQueue(random);
   const split = random();
   const poison = random() < 0.005;
   const write = random() < 0.7;
@@ -46,8 +50,26 @@ export function makeJob(seq: number, random: () => number, leaseMs: number, maxA
     failRate: 0.08,
     poison,
     honorsSignal: random() < 0.5,
+    ...(flow.key && { key: flow.key }),
   };
-  return { task: TASK, queue: QUEUE, payload, maxAttempts: poison ? 3 : maxAttempts, uniqueKey: `chaos-${seq}` };
+  return {
+    task: TASK,
+    queue: flow.queue ?? QUEUE,
+    ...(flow.key && { key: flow.key }),
+    payload,
+    maxAttempts: poison ? 3 : maxAttempts,
+    uniqueKey: `chaos-${seq}`,
+  };
+}
+
+/**
+ * A job of the `flow_kill` fault's probe queue: `ms` of work that always succeeds. Its sequence
+ * number is negative (probes are not among the producer's jobs). `leaseMs`: the blocker gets a
+ * long lease, so only crash detection can give its slot back within seconds.
+ */
+export function probeJob(seq: number, ms: number, maxAttempts: number, leaseMs?: number): NewJob {
+  const payload: ChaosPayload = { seq, beforeMs: ms, afterMs: 0, write: false, tx: false, failRate: 0, poison: false, honorsSignal: true };
+  return { task: TASK, queue: PROBE_QUEUE.name, payload, maxAttempts, uniqueKey: `chaos-probe${seq}`, ...(leaseMs && { leaseMs }) };
 }
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
