@@ -53,7 +53,7 @@ test("limited claims through claim_flow leave an audit trail the flow checker pa
   assert.equal(held.length, 0);
 
   const attempts = await loadFlowAttempts(lh.pool, names);
-  assert.equal(attempts.length, 13);
+  assert.equal(attempts.length, 11); // 5 of lim, 3 keyed, 3 of rated (2 left waiting by the rate)
   assert.deepEqual([...new Set(attempts.filter((a) => a.queue === "keyed").map((a) => a.key))].sort(), ["a", "b"]);
   const clean = checkFlow(attempts, [], queues);
   assert.deepEqual(clean.violations, []);
@@ -82,7 +82,8 @@ test("limited claims through claim_flow leave an audit trail the flow checker pa
     [rated.job],
   );
   const broken = checkFlow(await loadFlowAttempts(lh.pool, names), [], queues);
-  assert.deepEqual(invariantsOf(broken).sort(), [
+  // The extra lim attempt overlaps both rounds of two: two instants with three.
+  assert.deepEqual([...new Set(invariantsOf(broken))].sort(), [
     "key concurrency within its limit",
     "queue concurrency within its limit",
     "starts within the queue's rate",
