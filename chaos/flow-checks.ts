@@ -69,10 +69,11 @@ const MAX_LISTED = 5;
 const us = (col: string) => `(extract(epoch FROM ${col}) * 1000000)::bigint::text`;
 
 /**
- * Every attempt of the limited queues' jobs, finished or still holding a lease. The key comes
- * from the payload: a finished job keeps its payload but not its flow_key.
+ * Every attempt of the given queues' jobs (the limited ones, and the paused ones), finished or
+ * still holding a lease. The key comes from the payload: a finished job keeps its payload but
+ * not its flow_key.
  */
-export async function loadFlowAttempts(admin: pg.Pool, queues: string[] = LIMITED_QUEUES.map((q) => q.name)): Promise<FlowAttempt[]> {
+export async function loadFlowAttempts(admin: pg.Pool, queues: string[]): Promise<FlowAttempt[]> {
   const { rows } = await admin.query<{
     job: string;
     attempt: number;

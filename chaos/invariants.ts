@@ -12,6 +12,7 @@ import { RECONNECT_MAX_MS } from "../packages/leasehold/src/worker/listener.js";
 import type { LogLine } from "./process-log.js";
 import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
 import { NEXT_START_MS, SLOT_BACK_MS, checkFlow, loadFlowAttempts, type FlowResult } from "./flow-checks.js";
+import { LIMITED_QUEUES } from "./flow-queues.js";
 import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
 
 export interface Violation {
@@ -389,7 +390,9 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   }
 
   // 10-12. Flow control: no limit exceeded, a paused queue starts nothing, a killed worker's slot comes back.
-  const flow = checkFlow(await loadFlowAttempts(input.admin), input.faults);
+  // The limited queues, and the paused ones (the main queue has no limit).
+  const flowQueues = new Set([...LIMITED_QUEUES.map((q) => q.name), ...input.faults.flatMap((f) => (f.pause ? [f.pause.queue] : []))]);
+  const flow = checkFlow(await loadFlowAttempts(input.admin, [...flowQueues]), input.faults);
   violations.push(...flow.violations);
 
   // 7. Workers survive what they can survive.

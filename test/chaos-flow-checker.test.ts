@@ -8,7 +8,9 @@ import assert from "node:assert/strict";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { NEXT_START_MS, SLOT_BACK_MS, checkFlow, loadFlowAttempts, type FlowAttempt } from "../chaos/flow-checks.js";
 import type { FlowQueue } from "../chaos/flow-queues.js";
-import type { FaultRecord } from "../chaos/faults.js";
+import { pauseWindow, resumeWindow, type FaultRecord } from "../chaos/faults.js";
+import { checkInvariants } from "../chaos/invariants.js";
+import { DOWNSTREAM_SQL } from "../chaos/downstream.js";
 import { freshLeasehold } from "./helpers/db.js";
 
 const LEASE = 30_000;
@@ -187,4 +189,40 @@ test("a killed worker's slot comes back within crash detection, and the job wait
   const excused = checkFlow(trail(30_500, 30_600), [restart, probe], queues);
   assert.deepEqual(excused.violations, []);
   assert.equal(excused.result.probes.notMeasured.length, 1);
+});
+
+test("a paused queue without limits is checked too: a claim that ignored the pause breaks the run, claims after the resume do not", async () => {
+  const lh = await freshLeasehold();
+  await lh.pool.query(DOWNSTREAM_SQL);
+  await lh.enqueueMany([0, 1, 2].map((seq) => ({ task: "chaos", queue: "plain", payload: { seq } })));
+  const [first] = await lh.enqueueMany([{ task: "chaos", queue: "plain", payload: { seq: 3 } }]);
+  const claimAndComplete = async () => {
+    const settings = await store.queueSettings(lh.pool);
+    const flowQueues = settings.filter((q) => q.flow).map((q) => q.name);
+    const jobs = await store.claimJobs(lh.pool, { queues: ["plain"], flowQueues, limit: 10, workerId: "w1", leaseMs: LEASE, tasks: ["chaos"] });
+    await store.completeJobs(lh.pool, { workerId: "w1", jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
+    return jobs.length;
+  };
+  const window = await pauseWindow(lh, lh.pool, "plain");
+  assert.equal(await claimAndComplete(), 0, "the pause holds the claim back");
+  // A claim that ignored the pause: job 3 leased and completed inside the window.
+  await lh.pool.query(
+    `UPDATE jobs SET state = 'running', attempt = attempt + 1, fence = nextval('fence_seq'), locked_by = 'w1',
+            lease_until = now() + interval '30 seconds', heartbeat_at = now(), started_at = now(), progress_at = now()
+      WHERE id = $1`,
+    [first!.id],
+  );
+  await store.completeJobs(lh.pool, { workerId: "w1", jobs: [{ id: first!.id, attempt: 1 }] });
+  await resumeWindow(lh, lh.pool, window);
+  assert.equal(window.waitingAtResume, 3);
+  assert.equal(await claimAndComplete(), 3);
+  const pause: FaultRecord = { kind: "pause", target: "plain", at: 0, durationMs: 0, held: [], pause: window };
+  const check = (faults: FaultRecord[]) => checkInvariants({ admin: lh.pool, jobs: 4, logs: [], faults, unexpectedExits: [] });
+  const r = await check([pause]);
+  assert.deepEqual(
+    r.violations.map((v) => [v.invariant, v.job]),
+    [["a paused queue starts nothing", first!.id]],
+  );
+  assert.deepEqual(r.flow.pauses, [{ queue: "plain", durationMs: 0, startsInside: 1, raced: 0, waitingAtResume: 3 }]);
+  await lh.dispose();
 });
