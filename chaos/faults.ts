@@ -335,38 +335,53 @@ async function retrying<T>(fn: () => Promise<T>, ms = 60_000): Promise<T> {
 const US = (col: string) => `(extract(epoch FROM ${col}) * 1000000)::bigint::text`;
 
 /**
+ * Pauses `queue` and reads its window's start on the database's clock, the audit trail's:
+ * `pausedAtUs` (the pause statement's now()) and `confirmedUs` (a statement sent after
+ * pauseQueue returned) bracket the pause's commit.
+ */
+export async function pauseWindow(lh: Leasehold, admin: pg.Pool, queue: string, retryMs = 60_000): Promise<PauseWindow> {
+  await retrying(() => lh.pauseQueue(queue, { create: true }), retryMs);
+  const { rows } = await retrying(
+    () =>
+      admin.query<{ paused_us: string; now_us: string }>(
+        `SELECT ${US("paused_at")} AS paused_us, ${US("now()")} AS now_us FROM queues WHERE name = $1`,
+        [queue],
+      ),
+    retryMs,
+  );
+  return { queue, pausedAtUs: Number(rows[0]!.paused_us), confirmedUs: Number(rows[0]!.now_us) };
+}
+
+/** Resumes the window's queue; `resumeFromUs` is read before (the resume commits after it). */
+export async function resumeWindow(lh: Leasehold, admin: pg.Pool, window: PauseWindow, retryMs = 60_000): Promise<void> {
+  const { rows } = await retrying(
+    () =>
+      admin.query<{ now_us: string; waiting: number }>(
+        `SELECT ${US("now()")} AS now_us, (SELECT count(*)::int FROM jobs WHERE queue = $1 AND state = 'waiting') AS waiting`,
+        [window.queue],
+      ),
+    retryMs,
+  );
+  window.resumeFromUs = Number(rows[0]!.now_us);
+  window.waitingAtResume = rows[0]!.waiting;
+  await retrying(() => lh.resumeQueue(window.queue), retryMs);
+}
+
+/**
  * The main queue paused for 3-6 s (flow control): no claim anywhere may start one of its jobs
- * from the moment the pause has committed until the resume commits. The window is read on the
- * database's clock, the audit trail's: `pausedAtUs` (the pause statement's now()) and
- * `confirmedUs` (a statement sent after pauseQueue returned) bracket the pause's commit;
- * `resumeFromUs` (a statement sent before resumeQueue is called) precedes the resume's.
+ * from the moment the pause has committed until the resume commits.
  */
 async function pause(ctx: FaultContext): Promise<FaultRecord> {
   const queue = QUEUE;
   const durationMs = between(ctx.random, 3_000, 6_000);
   const at = Date.now();
-  await retrying(() => ctx.lh.pauseQueue(queue, { create: true }));
-  const { rows } = await retrying(() =>
-    ctx.admin.query<{ paused_us: string; now_us: string }>(
-      `SELECT ${US("paused_at")} AS paused_us, ${US("now()")} AS now_us FROM queues WHERE name = $1`,
-      [queue],
-    ),
-  );
-  const window: PauseWindow = { queue, pausedAtUs: Number(rows[0]!.paused_us), confirmedUs: Number(rows[0]!.now_us) };
+  const window = await pauseWindow(ctx.lh, ctx.admin, queue);
   const record: FaultRecord = { kind: "pause", target: queue, at, durationMs, held: [], pause: window };
   ctx.pending.push(
     (async () => {
       await sleep(Math.max(0, at + durationMs - Date.now()));
-      const { rows: before } = await retrying(() =>
-        ctx.admin.query<{ now_us: string; waiting: number }>(
-          `SELECT ${US("now()")} AS now_us, (SELECT count(*)::int FROM jobs WHERE queue = $1 AND state = 'waiting') AS waiting`,
-          [queue],
-        ),
-      );
-      window.resumeFromUs = Number(before[0]!.now_us);
-      window.waitingAtResume = before[0]!.waiting;
       // A queue left paused would never drain: keep trying for as long as a drain may take.
-      await retrying(() => ctx.lh.resumeQueue(queue), ctx.options.drainTimeoutMs);
+      await resumeWindow(ctx.lh, ctx.admin, window, ctx.options.drainTimeoutMs);
       record.endedAt = Date.now();
       record.detail = `${window.waitingAtResume} jobs waiting at the resume`;
     })(),
@@ -402,11 +417,12 @@ async function flowKill(ctx: FaultContext): Promise<FaultRecord> {
   const skip = (why: string): FaultRecord => ({ kind: "flow_kill", at: Date.now(), held: [], skipped: why });
   const lastRestart = Math.max(0, ...ctx.faults.filter((f) => f.kind === "pg_restart").map((f) => f.at + (f.durationMs ?? 0)));
   await sleep(Math.max(0, lastRestart + STARTUP_GRACE_MS + 1_000 - Date.now()));
-  if (!(await until(async () => ctx.watchdogs.every((w) => w.ready) || undefined, 5_000))) return skip("a watchdog is down");
+  // A restarted process takes its time to start on a loaded machine (tens of seconds seen).
+  if (!(await until(async () => ctx.watchdogs.every((w) => w.ready) || undefined, 30_000))) return skip("a watchdog is down");
   const empty = await until(async () => {
     const { rows } = await ctx.admin.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs WHERE queue = $1", [PROBE_QUEUE.name]);
     return rows[0]!.n === 0 || undefined;
-  }, 10_000);
+  }, 15_000);
   if (!empty) return skip("the probe queue is still busy");
   const n = ++ctx.probes;
   const [blocker] = await retrying(
@@ -474,7 +490,7 @@ const MIX: Record<FaultKind, number> = {
   burst: 2,
   hang: 3,
   pause: 1,
-  flow_kill: 2,
+  flow_kill: 3, // skipped when its blocker lands on a worker under another fault
   nats_restart: 3,
   nats_partition: 4,
 };
@@ -504,3 +520,10 @@ export function faultPlan(options: ChaosOptions, random: () => number): FaultKin
   }
   return plan.slice(0, Math.max(count, round.length));
 }
+
+/**
+ * Faults the harness injects by the clock, evenly through the window and alongside the others,
+ * not in the plan's order: a pause in the drain's tail (the plan may run past the window) would
+ * hold nothing back.
+ */
+export const TIMED_FAULTS: ReadonlySet<FaultKind> = new Set(["pause"]);

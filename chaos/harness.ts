@@ -11,9 +11,9 @@ import pino from "pino";
 import { Leasehold } from "../packages/leasehold/src/index.js";
 import { EmbeddedPostgres } from "../packages/cli/src/embedded/postgres.js";
 import { NatsServer } from "../test/harness/nats-server.js";
-import { CHAOS_SCHEMA, seededRandom, type ChaosOptions } from "./config.js";
+import { CHAOS_SCHEMA, seededRandom, type ChaosOptions, type FaultKind } from "./config.js";
 import { DOWNSTREAM_SQL } from "./downstream.js";
-import { INJECTORS, faultPlan, faultsPerRound, type FaultContext, type FaultRecord } from "./faults.js";
+import { INJECTORS, TIMED_FAULTS, faultPlan, faultsPerRound, type FaultContext, type FaultRecord } from "./faults.js";
 import { checkInvariants } from "./invariants.js";
 import { LIMITED_QUEUES } from "./flow-queues.js";
 import { readLogs } from "./process-log.js";
@@ -173,16 +173,12 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       pending: [],
       log: say,
     };
-    const plan = faultPlan(options, random);
+    const fullPlan = faultPlan(options, random);
+    const plan = fullPlan.filter((k) => !TIMED_FAULTS.has(k));
+    const timed = fullPlan.filter((k) => TIMED_FAULTS.has(k));
     const spacing = options.faultWindowMs / plan.length;
     producer.burstsPlanned = plan.filter((k) => k === "burst").length;
-    producer.start();
-    const windowEnds = Date.now() + options.faultWindowMs;
-    for (const kind of plan) {
-      await sleep(spacing * (0.5 + random()));
-      // Injectors take time too (a restart takes seconds): stop at the window's end, once
-      // the whole mix has been injected.
-      if (Date.now() > windowEnds && faults.length >= faultsPerRound(options)) break;
+    const inject = async (kind: FaultKind) => {
       const record = await INJECTORS[kind](ctx).catch((err): FaultRecord => ({
         kind,
         at: Date.now(),
@@ -194,7 +190,18 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
         `fault ${kind}${record.target ? ` on ${record.target}` : ""}${record.detail ? ` (${record.detail})` : ""}` +
           `${record.skipped ? ` skipped: ${record.skipped}` : `, ${record.held.length} attempts held`}`,
       );
+    };
+    producer.start();
+    const windowEnds = Date.now() + options.faultWindowMs;
+    const timedDone = Promise.all(timed.map((kind, i) => sleep(((i + 0.5) / timed.length) * options.faultWindowMs).then(() => inject(kind))));
+    for (const kind of plan) {
+      await sleep(spacing * (0.5 + random()));
+      // Injectors take time too (a restart takes seconds): stop at the window's end, once
+      // the whole mix has been injected.
+      if (Date.now() > windowEnds && faults.length >= faultsPerRound(options)) break;
+      await inject(kind);
     }
+    await timedDone;
     await Promise.all(ctx.pending);
     await producer.finish();
     say(`faults over; ${producer.enqueued} jobs enqueued; draining`);

@@ -10,7 +10,7 @@ import { optionsFor, faultKindsFor } from "../chaos/config.js";
 import { runChaos } from "../chaos/harness.js";
 import { REPO_ROOT } from "../chaos/supervisor.js";
 
-test("under kills, zombies, partitions, connection resets, restarts and storms no job is lost, no stale report lands and no attempt starts while another runs unsignalled", async (t) => {
+test("under kills, zombies, partitions, connection resets, restarts and storms no job is lost, no stale report lands, no attempt starts while another runs unsignalled and no flow limit or pause is broken", async (t) => {
   const options = optionsFor({
     outDir: path.join(REPO_ROOT, "chaos", "results"),
     jobs: 2_000,
@@ -39,4 +39,12 @@ test("under kills, zombies, partitions, connection resets, restarts and storms n
   // The overlap invariant had timelines to read: handlers started, signals fired, handlers settled.
   const { timeline } = report.overlaps;
   assert.ok(timeline.started > 0 && timeline.aborted > 0 && timeline.settled > 0, `attempt timelines missing: ${JSON.stringify(timeline)}`);
+  // Flow control was exercised: every limited queue ran attempts, a pause held jobs back, and a
+  // killed worker's slot was measured.
+  for (const l of report.flow.limits) assert.ok(l.attempts > 0, `no attempt in ${l.queue}`);
+  assert.ok(
+    report.flow.pauses.some((p) => (p.waitingAtResume ?? 0) > 0),
+    `no pause held a job back: ${JSON.stringify(report.flow.pauses)}`,
+  );
+  assert.ok(report.flow.probes.slotBack.max !== null, `no killed worker's slot was measured: ${JSON.stringify(report.flow.probes)}`);
 });
