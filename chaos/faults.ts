@@ -429,15 +429,18 @@ async function flowKill(ctx: FaultContext): Promise<FaultRecord> {
     () => ctx.lh.enqueueMany([probeJob(-2 * n + 1, PROBE_BLOCKER_MS, ctx.options.maxAttempts, PROBE_LEASE_MS)]),
     10_000,
   );
+  // Held by a worker no other fault has (a frozen or cut-off holder may be waited out: its
+  // lease holds, or its job moves on to another worker).
   const holder = await until(async () => {
     const { rows } = await ctx.admin.query<{ locked_by: string; attempt: number }>(
       "SELECT locked_by, attempt FROM jobs WHERE id = $1 AND state = 'running'",
       [blocker!.id],
     );
-    return rows[0];
-  }, 10_000);
-  const w = holder && ctx.workers.find((s) => s.workerId === holder.locked_by);
-  if (!holder || !w || !w.ready || w.busy) return skip(`the blocker job ${blocker!.id} is not held by a free worker`);
+    const w = rows[0] && ctx.workers.find((s) => s.workerId === rows[0]!.locked_by);
+    return w && w.ready && !w.busy ? { ...rows[0]!, w } : undefined;
+  }, 20_000);
+  if (!holder) return skip(`the blocker job ${blocker!.id} was not held by a free worker`);
+  const w = holder.w;
   const [blocked] = await retrying(() => ctx.lh.enqueueMany([probeJob(-2 * n, 50, ctx.options.maxAttempts)]), 10_000);
   // Let the workers ask for it and be held back by the limit.
   await sleep(300);
