@@ -16,7 +16,7 @@
  *     that "ended late by recovery" holds its slot until that recovery, and the next claim
  *     in its place starts after it.
  *     Exact, not a tolerance: claim_flow() serialises a queue's claims on its flow_state row
- *     and stamps its attempts (and rate logs) with clock_timestamp() taken after its counts, so
+ *     and stamps its attempts (and rate logs) with the time taken after its counts, so
  *     an end the claim did not count had committed before, and its recorded end (the ending
  *     statement's now(), before its commit) precedes the claim's start. An end the claim did
  *     count may be recorded before the claim's start too: that only shows a slot free that the
