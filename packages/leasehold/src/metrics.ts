@@ -83,6 +83,7 @@ export interface Metrics {
   // Throughput and the rest.
   jobs: Gauge<"queue" | "state">;
   jobsWithoutHandler: Gauge<"queue" | "task">;
+  queuesPaused: Gauge;
   jobsEnqueued: Counter<"queue">;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
@@ -194,6 +195,11 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
       name: "leasehold_jobs_without_handler",
       help: "Waiting jobs whose task no live worker runs in their queue, as the watchdog last counted (at most 100 queue/task pairs).",
       labelNames: ["queue", "task"],
+      registers,
+    }),
+    queuesPaused: new prom.Gauge({
+      name: "leasehold_queues_paused",
+      help: "Queues paused (by lh.pauseQueue, `leasehold queues pause`, the API or the dashboard), as the watchdog last counted.",
       registers,
     }),
     jobsEnqueued: new prom.Counter({

@@ -254,6 +254,8 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
       if (c.state === "running") running += c.count;
     }
     this.metrics.activeLeases.set(running);
+    // A paused queue's jobs wait however many workers run: worth an alert when it lasts.
+    this.metrics.queuesPaused.set(await store.countPausedQueues(this.db));
     if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
       this.lastHandlerGauge = performance.now();
       const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });

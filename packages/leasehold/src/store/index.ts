@@ -31,7 +31,7 @@ export {
   recoverJobsOfEarlierProcess,
 } from "./end-attempts.js";
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended, RateLimited } from "./end-attempts.js";
-export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState } from "./flow.js";
+export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState, countPausedQueues } from "./flow.js";
 export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, workerNameHeldElsewhere, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement } from "./workers.js";
