@@ -20,6 +20,7 @@ import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { DASHBOARD_MODES, registerDashboard, type DashboardMode } from "./dashboard.js";
 import { registerJobRoutes } from "./job-routes.js";
 import { registerMonitorRoutes } from "./monitor-routes.js";
+import { registerQueueRoutes } from "./queue-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
 import { Receipts } from "./receipts.js";
 import { routes } from "./schemas.js";
@@ -155,6 +156,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerClaimRoute(api, lh, waiter, receipts, limits);
     registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits });
     registerJobRoutes(api, lh);
+    registerQueueRoutes(api, lh);
     registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });
     if (dashboard !== "off") registerDashboard(api, dashboard);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {

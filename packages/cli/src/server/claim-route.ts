@@ -16,6 +16,9 @@ import { routes } from "./schemas.js";
 
 type ClaimBody = store.ClaimParams & { waitMs?: number };
 
+/** The shortest wait before a long poll asks again after a flow limit held its claim back. */
+const MIN_FLOW_RETRY_MS = 10;
+
 export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: ClaimWaiter, receipts: Receipts, leases: LeaseBounds): void {
   const pool = lh.pool;
 
@@ -33,9 +36,13 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       waited = true;
       try {
         for (;;) {
-          const woke = await waiter.wait(params, deadline - Date.now(), gone.signal);
+          // A flow limit that held the claim back frees a start in retryInMs: no notification
+          // says so, so the wait ends then and the claim is tried again (not sooner than
+          // MIN_FLOW_RETRY_MS, so a limit about to free cannot spin the claim).
+          const retryAt = jobs.retryInMs === undefined ? deadline : Math.min(deadline, Date.now() + Math.max(jobs.retryInMs, MIN_FLOW_RETRY_MS));
+          const woke = await waiter.wait(params, retryAt - Date.now(), gone.signal);
           if (woke === "closed") waited = false;
-          if (woke !== "woken") break;
+          if (woke === "aborted" || woke === "closed" || (woke === "timeout" && retryAt >= deadline)) break;
           jobs = await store.claimJobs(pool, params);
           if (jobs.length > 0 || Date.now() >= deadline) break;
         }
@@ -64,7 +71,13 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       lh.metrics.released.inc({ cause: "response_cap" }, excess.length);
     }
     for (const job of keep) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
-    return { jobs: keep, waited };
+    // Flow control: when a limit held the claim back, and which queues were paused.
+    return {
+      jobs: keep,
+      waited,
+      ...(jobs.retryInMs !== undefined && { retryInMs: jobs.retryInMs }),
+      ...(jobs.paused !== undefined && { paused: jobs.paused }),
+    };
   });
 }
 

@@ -15,6 +15,9 @@ import * as store from "leasehold/internal/store/index";
 import { Listener } from "leasehold/internal/worker/listener";
 import type { ServerMetrics } from "./http-metrics.js";
 
+/** The payload the `queues` table's trigger sends on the workers' channel when flow-control settings change. */
+const QUEUE_SETTINGS_CHANGED = "!queues";
+
 /** The shared re-check's period: how late a delayed job may be noticed by a waiting claim. */
 export const LONG_POLL_RECHECK_MS = 1_000;
 
@@ -147,7 +150,8 @@ export class ClaimWaiter {
         channel: this.options.channel,
         applicationName: "leasehold-serve-listen",
         onNotify: (queue) => {
-          for (const w of [...this.waiters]) if (queue === undefined || w.queues.has(queue)) w.wake();
+          // QUEUE_SETTINGS_CHANGED: a queue was resumed or its limits changed; any waiting claim may now find jobs.
+          for (const w of [...this.waiters]) if (queue === undefined || queue === QUEUE_SETTINGS_CHANGED || w.queues.has(queue)) w.wake();
         },
       });
       await this.listener.start();

@@ -13,6 +13,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   unknown_task: 400,
   no_worker_for_task: 400,
   job_not_found: 404,
+  unknown_queue: 404,
   invalid_state: 409,
   stale_lease: 409,
   name_in_use: 409,
@@ -31,7 +32,10 @@ export function handleError(err: FastifyError, request: FastifyRequest, reply: F
     return reply.status(STATUS_BY_CODE[err.code] ?? 400).send(errorBody(err.code, err.message));
   }
   if (err.validation) {
-    return reply.status(400).send(errorBody("invalid_input", `invalid request: ${err.message}`));
+    // ajv says a field is not allowed without naming it: name it.
+    const extra = err.validation[0]?.params?.additionalProperty;
+    const named = typeof extra === "string" ? ` (${JSON.stringify(extra)})` : "";
+    return reply.status(400).send(errorBody("invalid_input", `invalid request: ${err.message}${named}`));
   }
   if (err.code === "FST_ERR_CTP_BODY_TOO_LARGE") {
     return reply.status(413).send(errorBody("payload_too_large", "request body is larger than the server's limit"));

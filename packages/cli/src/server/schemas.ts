@@ -21,7 +21,18 @@ const BACKOFF = (): Record<string, unknown> =>
     },
     ["baseMs", "factor", "maxMs", "jitter"],
   );
-const OUTCOMES = ["succeeded", "failed", "lease_expired", "worker_lost", "stalled", "timed_out", "released", "cancelled", "superseded"];
+const OUTCOMES = [
+  "succeeded",
+  "failed",
+  "lease_expired",
+  "worker_lost",
+  "stalled",
+  "timed_out",
+  "released",
+  "cancelled",
+  "superseded",
+  "rate_limited",
+];
 /** Most attempts one worker request may carry (a worker holds at most its concurrency). */
 const MAX_BATCH = 10_000;
 /** Most jobs one enqueue request may carry; larger imports go in several requests. */
@@ -62,7 +73,7 @@ export const errorSchema = {
         code: {
           type: "string",
           description:
-            "stable code: invalid_input, unauthorized, forbidden, job_not_found, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -111,6 +122,7 @@ export const claimedJobSchema = {
       description: "the headers the job was enqueued with (a trace context, metadata); null when none",
     },
     receipt: { type: "string", description: "proof of this claim: every heartbeat and report about this attempt must carry it" },
+    key: { type: ["string", "null"], description: "the job's flow-control key, if it was enqueued with one" },
   },
   required: ["id", "queue", "task", "payload", "attempt", "fence", "spentAttempts", "maxAttempts", "leaseMs", "receipt"],
 };
@@ -179,6 +191,12 @@ const newJob = object(
     delayMs: { type: "integer", minimum: 0 },
     maxAttempts: { type: "integer", minimum: 1, maximum: 1000 },
     uniqueKey: { type: "string", minLength: 1, maxLength: 512 },
+    key: {
+      type: "string",
+      minLength: 1,
+      maxLength: 512,
+      description: "the job's flow-control key (a tenant, a customer): its queue's per-key limits count it, and keys take turns",
+    },
     leaseMs: LEASE_MS,
     progressTimeoutMs: LIMIT_MS,
     maxRunMs: { ...NULLABLE_LIMIT, description: "null: no time limit for this job, whatever its task's (absent: the task's, 15 minutes by default)" },
@@ -244,6 +262,61 @@ export const JOB_FILTER = {
   time: { type: "string", enum: ["created", "finished"], description: "which time from and to bound (default created)" },
 } as const;
 const idParams = object({ id: JOB_ID }, ["id"]);
+
+/** A rate as the API carries it: at most `limit` starts in any window of `windowMs`. */
+const RATE = (what: string) => ({
+  type: ["object", "null"],
+  properties: {
+    limit: { type: "integer", description: "1 to 1,000,000" },
+    windowMs: { type: "integer", description: "10 ms to 86,400,000 ms (a day)" },
+  },
+  description: `${what}; null: none`,
+});
+const COUNT_LIMIT = (what: string) => ({ type: ["integer", "null"], description: `${what} (1 to 100,000); null: none` });
+const KEY_WEIGHTS = {
+  type: ["object", "null"],
+  additionalProperties: { type: "integer" },
+  description: "round-robin weights of some keys (1 to 100 turns per round; the others weigh 1), at most 1,000 keys; null: none",
+} as const;
+const LIMIT_FIELDS = {
+  concurrency: COUNT_LIMIT("attempts holding leases in the queue at once, across every worker"),
+  keyConcurrency: COUNT_LIMIT("attempts holding leases at once per key (1: one at a time, in order)"),
+  rate: RATE("starts of the whole queue"),
+  keyRate: RATE("starts per key"),
+  keyWeights: KEY_WEIGHTS,
+};
+
+/** A queue's flow-control settings (docs/flow-control.md). */
+export const queueSettingsSchema = {
+  type: "object",
+  properties: {
+    name: NAME,
+    paused: { type: "boolean" },
+    pausedAt: TIME,
+    ...LIMIT_FIELDS,
+    keyed: { type: "boolean", description: "keyed jobs were enqueued in it: its claims go round-robin between keys" },
+    heldUntil: { ...TIME, description: "a handler asked the whole queue to hold back until then (RateLimitedError)" },
+    flow: { type: "boolean", description: "claimed under flow control (paused, limited, keyed or held)" },
+    updatedAt: TIME,
+  },
+};
+const queueInfoSchema = {
+  ...queueSettingsSchema,
+  properties: {
+    ...queueSettingsSchema.properties,
+    waiting: { type: "integer", description: "jobs waiting, due or not" },
+    running: { type: "integer", description: "jobs holding leases (running, or buffered by a worker)" },
+  },
+};
+const queueParams = object({ name: NAME }, ["name"]);
+const CREATE_QUERY = object({
+  create: { type: "string", enum: ["true", "false"], description: "true: configure a queue no job, worker or setting names yet" },
+});
+const queueAnswer = { type: "object", properties: { queue: queueSettingsSchema } };
+const QUEUE_ERRORS = {
+  ...errors(400, 401, 403, 503),
+  404: { description: "unknown queue (no job, worker or setting names it; pass create=true to configure it anyway)", ...errorSchema },
+};
 export const secured = { security: [{ bearerAuth: [] }] };
 /** Operators' routes: a worker token is refused with 403. */
 const OPERATOR_ERRORS = [...COMMON_ERRORS, 403];
@@ -261,6 +334,14 @@ export const routes = {
         limit: { type: "integer", minimum: 1, maximum: 500 },
         leaseMs: LEASE_MS,
         waitMs: { type: "integer", minimum: 0, maximum: MAX_WAIT_MS },
+        flowQueues: {
+          type: "array",
+          items: NAME,
+          maxItems: 100,
+          description:
+            "those of `queues` under flow control (paused, limited, keyed or held), as GET /v1/worker/queues says: each is claimed " +
+            "under its limits; a plain claim of such a queue finds nothing",
+        },
       },
       ["workerId", "queues", "tasks", "limit", "leaseMs"],
     ),
@@ -275,6 +356,12 @@ export const routes = {
               "true: the claim was held open until a job came or waitMs passed. false: it was answered at once with what was ready " +
               "(jobs were ready, waitMs was 0, the server is at its long-poll cap or stopping); after an empty answer, wait before polling again",
           },
+          retryInMs: {
+            type: "integer",
+            description:
+              "present when a flow limit (concurrency, rate, a hold), not the backlog, held the claim back: claiming again sooner finds nothing",
+          },
+          paused: { type: "array", items: NAME, description: "present when some of the flow queues were paused" },
         },
       },
       ...errors(...COMMON_ERRORS),
@@ -459,6 +546,87 @@ export const routes = {
     summary: "A remote worker stops; graceful: it gave its jobs back",
     body: object({ workerId: WORKER_ID, graceful: { type: "boolean" } }, ["workerId"]),
     response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS) },
+  },
+  rateLimited: {
+    ...secured,
+    tags: ["worker"],
+    summary:
+      "Report attempts whose handlers were rate-limited (RateLimitedError): each job waits delayMs without spending its retry budget, " +
+      "and its key or queue starts nothing for that long (fenced: a stale attempt is refused)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        jobs: {
+          type: "array",
+          minItems: 1,
+          maxItems: MAX_BATCH,
+          items: object(
+            {
+              id: JOB_ID,
+              attempt: ATTEMPT,
+              receipt: RECEIPT,
+              delayMs: { type: "integer", minimum: 1, maximum: 86400000, description: "how long the job (and its key or queue) waits" },
+              scope: {
+                type: "string",
+                enum: ["key", "queue", "job"],
+                description: "what waits: the job's key (a keyless job: its queue), the whole queue, or the job alone",
+              },
+            },
+            ["id", "attempt", "delayMs", "scope"],
+          ),
+        },
+        message: { type: "string", maxLength: 1000, description: "what the handler said; kept in the job's last error" },
+      },
+      ["workerId", "jobs"],
+    ),
+    response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
+  },
+  workerQueues: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Flow-control settings of every configured queue (a worker's view: which to claim under limits, which are paused)",
+    response: {
+      200: { type: "object", properties: { queues: { type: "array", items: queueSettingsSchema } } },
+      ...errors(401, 403, 503),
+    },
+  },
+  listQueues: {
+    ...secured,
+    tags: ["queues"],
+    summary: "Every queue anyone can name, with its flow-control settings (paused, limits, rates) and counts of waiting and running jobs",
+    response: {
+      200: { type: "object", properties: { queues: { type: "array", items: queueInfoSchema } } },
+      ...errors(401, 403, 503),
+    },
+  },
+  pauseQueue: {
+    ...secured,
+    tags: ["queues"],
+    summary:
+      "Pause a queue for the whole fleet: no claim takes its jobs; workers give back what they buffered (enqueue goes on, running jobs finish)",
+    params: queueParams,
+    querystring: CREATE_QUERY,
+    response: { 200: queueAnswer, ...QUEUE_ERRORS },
+  },
+  resumeQueue: {
+    ...secured,
+    tags: ["queues"],
+    summary: "Resume a paused queue: waiting workers are woken at once",
+    params: queueParams,
+    querystring: CREATE_QUERY,
+    response: { 200: queueAnswer, ...QUEUE_ERRORS },
+  },
+  setQueueLimits: {
+    ...secured,
+    tags: ["queues"],
+    summary: "Change a queue's limits at run time, for every worker: each given limit takes its value (null: none), the others stay",
+    params: queueParams,
+    querystring: CREATE_QUERY,
+    body: {
+      ...object({ ...LIMIT_FIELDS, create: { type: "boolean", description: "as the create query parameter" } }),
+      description: "the limits to change; values out of range are refused with 400 naming them",
+    },
+    response: { 200: queueAnswer, ...QUEUE_ERRORS },
   },
   enqueue: {
     ...secured,

@@ -48,7 +48,7 @@ const REMOTE_NAME_HELD_LEASES = 2;
 
 type Ref = { id: string; attempt: number };
 type Beat = ReceiptRef & { progress?: unknown; checkpoint?: unknown };
-type Kind = store.RefusedKind | "lost";
+type Kind = store.RefusedKind | "lost" | "rate_limited";
 type RefusedKind = store.RefusedKind;
 
 /** Route config: the worker token may use these routes too. */
@@ -186,6 +186,26 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
       return answerReport(reply, "release", workerId, valid, invalid, applied, lh);
     },
   );
+
+  app.post<{ Body: { workerId: string; jobs: (ReceiptRef & { delayMs: number; scope: store.RateLimited["scope"] })[]; message?: string } }>(
+    "/v1/worker/rate-limited",
+    { schema: routes.rateLimited, config: worker },
+    async (request, reply) => {
+      const { workerId, jobs, message } = request.body;
+      const { valid, invalid } = checked("rate_limited", jobs, workerId);
+      // Given back like a release (no retry budget spent), after a delay, holding back its key or queue.
+      const applied = await store.rateLimitJobs(pool, {
+        workerId,
+        jobs: valid.map((j) => ({ ...ref(j), delayMs: j.delayMs, scope: j.scope })),
+        ...(message !== undefined && { message: sanitizeText(message, 1_000) }),
+      });
+      // Refusals are kept as a release's: the record's kinds are the fence's reports, and this is a release with a delay.
+      return answerReport(reply, "release", workerId, valid, invalid, applied, lh);
+    },
+  );
+
+  // A worker's view of flow control: which queues to claim under limits, which are paused.
+  app.get("/v1/worker/queues", { schema: routes.workerQueues, config: worker }, async () => ({ queues: await store.queueSettings(pool) }));
 
   app.post<{ Body: { workerId: string; attempts: ReceiptRef[] } }>("/v1/worker/lost", { schema: routes.lost, config: worker }, async (request) => {
     const { workerId, attempts } = request.body;

@@ -1,0 +1,37 @@
+/**
+ * Flow control for operators (docs/flow-control.md): list the queues with their settings,
+ * pause and resume one, change its limits. Each goes through the library's method, so the
+ * checks (a value out of range, an unknown queue) and their messages are the same as for
+ * `lh.pauseQueue` and the CLI. A queue nobody has named yet is refused (404 unknown_queue)
+ * unless `create=true` says to configure it before its first job.
+ */
+import type { FastifyInstance } from "fastify";
+import type { Leasehold } from "leasehold/internal/client";
+import type { QueueLimits } from "leasehold/internal/store/index";
+import { routes } from "./schemas.js";
+
+interface QueueRequest {
+  Params: { name: string };
+  Querystring: { create?: "true" | "false" };
+}
+
+export function registerQueueRoutes(app: FastifyInstance, lh: Leasehold): void {
+  app.get("/v1/queues", { schema: routes.listQueues }, async () => ({ queues: await lh.listQueues() }));
+
+  app.post<QueueRequest>("/v1/queues/:name/pause", { schema: routes.pauseQueue }, async (request) => ({
+    queue: await lh.pauseQueue(request.params.name, { create: request.query.create === "true" }),
+  }));
+
+  app.post<QueueRequest>("/v1/queues/:name/resume", { schema: routes.resumeQueue }, async (request) => ({
+    queue: await lh.resumeQueue(request.params.name, { create: request.query.create === "true" }),
+  }));
+
+  app.patch<QueueRequest & { Body: Partial<QueueLimits> & { create?: boolean } }>(
+    "/v1/queues/:name/limits",
+    { schema: routes.setQueueLimits },
+    async (request) => {
+      const { create, ...limits } = request.body;
+      return { queue: await lh.setQueueLimits(request.params.name, limits, { create: create === true || request.query.create === "true" }) };
+    },
+  );
+}
