@@ -2,7 +2,7 @@
  * Exit codes and the one-line error every command failure becomes. No stack traces: the
  * user gets what went wrong and, where we know it, what to do.
  *
- *   0 success · 1 unexpected error · 2 bad usage or input · 3 job not found
+ *   0 success · 1 unexpected error · 2 bad usage or input · 3 job (or queue) not found
  *   4 the job's state does not allow it · 5 database or server unreachable
  */
 import { LeaseholdError } from "leasehold/internal/errors";
@@ -26,6 +26,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   unknown_task: EXIT.usage,
   no_worker_for_task: EXIT.usage,
   job_not_found: EXIT.notFound,
+  unknown_queue: EXIT.notFound,
   invalid_state: EXIT.invalidState,
   name_in_use: EXIT.invalidState,
   server_unavailable: EXIT.unavailable,

@@ -12,6 +12,7 @@ import { registerEnqueue } from "./commands/enqueue.js";
 import { registerJobCommands } from "./commands/jobs.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerRunCommands } from "./commands/run.js";
+import { registerQueueCommands } from "./commands/queues.js";
 import { registerScheduleCommands } from "./commands/schedules.js";
 import { registerServe } from "./commands/serve.js";
 import { registerWorker } from "./commands/worker.js";
@@ -26,7 +27,10 @@ const program = new Command("leasehold")
   .addOption(new Option("--schema <name>", "schema of Leasehold's tables (default: LEASEHOLD_SCHEMA or leasehold)"))
   .addOption(new Option("--data-dir <dir>", "where the embedded PostgreSQL and dev state live").env("LEASEHOLD_DATA_DIR").default(".leasehold"))
   .option("--json", "machine-readable output (one JSON value per line)")
-  .option("--server <url>", "job commands and workers go through this `leasehold serve` instead of the database (default: LEASEHOLD_SERVER_URL)")
+  .option(
+    "--server <url>",
+    "job and queue commands and workers go through this `leasehold serve` instead of the database (default: LEASEHOLD_SERVER_URL)",
+  )
   .option("--token <token>", "the server's API token (default: LEASEHOLD_TOKEN)")
   .showSuggestionAfterError(true)
   .exitOverride()
@@ -54,6 +58,7 @@ registerRunCommands(program, run);
 registerDoctor(program, run);
 registerEnqueue(program, run);
 registerJobCommands(program, run);
+registerQueueCommands(program, run);
 registerScheduleCommands(program, run);
 for (const command of program.commands) applyExitOverride(command);
 

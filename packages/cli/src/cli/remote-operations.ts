@@ -1,16 +1,20 @@
 /**
- * The CLI's job operations over a `leasehold serve` API instead of a database connection
- * (`--server URL --token T`), for operators who can reach the server but not the database.
- * Same shapes and the same typed errors as the `Leasehold` client's methods.
+ * The CLI's job and queue operations over a `leasehold serve` API instead of a database
+ * connection (`--server URL --token T`), for operators who can reach the server but not the
+ * database. Same shapes and the same typed errors as the `Leasehold` client's methods.
  */
 import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/client";
 import { checkJobId } from "leasehold/internal/jobs/ids";
 import { JobNotFoundError, JobStateError, ValidationError } from "leasehold/internal/errors";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
+import type { QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
-/** What the job commands need: the `Leasehold` client has it, and so does this API client. */
-export type JobOperations = Pick<Leasehold, "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats">;
+/** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
+export type JobOperations = Pick<
+  Leasehold,
+  "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats" | "listQueues" | "pauseQueue" | "resumeQueue" | "setQueueLimits"
+>;
 
 /** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
 export const REMOTE_ENQUEUE_BATCH = 1_000;
@@ -84,12 +88,35 @@ export class RemoteOperations implements JobOperations {
     return { ...s, oldestReadyAt: s.oldestReadyAt === null ? null : new Date(s.oldestReadyAt) };
   }
 
+  async listQueues(): Promise<QueueInfo[]> {
+    const { queues } = await this.call<{ queues: Wire<QueueInfo>[] }>("GET", "/v1/queues");
+    return queues.map(settingsFromWire);
+  }
+
+  async pauseQueue(name: string, options: { create?: boolean } = {}): Promise<QueueSettings> {
+    return this.queueCall("POST", name, "pause", options);
+  }
+
+  async resumeQueue(name: string, options: { create?: boolean } = {}): Promise<QueueSettings> {
+    return this.queueCall("POST", name, "resume", options);
+  }
+
+  async setQueueLimits(name: string, limits: Partial<QueueLimits>, options: { create?: boolean } = {}): Promise<QueueSettings> {
+    return this.queueCall("PATCH", name, "limits", options, limits);
+  }
+
+  private async queueCall(method: "POST" | "PATCH", name: string, action: string, options: { create?: boolean }, body?: unknown) {
+    const query = options.create ? "?create=true" : "";
+    const { queue } = await this.call<{ queue: Wire<QueueSettings> }>(method, `/v1/queues/${encodeURIComponent(name)}/${action}${query}`, body);
+    return settingsFromWire(queue);
+  }
+
   /** A read of the API for views the job operations do not cover (`jobs watch`). */
   get<T>(path: string): Promise<T> {
     return this.call<T>("GET", path);
   }
 
-  private async call<T>(method: "GET" | "POST", path: string, body?: unknown, jobId?: string): Promise<T> {
+  private async call<T>(method: "GET" | "POST" | "PATCH", path: string, body?: unknown, jobId?: string): Promise<T> {
     let response: Response;
     let text: string;
     try {
@@ -115,10 +142,19 @@ export class RemoteOperations implements JobOperations {
     const message = parsed.error?.message ?? `server answered ${response.status}`;
     if (code === "job_not_found" && jobId) throw new JobNotFoundError(jobId);
     if (code === "invalid_state") throw new JobStateError(message);
+    // The library's own message (did you mean, how to create it), with its code for the exit status.
+    if (code === "unknown_queue") throw new ServerError(code, message, response.status);
     if (response.status === 400) throw new ValidationError(message);
     if (response.status >= 502 && response.status <= 504) throw new ServerUnavailableError(`server answered ${response.status}: ${message}`);
     throw new ServerError(code, `server answered ${response.status}: ${message}`, response.status);
   }
+}
+
+/** A queue's settings from the wire (dates as strings). */
+function settingsFromWire<T extends QueueSettings>(q: Wire<T>): T {
+  const wire = q as Wire<QueueSettings>;
+  const date = (v: string | null) => (v === null ? null : new Date(v));
+  return { ...q, pausedAt: date(wire.pausedAt), heldUntil: date(wire.heldUntil), updatedAt: date(wire.updatedAt) } as unknown as T;
 }
 
 /** A record from the wire (dates as strings); getJob's always has its payload. */

@@ -30,6 +30,7 @@ interface EnqueueFlags {
   runAt?: Date;
   maxAttempts?: number;
   uniqueKey?: string;
+  key?: string;
   lease?: number;
   maxRun?: number | "none";
   unknownTasks?: string;
@@ -49,6 +50,7 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--run-at <iso>", "run no earlier than this moment", isoDate("--run-at"))
     .option("--max-attempts <n>", "attempts before the job is dead (default 25)", int("--max-attempts", 1, 1000))
     .option("--unique-key <key>", "while an unfinished job has this key, return it instead of enqueueing again")
+    .option("--key <key>", "the job's flow-control key (a tenant, a customer): the queue's per-key limits count it, and keys take turns")
     .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
     .option(
       "--max-run <duration|none>",
@@ -73,6 +75,7 @@ export function registerEnqueue(program: Command, run: Run): void {
         ...(flags.runAt !== undefined && { runAt: flags.runAt }),
         ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
         ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
+        ...(flags.key !== undefined && { key: flags.key }),
         ...(flags.lease !== undefined && { leaseMs: flags.lease }),
         ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),
       };

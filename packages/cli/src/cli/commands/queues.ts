@@ -1,0 +1,188 @@
+/**
+ * `leasehold queues list|pause|resume|limit`: flow control at run time, for the whole fleet
+ * (docs/flow-control.md). On the database, or through a server with --server.
+ */
+import type { Command } from "commander";
+import { MAX_CONCURRENCY_LIMIT, MAX_KEY_WEIGHT, MAX_RATE_LIMIT, MAX_RATE_WINDOW_MS, MIN_RATE_WINDOW_MS } from "leasehold/internal/jobs/flow-limits";
+import type { QueueInfo, QueueLimits, QueueSettings, RateLimit } from "leasehold/internal/store/index";
+import type { Run } from "../context.js";
+import { CliError } from "../errors.js";
+import { table } from "../format.js";
+import { duration, int } from "../parse.js";
+
+interface LimitFlags {
+  concurrency?: number | "none";
+  keyConcurrency?: number | "none";
+  rate?: RateLimit | "none";
+  keyRate?: RateLimit | "none";
+  keyWeight?: Record<string, number> | "none";
+  create?: boolean;
+}
+
+const CREATE_HELP = "configure a queue no job, worker or setting names yet (otherwise an unknown name is refused)";
+
+export function registerQueueCommands(program: Command, run: Run): void {
+  const queues = program.command("queues").description("flow control: pause and resume queues, change their limits at run time");
+
+  queues
+    .command("list")
+    .description("every queue with its state, limits and counts")
+    .action(
+      run(async (cli) => {
+        const lh = await cli.operations();
+        const list = await lh.listQueues();
+        cli.result(list, () => queuesTable(list));
+      }),
+    );
+
+  queues
+    .command("pause <name>")
+    .description("pause a queue for every worker: its jobs wait (enqueue goes on, running jobs finish)")
+    .option("--create", CREATE_HELP)
+    .action(
+      run(async (cli, name: string, flags: { create?: boolean }) => {
+        const lh = await cli.operations();
+        const q = await lh.pauseQueue(name, { create: flags.create });
+        cli.result(q, () => `queue ${name} paused: no worker starts its jobs until \`leasehold queues resume ${name}\``);
+      }),
+    );
+
+  queues
+    .command("resume <name>")
+    .description("resume a paused queue")
+    .option("--create", CREATE_HELP)
+    .action(
+      run(async (cli, name: string, flags: { create?: boolean }) => {
+        const lh = await cli.operations();
+        const q = await lh.resumeQueue(name, { create: flags.create });
+        cli.result(q, () => `queue ${name} resumed`);
+      }),
+    );
+
+  queues
+    .command("limit <name>")
+    .description("change a queue's limits for every worker, without a restart (the limits not given stay as they are)")
+    .option("--concurrency <n|none>", "attempts running in the queue at once, across every worker", countOrNone("--concurrency"))
+    .option("--key-concurrency <n|none>", "attempts running at once per key (1: one at a time, in order)", countOrNone("--key-concurrency"))
+    .option("--rate <n/window|none>", "starts of the whole queue per window, e.g. 50/1s, 100/1m", rateOrNone("--rate"))
+    .option("--key-rate <n/window|none>", "starts per key per window, e.g. 10/1s", rateOrNone("--key-rate"))
+    .option(
+      "--key-weight <key=weight|none>",
+      "a key's turns per round-robin round (repeat for several; the weights given replace the queue's; none: all weigh 1)",
+      keyWeight,
+    )
+    .option("--create", CREATE_HELP)
+    .action(
+      run(async (cli, name: string, flags: LimitFlags) => {
+        const limits: Partial<QueueLimits> = {
+          ...(flags.concurrency !== undefined && { concurrency: noneAsNull(flags.concurrency) }),
+          ...(flags.keyConcurrency !== undefined && { keyConcurrency: noneAsNull(flags.keyConcurrency) }),
+          ...(flags.rate !== undefined && { rate: noneAsNull(flags.rate) }),
+          ...(flags.keyRate !== undefined && { keyRate: noneAsNull(flags.keyRate) }),
+          ...(flags.keyWeight !== undefined && { keyWeights: noneAsNull(flags.keyWeight) }),
+        };
+        if (Object.keys(limits).length === 0)
+          throw new CliError("give at least one of --concurrency, --key-concurrency, --rate, --key-rate or --key-weight");
+        const lh = await cli.operations();
+        const q = await lh.setQueueLimits(name, limits, { create: flags.create });
+        cli.result(q, () => `queue ${name}: ${describeLimits(q)}`);
+      }),
+    );
+}
+
+/** Commander turns a parser's null into "", so "none" travels as itself until here. */
+function noneAsNull<T>(value: T | "none"): T | null {
+  return value === "none" ? null : value;
+}
+
+function countOrNone(flag: string): (value: string) => number | "none" {
+  const parse = int(flag, 1, MAX_CONCURRENCY_LIMIT);
+  return (value) => {
+    if (value.trim() === "none") return "none";
+    try {
+      return parse(value);
+    } catch {
+      throw new CliError(`${flag} must be a whole number from 1 to ${MAX_CONCURRENCY_LIMIT}, or none for no limit (got ${JSON.stringify(value)})`);
+    }
+  };
+}
+
+/** "50/1s", "100/1m", "5/500ms", "10/s" (a bare unit: one of it), or "none". */
+function rateOrNone(flag: string): (value: string) => RateLimit | "none" {
+  const window = duration(flag);
+  const bad = (value: string, why: string) => new CliError(`${flag} ${why} (got ${JSON.stringify(value)})`);
+  return (value) => {
+    if (value.trim() === "none") return "none";
+    const m = /^(\d+)\/(.+)$/.exec(value.trim());
+    if (!m) throw bad(value, "must be starts per window like 50/1s or 100/1m, or none for no limit");
+    const limit = Number(m[1]);
+    if (limit < 1 || limit > MAX_RATE_LIMIT) throw bad(value, `must allow 1 to ${MAX_RATE_LIMIT} starts per window`);
+    let windowMs: number;
+    try {
+      windowMs = window(/^(ms|s|m|h|d)$/.test(m[2]!) ? `1${m[2]}` : m[2]!);
+    } catch {
+      throw bad(value, "must be starts per window like 50/1s or 100/1m: the window is a duration like 500ms, 1s, 1m or 1h");
+    }
+    if (windowMs < MIN_RATE_WINDOW_MS || windowMs > MAX_RATE_WINDOW_MS) throw bad(value, "needs a window from 10ms to 1d");
+    return { limit, windowMs };
+  };
+}
+
+/** KEY=WEIGHT, repeatable; "none" clears the weights. */
+function keyWeight(value: string, previous: Record<string, number> | "none" | undefined): Record<string, number> | "none" {
+  if (value.trim() === "none") {
+    if (previous !== undefined) throw new CliError("--key-weight none clears the weights: give it alone");
+    return "none";
+  }
+  if (previous === "none") throw new CliError("--key-weight none clears the weights: give it alone");
+  const at = value.lastIndexOf("=");
+  const key = value.slice(0, at);
+  const weight = value.slice(at + 1);
+  if (at <= 0 || !/^\d+$/.test(weight) || Number(weight) < 1 || Number(weight) > MAX_KEY_WEIGHT) {
+    throw new CliError(`--key-weight must be KEY=WEIGHT with a weight from 1 to ${MAX_KEY_WEIGHT}, e.g. acme=3 (got ${JSON.stringify(value)})`);
+  }
+  return { ...previous, [key]: Number(weight) };
+}
+
+/** 50/1s, 100/1m, 5/250ms. */
+export function rateText(rate: RateLimit | null): string {
+  if (rate === null) return "-";
+  const units: [number, string][] = [
+    [86_400_000, "d"],
+    [3_600_000, "h"],
+    [60_000, "m"],
+    [1_000, "s"],
+  ];
+  const unit = units.find(([ms]) => rate.windowMs % ms === 0);
+  return `${rate.limit}/${unit ? `${rate.windowMs / unit[0]}${unit[1]}` : `${rate.windowMs}ms`}`;
+}
+
+function describeLimits(q: QueueSettings): string {
+  const weights =
+    q.keyWeights === null
+      ? "-"
+      : Object.entries(q.keyWeights)
+          .map(([k, w]) => `${k}=${w}`)
+          .join(", ");
+  return (
+    `${q.paused ? "paused" : "not paused"}; concurrency ${q.concurrency ?? "-"}, key concurrency ${q.keyConcurrency ?? "-"}, ` +
+    `rate ${rateText(q.rate)}, key rate ${rateText(q.keyRate)}, key weights ${weights}`
+  );
+}
+
+function queuesTable(list: QueueInfo[]): string {
+  if (list.length === 0) return "no queues";
+  return table(
+    ["NAME", "PAUSED", "CONCURRENCY", "KEY CONC.", "RATE", "KEY RATE", "WAITING", "RUNNING"],
+    list.map((q) => [
+      q.name,
+      q.paused ? "yes" : "no",
+      String(q.concurrency ?? "-"),
+      String(q.keyConcurrency ?? "-"),
+      rateText(q.rate),
+      rateText(q.keyRate),
+      String(q.waiting),
+      String(q.running),
+    ]),
+  );
+}
