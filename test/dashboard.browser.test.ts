@@ -2,8 +2,8 @@
  * The dashboard in a real headless Chromium (Debian's `chromium` through playwright-core),
  * against a server and workers on the test database: sign-in, a progress bar that moves, a
  * job's attempt history after a reaped lease, retry of a dead job (one, and all matching a
- * filter, after a confirmation that says how many), hostile payloads shown as text, calls
- * without the token, read-only mode, and a phone's width. With LEASEHOLD_SCREENSHOTS=1 it
+ * filter, after a confirmation that says how many), pausing, resuming and limiting a queue,
+ * hostile payloads shown as text, calls without the token, read-only mode, and a phone's width. With LEASEHOLD_SCREENSHOTS=1 it
  * also takes the pictures in docs/dashboard.md.
  */
 import { after, before, test } from "node:test";
@@ -66,7 +66,7 @@ before(async () => {
   worker = await lh
     .worker({
       name: "web-1",
-      queues: ["default", "reports", "mail", "billing", "guarded", "readonly"],
+      queues: ["default", "reports", "mail", "billing", "guarded", "readonly", "flow"],
       concurrency: 8,
       leaseMs: 3_000,
       heartbeatMs: 200,
@@ -89,6 +89,7 @@ before(async () => {
         doomed: () => {
           throw new Error("always fails");
         },
+        quick: () => {},
         hostile: () => {
           throw new Error('<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>');
         },
@@ -244,6 +245,93 @@ test("bulk retry of a filter says how many before it acts", { skip }, async () =
   assert.ok(rows[0]!.n >= 3);
 });
 
+test("a queue is paused, resumed and limited from the overview, each after a confirmation; the database holds it", { skip }, async () => {
+  const settings = async () =>
+    (await lh.pool.query("SELECT paused, concurrency, key_concurrency, rate_limit, rate_window_ms, key_weights FROM queues WHERE name = 'flow'"))
+      .rows[0];
+  // A job for later lists the queue on the overview.
+  await lh.enqueue("quick", {}, { queue: "flow", delayMs: 3_600_000 });
+  await page.goto(`${base}/#/`);
+  const pause = page.locator('[data-table="queues"] [data-action="pause-queue"][data-queue="flow"]');
+  await pause.waitFor();
+  // "Keep" changes nothing.
+  await pause.click();
+  await page.click('dialog [data-confirm="no"]');
+  await sleep(300);
+  assert.equal(await settings(), undefined);
+  await pause.click();
+  assert.equal(await page.locator("dialog h2").innerText(), "Pause queue “flow”?");
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=Queue flow paused.");
+  assert.equal((await settings()).paused, true);
+  await page.waitForSelector('[data-table="queues"] [data-flow="paused"] >> text=paused');
+
+  // Its jobs wait while it is paused, and run once it is resumed.
+  const { id } = await lh.enqueue("quick", {}, { queue: "flow" });
+  await page.waitForSelector('[data-alert="paused"] >> text=Queue “flow” is paused: 1 job(s) wait until it is resumed.');
+  assert.equal(await state(id), "waiting");
+  await page.click('[data-table="queues"] [data-action="resume-queue"][data-queue="flow"]');
+  assert.equal(await page.locator("dialog h2").innerText(), "Resume queue “flow”?");
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=Queue flow resumed.");
+  assert.equal((await settings()).paused, false);
+  await eventually(async () => (await state(id)) === "succeeded", "the job runs once its queue is resumed");
+
+  // The limits form: what it sends is confirmed first; bad values are named and change nothing.
+  const openForm = async () => {
+    await page.click('[data-table="queues"] [data-action="edit-limits"][data-queue="flow"]');
+    await page.waitForSelector('form[data-form="limits"]');
+  };
+  await openForm();
+  await page.fill('form[data-form="limits"] input[name="concurrency"]', "many");
+  await page.click('[data-action="save-limits"]');
+  await page.waitForSelector('form[data-form="limits"] >> text=concurrency must be a whole number, or empty for no limit (got “many”)');
+  await page.fill('form[data-form="limits"] input[name="concurrency"]', "2");
+  await page.fill('form[data-form="limits"] input[name="rateLimit"]', "50");
+  await page.fill('form[data-form="limits"] input[name="rateWindow"]', "1s");
+  await page.fill('form[data-form="limits"] input[name="keyWeights"]', "acme=3");
+  await page.click('[data-action="save-limits"]');
+  assert.equal(await page.locator("dialog h2").innerText(), "Change the limits of queue “flow”?");
+  assert.match(await page.locator("dialog p").innerText(), /concurrency 2, rate 50\/1s, key weights acme=3/);
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=Queue flow: concurrency 2 · rate 50/1s · weights acme=3.");
+  assert.deepEqual(await settings(), {
+    paused: false,
+    concurrency: 2,
+    key_concurrency: null,
+    rate_limit: 50,
+    rate_window_ms: 1_000,
+    key_weights: { acme: 3 },
+  });
+  await page.waitForSelector('[data-table="queues"] [data-flow="active"] >> text=concurrency 2 · rate 50/1s · weights acme=3');
+  await screenshot(page, "queue-limits");
+
+  // The server's check (here: a limit of 0) is shown, and nothing changes.
+  await openForm();
+  await page.fill('form[data-form="limits"] input[name="concurrency"]', "0");
+  await page.click('[data-action="save-limits"]');
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=concurrency must be an integer from 1 to 100000 (got 0)");
+  assert.equal((await settings()).concurrency, 2);
+
+  // Emptied fields remove their limits.
+  await openForm();
+  for (const field of ["concurrency", "rateLimit", "rateWindow", "keyWeights"])
+    await page.fill(`form[data-form="limits"] input[name="${field}"]`, "");
+  await page.click('[data-action="save-limits"]');
+  assert.match(await page.locator("dialog p").innerText(), /no concurrency limit, no rate limit, no key weights limit/);
+  await page.click('dialog [data-confirm="yes"]');
+  await eventually(async () => (await settings()).concurrency === null, "the limits are removed");
+  assert.deepEqual(await settings(), {
+    paused: false,
+    concurrency: null,
+    key_concurrency: null,
+    rate_limit: null,
+    rate_window_ms: null,
+    key_weights: null,
+  });
+});
+
 test("payloads and errors holding HTML or script show as text and run nothing", { skip }, async () => {
   const p = await context.newPage();
   const check = watchForScripts(p);
@@ -303,6 +391,8 @@ test("read-only mode: no buttons that change jobs, and the server refuses them",
   await p.goto(`${readOnlyBase}/#token=${encodeURIComponent(TOKEN)}`);
   await p.waitForSelector(".badge.read-only");
   assert.equal(new URL(p.url()).hash, "#/", "the token left the address");
+  await p.waitForSelector('[data-table="queues"]');
+  assert.equal(await p.locator('[data-action="pause-queue"], [data-action="edit-limits"]').count(), 0);
   await p.goto(`${readOnlyBase}/#/jobs/${id}`);
   await p.waitForSelector("h1 >> text=dead");
   assert.equal(await p.locator('[data-action="retry"]').count(), 0);
@@ -316,9 +406,12 @@ test("read-only mode: no buttons that change jobs, and the server refuses them",
     };
     const one = await fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", headers: auth, body: "{}" });
     const bulk = await fetch("/v1/bulk/retry", { method: "POST", headers: auth, body: JSON.stringify({ state: "dead", confirmed: 100 }) });
-    return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status];
+    const pause = await fetch("/v1/queues/readonly/pause", { method: "POST", headers: auth });
+    const limits = await fetch("/v1/queues/readonly/limits", { method: "PATCH", headers: auth, body: JSON.stringify({ concurrency: 1 }) });
+    return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status, pause.status, limits.status];
   }, id);
-  assert.deepEqual(answers, [403, "read_only", 403]);
+  assert.deepEqual(answers, [403, "read_only", 403, 403, 403]);
+  assert.equal((await lh.pool.query("SELECT 1 FROM queues WHERE name = 'readonly'")).rowCount, 0);
   assert.equal(await state(id), "dead");
   await p.close();
 });

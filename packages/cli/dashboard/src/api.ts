@@ -1,6 +1,6 @@
 /**
  * The server's API, as the page calls it: the token goes in the Authorization header of each
- * request (never a cookie: `credentials: "omit"`), and changes are POSTs.
+ * request (never a cookie: `credentials: "omit"`), and changes are POSTs (a queue's limits: a PATCH).
  */
 
 export class ApiError extends Error {
@@ -28,6 +28,10 @@ export class Api {
 
   post<T>(path: string, body?: unknown): Promise<T> {
     return this.call<T>("POST", path, body);
+  }
+
+  patch<T>(path: string, body: unknown): Promise<T> {
+    return this.call<T>("PATCH", path, body);
   }
 
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
@@ -108,10 +112,36 @@ export interface HandlerGap {
   didYouMeanQueue: string | null;
 }
 
+/** A rate: at most `limit` starts in any window of `windowMs`. */
+export interface Rate {
+  limit: number;
+  windowMs: number;
+}
+
+/** The limits of a queue (null: none), as PATCH /v1/queues/NAME/limits takes them. */
+export interface QueueLimits {
+  concurrency: number | null;
+  keyConcurrency: number | null;
+  rate: Rate | null;
+  keyRate: Rate | null;
+  keyWeights: Record<string, number> | null;
+}
+
+/** A queue's flow-control settings. */
+export interface QueueSettings extends QueueLimits {
+  name: string;
+  paused: boolean;
+  pausedAt: string | null;
+  keyed: boolean;
+  heldUntil: string | null;
+  flow: boolean;
+}
+
 export interface Overview {
   queues: QueueOverview[];
   processes: ProcessRecord[];
   withoutHandler: HandlerGap[];
+  flow: QueueSettings[];
 }
 
 export interface RunningJob {

@@ -1,12 +1,14 @@
 /**
- * Overview: counts by queue and state, the oldest ready job's wait, throughput and recoveries
- * over the last hour, and the live workers and watchdogs. Warnings first: no watchdog, leases
- * that ran out unreaped, workers lost, waiting jobs no live worker can run.
+ * Overview: counts by queue and state, the oldest ready job's wait, each queue's flow control
+ * (paused, limits: changed from here, see queues.ts), throughput and recoveries over the last
+ * hour, and the live workers and watchdogs. Warnings first: no watchdog, leases that ran out
+ * unreaped, workers lost, waiting jobs no live worker can run, paused queues with jobs waiting.
  */
-import type { Activity, HandlerGap, Overview, ProcessRecord, RecoveryEventKind } from "./api.js";
+import type { Activity, HandlerGap, Overview, ProcessRecord, QueueOverview, RecoveryEventKind } from "./api.js";
 import { TimeChart } from "./charts.js";
 import { h, link, replace, table } from "./dom.js";
 import { ago, count, duration, rate } from "./format.js";
+import { flowCell, queueActions } from "./queues.js";
 import type { View, ViewContext } from "./view.js";
 
 /** The charts change with each sample (10 s): read them less often than the counts. */
@@ -115,7 +117,13 @@ export function overviewView(ctx: ViewContext): View {
       warnings.push("No watchdog is running: leases that run out are not recovered (start `leasehold watchdog`, or a worker with its watchdog).");
     if (sum("expired") > 0) warnings.push(`${count(sum("expired"))} running job(s) have a lease that ran out and wait for a watchdog to reap them.`);
     if (lost.length > 0) warnings.push(`${lost.length} worker(s) lost in the last hour (their process died): their jobs were recovered.`);
-    replace(alerts, ...warnings.map((w) => h("p", { class: "warning" }, w)), ...o.withoutHandler.map(gapAlert));
+    const flow = new Map(o.flow.map((f) => [f.name, f]));
+    const pausedAlerts = o.queues
+      .filter((r) => flow.get(r.queue)?.paused && r.waiting > 0)
+      .map((r) =>
+        h("p", { class: "warning", "data-alert": "paused" }, `Queue “${r.queue}” is paused: ${count(r.waiting)} job(s) wait until it is resumed.`),
+      );
+    replace(alerts, ...warnings.map((w) => h("p", { class: "warning" }, w)), ...pausedAlerts, ...o.withoutHandler.map(gapAlert));
 
     const card = (label: string, value: number, route?: string, note?: string) => {
       const parts = [h("span", { class: "value" }, count(value)), h("span", { class: "label" }, label), note && h("span", { class: "sub" }, note)];
@@ -132,19 +140,28 @@ export function overviewView(ctx: ViewContext): View {
     );
 
     const q = (name: string) => encodeURIComponent(name);
+    // Queues with jobs, and those configured before (or after) having any: a paused empty queue is still listed.
+    const rows: QueueOverview[] = [...o.queues];
+    for (const f of o.flow) {
+      if (!o.queues.some((r) => r.queue === f.name))
+        rows.push({ queue: f.name, waiting: 0, scheduled: 0, running: 0, expired: 0, dead: 0, oldestWaitingMs: null });
+    }
+    rows.sort((a, b) => (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0));
     replace(
       queues,
-      o.queues.length === 0
-        ? h("p", { class: "empty" }, "No unfinished or dead jobs.")
+      rows.length === 0
+        ? h("p", { class: "empty" }, "No unfinished or dead jobs, and no queue settings.")
         : table(
-            ["Queue", "Waiting", "Scheduled", "Running", "Dead", "Oldest waiting"],
-            o.queues.map((r) => [
+            ["Queue", "Waiting", "Scheduled", "Running", "Dead", "Oldest waiting", "Flow control", ...(ctx.readOnly ? [] : [""])],
+            rows.map((r) => [
               link(`#/jobs?queue=${q(r.queue)}`, r.queue),
               link(`#/jobs?queue=${q(r.queue)}&state=waiting`, count(r.waiting)),
               count(r.scheduled),
               h("span", {}, count(r.running), r.expired > 0 && h("span", { class: "bad" }, ` (${r.expired} expired)`)),
               r.dead > 0 ? link(`#/jobs?queue=${q(r.queue)}&state=dead`, count(r.dead)) : "0",
               r.oldestWaitingMs === null ? "–" : duration(r.oldestWaitingMs),
+              flowCell(flow.get(r.queue)),
+              ...(ctx.readOnly ? [] : [queueActions(ctx, r.queue, flow.get(r.queue))]),
             ]),
             { class: "numbers", "data-table": "queues" },
           ),

@@ -1,5 +1,5 @@
 /**
- * What a live view reads (GET /v1/overview, /v1/running, /v1/running-long, /v1/activity,
+ * What a live view reads (GET /v1/overview (with the queues' flow-control settings), /v1/running, /v1/running-long, /v1/activity,
  * /v1/recoveries) and the bulk actions (/v1/bulk/retry, /v1/bulk/cancel). Every read is
  * bounded; only /v1/running-long reads finished jobs, a few hundred of each running task's
  * latest successes through an index (see store/running-long.ts). Several
@@ -36,8 +36,13 @@ export function registerMonitorRoutes(app: FastifyInstance, lh: Leasehold, optio
 
   app.get("/v1/overview", { schema: routes.overview }, () =>
     shared.get("overview", async () => {
-      const [queues, processes, withoutHandler] = await Promise.all([store.queueOverview(db), store.liveProcesses(db), handlerGaps(db)]);
-      return { queues, processes, withoutHandler };
+      const [queues, processes, withoutHandler, flow] = await Promise.all([
+        store.queueOverview(db),
+        store.liveProcesses(db),
+        handlerGaps(db),
+        store.queueSettings(db),
+      ]);
+      return { queues, processes, withoutHandler, flow };
     }),
   );
 

@@ -4,7 +4,7 @@
  * requests against them and the OpenAPI document is built from them.
  */
 import { MAX_BULK_JOBS } from "leasehold/internal/store/bulk";
-import { HANDLER_GAPS, JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, secured } from "./schemas.js";
+import { HANDLER_GAPS, JOB_FILTER, JOB_ID, NAME, PROGRESS_FRACTION, TIME, errors, object, queueSettingsSchema, secured } from "./schemas.js";
 
 const MS = { type: "number", description: "milliseconds, by the database's clock" } as const;
 const NULLABLE_MS = { type: ["number", "null"], description: "milliseconds, by the database's clock" } as const;
@@ -162,6 +162,11 @@ export const monitorRoutes = {
           queues: { type: "array", items: queueOverview },
           processes: { type: "array", items: processRecord, description: "seen in the last hour and not stopped; at most 500" },
           withoutHandler: HANDLER_GAPS,
+          flow: {
+            type: "array",
+            items: queueSettingsSchema,
+            description: "flow-control settings of every configured queue (paused, limits), also of queues with no unfinished job",
+          },
         },
       },
       ...READ_ERRORS,
