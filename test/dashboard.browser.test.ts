@@ -290,6 +290,7 @@ test("a queue is paused, resumed and limited from the overview, each after a con
   await page.fill('form[data-form="limits"] input[name="rateLimit"]', "50");
   await page.fill('form[data-form="limits"] input[name="rateWindow"]', "1s");
   await page.fill('form[data-form="limits"] input[name="keyWeights"]', "acme=3");
+  await screenshot(page, "queue-limits");
   await page.click('[data-action="save-limits"]');
   assert.equal(await page.locator("dialog h2").innerText(), "Change the limits of queue “flow”?");
   assert.match(await page.locator("dialog p").innerText(), /concurrency 2, rate 50\/1s, key weights acme=3/);
@@ -304,7 +305,6 @@ test("a queue is paused, resumed and limited from the overview, each after a con
     key_weights: { acme: 3 },
   });
   await page.waitForSelector('[data-table="queues"] [data-flow="active"] >> text=concurrency 2 · rate 50/1s · weights acme=3');
-  await screenshot(page, "queue-limits");
 
   // The server's check (here: a limit of 0) is shown, and nothing changes.
   await openForm();

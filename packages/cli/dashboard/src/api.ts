@@ -135,6 +135,7 @@ export interface QueueSettings extends QueueLimits {
   keyed: boolean;
   heldUntil: string | null;
   flow: boolean;
+  updatedAt: string | null;
 }
 
 export interface Overview {

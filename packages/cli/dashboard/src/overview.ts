@@ -4,7 +4,7 @@
  * hour, and the live workers and watchdogs. Warnings first: no watchdog, leases that ran out
  * unreaped, workers lost, waiting jobs no live worker can run, paused queues with jobs waiting.
  */
-import type { Activity, HandlerGap, Overview, ProcessRecord, QueueOverview, RecoveryEventKind } from "./api.js";
+import type { Activity, HandlerGap, Overview, ProcessRecord, QueueOverview, QueueSettings, RecoveryEventKind } from "./api.js";
 import { TimeChart } from "./charts.js";
 import { h, link, replace, table } from "./dom.js";
 import { ago, count, duration, rate } from "./format.js";
@@ -85,6 +85,14 @@ export function overviewView(ctx: ViewContext): View {
     h("section", {}, h("h2", {}, "Workers and watchdogs"), processes),
   );
   let activityReadAt = -Infinity;
+  // Settings a change from this page stored, shown until the overview (shared by viewers for a
+  // second) has caught up with them: a paused queue never shows as running after its Pause.
+  const changed = new Map<string, QueueSettings>();
+  const onChange = (q: QueueSettings) => {
+    changed.set(q.name, q);
+    if (last) render(last);
+  };
+  let last: Overview | undefined;
 
   const renderActivity = (a: Activity) => {
     const x = a.throughput.map((p) => Math.round(new Date(p.at).getTime() / 1000));
@@ -108,6 +116,7 @@ export function overviewView(ctx: ViewContext): View {
   };
 
   const render = (o: Overview) => {
+    last = o;
     const sum = (k: "waiting" | "scheduled" | "running" | "expired" | "dead") => o.queues.reduce((n, q) => n + q[k], 0);
     const workers = o.processes.filter((p) => p.kind === "worker");
     const watchdogs = o.processes.filter((p) => p.kind === "watchdog" && isLive(p));
@@ -118,6 +127,11 @@ export function overviewView(ctx: ViewContext): View {
     if (sum("expired") > 0) warnings.push(`${count(sum("expired"))} running job(s) have a lease that ran out and wait for a watchdog to reap them.`);
     if (lost.length > 0) warnings.push(`${lost.length} worker(s) lost in the last hour (their process died): their jobs were recovered.`);
     const flow = new Map(o.flow.map((f) => [f.name, f]));
+    for (const c of [...changed.values()]) {
+      const read = flow.get(c.name);
+      if (read && (read.updatedAt ?? "") >= (c.updatedAt ?? "")) changed.delete(c.name);
+      else flow.set(c.name, c);
+    }
     const pausedAlerts = o.queues
       .filter((r) => flow.get(r.queue)?.paused && r.waiting > 0)
       .map((r) =>
@@ -142,7 +156,7 @@ export function overviewView(ctx: ViewContext): View {
     const q = (name: string) => encodeURIComponent(name);
     // Queues with jobs, and those configured before (or after) having any: a paused empty queue is still listed.
     const rows: QueueOverview[] = [...o.queues];
-    for (const f of o.flow) {
+    for (const f of flow.values()) {
       if (!o.queues.some((r) => r.queue === f.name))
         rows.push({ queue: f.name, waiting: 0, scheduled: 0, running: 0, expired: 0, dead: 0, oldestWaitingMs: null });
     }
@@ -161,7 +175,7 @@ export function overviewView(ctx: ViewContext): View {
               r.dead > 0 ? link(`#/jobs?queue=${q(r.queue)}&state=dead`, count(r.dead)) : "0",
               r.oldestWaitingMs === null ? "–" : duration(r.oldestWaitingMs),
               flowCell(flow.get(r.queue)),
-              ...(ctx.readOnly ? [] : [queueActions(ctx, r.queue, flow.get(r.queue))]),
+              ...(ctx.readOnly ? [] : [queueActions(ctx, r.queue, flow.get(r.queue), onChange)]),
             ]),
             { class: "numbers", "data-table": "queues" },
           ),

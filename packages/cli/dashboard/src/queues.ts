@@ -61,20 +61,23 @@ export function flowCell(q: QueueSettings | undefined): HTMLElement {
   );
 }
 
+/** Called with a queue's settings as a change stored them, so the view shows them before its next read does. */
+export type OnQueueChange = (settings: QueueSettings) => void;
+
 /** Pause or resume, and the limits form: the buttons of a queue's row. */
-export function queueActions(ctx: ViewContext, name: string, q: QueueSettings | undefined): HTMLElement {
+export function queueActions(ctx: ViewContext, name: string, q: QueueSettings | undefined, onChange: OnQueueChange): HTMLElement {
   const paused = q?.paused ?? false;
   return h(
     "span",
     { class: "row-actions" },
     paused
-      ? button("Resume", () => void setPaused(ctx, name, false), { class: "secondary", "data-action": "resume-queue", "data-queue": name })
-      : button("Pause", () => void setPaused(ctx, name, true), { class: "secondary", "data-action": "pause-queue", "data-queue": name }),
-    button("Limits…", () => void editLimits(ctx, name, q), { class: "secondary", "data-action": "edit-limits", "data-queue": name }),
+      ? button("Resume", () => void setPaused(ctx, name, false, onChange), { class: "secondary", "data-action": "resume-queue", "data-queue": name })
+      : button("Pause", () => void setPaused(ctx, name, true, onChange), { class: "secondary", "data-action": "pause-queue", "data-queue": name }),
+    button("Limits…", () => void editLimits(ctx, name, q, onChange), { class: "secondary", "data-action": "edit-limits", "data-queue": name }),
   );
 }
 
-async function setPaused(ctx: ViewContext, name: string, pause: boolean): Promise<void> {
+async function setPaused(ctx: ViewContext, name: string, pause: boolean, onChange: OnQueueChange): Promise<void> {
   const confirmed = pause
     ? await confirmChange(
         `Pause queue “${name}”?`,
@@ -85,7 +88,10 @@ async function setPaused(ctx: ViewContext, name: string, pause: boolean): Promis
   if (!confirmed) return;
   try {
     // The queue is listed, so it is known: create=true only spares a race with its last job's removal.
-    await ctx.api.post(`/v1/queues/${encodeURIComponent(name)}/${pause ? "pause" : "resume"}?create=true`);
+    const { queue } = await ctx.api.post<{ queue: QueueSettings }>(
+      `/v1/queues/${encodeURIComponent(name)}/${pause ? "pause" : "resume"}?create=true`,
+    );
+    onChange(queue);
     ctx.flash(pause ? `Queue ${name} paused.` : `Queue ${name} resumed.`);
   } catch (err) {
     ctx.flash(err instanceof Error ? err.message : String(err), "error");
@@ -169,7 +175,7 @@ function changes(from: QueueLimits, to: QueueLimits): Partial<QueueLimits> {
 }
 
 /** The limits form in a modal dialog; on save, a confirmation saying what changes, then the PATCH. */
-async function editLimits(ctx: ViewContext, name: string, q: QueueSettings | undefined): Promise<void> {
+async function editLimits(ctx: ViewContext, name: string, q: QueueSettings | undefined, onChange: OnQueueChange): Promise<void> {
   const current: QueueLimits = q ?? NO_LIMITS;
   const input = (fieldName: string, value: string | number | undefined, attrs: Record<string, string> = {}) =>
     h("input", { name: fieldName, value: value === undefined ? "" : String(value), autocomplete: "off", ...attrs });
@@ -215,6 +221,7 @@ async function editLimits(ctx: ViewContext, name: string, q: QueueSettings | und
         h("button", { type: "submit", "data-action": "save-limits" }, "Save…"),
       ),
     );
+    form.addEventListener("input", () => (error.textContent = ""));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       try {
@@ -237,6 +244,7 @@ async function editLimits(ctx: ViewContext, name: string, q: QueueSettings | und
   if (!(await confirmChange(`Change the limits of queue “${name}”?`, `${what}. Every worker applies it from its next claim.`, "Set limits"))) return;
   try {
     const { queue } = await ctx.api.patch<{ queue: QueueSettings }>(`/v1/queues/${encodeURIComponent(name)}/limits?create=true`, wanted);
+    onChange(queue);
     ctx.flash(`Queue ${name}: ${limitsText(queue) || "no limits"}.`);
   } catch (err) {
     ctx.flash(err instanceof Error ? err.message : String(err), "error");
