@@ -12,7 +12,10 @@ import { createServer } from "../packages/cli/src/server/app.js";
 import { ClaimWaiter } from "../packages/cli/src/server/claim-waiter.js";
 import { serverMetrics } from "../packages/cli/src/server/http-metrics.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { freshLeasehold, rawClient, silent } from "./helpers/db.js";
+import { RateLimitedError } from "../packages/leasehold/src/worker/context.js";
+import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
+import { Worker } from "../packages/leasehold/src/worker/worker.js";
+import { eventually, freshLeasehold, rawClient, silent } from "./helpers/db.js";
 import { api as apiAt, TOKEN } from "./helpers/server.js";
 
 const WORKER_TOKEN = "worker-token-0123456789abcdef";
@@ -150,6 +153,7 @@ test("workers read the settings, claim flow queues under their limits (paused, r
     ["tenant-a", "tenant-b"],
   );
   assert.equal((await api("POST", "/v1/jobs", { task: "sync", key: "" })).status, 400);
+  assert.equal((await api("GET", `/v1/jobs/${enq.json.id}`)).json.job.key, "tenant-a");
   await lh.enqueue("sync", {}, { queue: "held" });
 
   const settings = await api("GET", "/v1/worker/queues", undefined, asWorker);
@@ -295,5 +299,57 @@ test("a waiting long poll is woken when flow-control settings change (a resume),
     assert.equal(await waiting, "woken");
   } finally {
     await waiter.close();
+  }
+});
+
+test("a remote worker over the server: nothing starts while its queue is paused; then one at a time under concurrency 1; a RateLimitedError waits without spending an attempt", async () => {
+  await lh.pauseQueue("remote-flow", { create: true });
+  await lh.setQueueLimits("remote-flow", { concurrency: 1 });
+  let running = 0;
+  let mostAtOnce = 0;
+  let limited = false;
+  const worker = new Worker({
+    queues: ["remote-flow"],
+    concurrency: 4,
+    leaseMs: 3_000,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    transport: new RemoteTransport({ serverUrl: base, token: WORKER_TOKEN, waitMs: 500, requestTimeoutMs: 5_000 }),
+    handlers: {
+      step: async (payload: { n: number }) => {
+        running++;
+        mostAtOnce = Math.max(mostAtOnce, running);
+        try {
+          if (payload.n === 0 && !limited) {
+            limited = true;
+            throw new RateLimitedError(300, "job", "the API said 429");
+          }
+          await new Promise((r) => setTimeout(r, 50));
+        } finally {
+          running--;
+        }
+      },
+    },
+  });
+  await worker.start();
+  try {
+    const jobs = await lh.enqueueMany(Array.from({ length: 4 }, (_, n) => ({ task: "step", queue: "remote-flow", payload: { n } })));
+    const ids = jobs.map((j) => j.id);
+    const states = async () => (await lh.pool.query("SELECT state FROM jobs WHERE id = ANY($1::bigint[])", [ids])).rows.map((r) => r.state);
+    await new Promise((r) => setTimeout(r, 1_000));
+    assert.deepEqual(await states(), ["waiting", "waiting", "waiting", "waiting"], "a paused queue starts nothing");
+    assert.equal(mostAtOnce, 0);
+    await lh.resumeQueue("remote-flow");
+    await eventually(async () => (await Promise.all(ids.map((id) => lh.getJob(id)))).every((j) => j.job.state === "succeeded"), "all four ran");
+    assert.equal(mostAtOnce, 1, "concurrency 1 across the fleet");
+    const first = await lh.getJob(ids[0]!);
+    assert.deepEqual(
+      first.attempts.map((a) => a.outcome),
+      ["rate_limited", "succeeded"],
+    );
+    assert.equal(first.job.spentAttempts, 0, "the rate-limited attempt spent nothing");
+    assert.match(first.attempts[0]!.error ?? "", /the API said 429/);
+  } finally {
+    await worker.stop();
   }
 });
