@@ -42,6 +42,7 @@ test("on the database: enqueue --key, queues list, pause, resume and limit store
   assert.equal(enq.code, 0, enq.stderr);
   const { rows } = await lh.pool.query("SELECT flow_key FROM jobs WHERE id = $1", [JSON.parse(enq.stdout).id]);
   assert.equal(rows[0].flow_key, "acme");
+  assert.match((await cli("jobs", "show", JSON.parse(enq.stdout).id)).stdout, /^key\s+acme$/m);
   const tooLong = await cli("enqueue", "sync", "--key", "k".repeat(513));
   assert.equal(tooLong.code, 2);
   assert.ok(isOneLineError(tooLong.stderr), tooLong.stderr);
@@ -149,6 +150,7 @@ test("through a server (--server, no database): the same commands, the same erro
   assert.equal(enq.code, 0, enq.stderr);
   const { rows } = await lh.pool.query("SELECT flow_key FROM jobs WHERE id = $1", [JSON.parse(enq.stdout).id]);
   assert.equal(rows[0].flow_key, "initech");
+  assert.equal(JSON.parse((await cli("jobs", "show", JSON.parse(enq.stdout).id, "--json")).stdout).job.key, "initech");
 
   const paused = await cli("queues", "pause", "remote-q");
   assert.equal(paused.code, 0, paused.stderr);

@@ -228,6 +228,8 @@ export interface JobRecord {
   checkpoint: unknown;
   lastError: string | null;
   uniqueKey: string | null;
+  /** Its flow-control key while it is unfinished. */
+  key: string | null;
   createdAt: string;
   startedAt: string | null;
   finishedAt: string | null;

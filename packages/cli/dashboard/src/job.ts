@@ -80,6 +80,7 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
       : []),
     ...(job.cancelRequestedAt ? field("cancel requested", time(job.cancelRequestedAt)) : []),
     ...(job.uniqueKey ? field("unique key", job.uniqueKey) : []),
+    ...(job.key ? field("key", h("span", { "data-field": "key" }, job.key)) : []),
   );
   const block = (title: string, content: Node) => h("section", {}, h("h2", {}, title), content);
   return [

@@ -55,6 +55,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
     ["lease until", iso(job.leaseUntil)],
     ["locked by", job.lockedBy ?? "-"],
     ["unique key", job.uniqueKey ?? "-"],
+    ["key", job.key ?? "-"],
     ["payload", JSON.stringify(job.payload)],
     ["progress", job.progress === null ? "-" : JSON.stringify(job.progress)],
     ["checkpoint", job.checkpoint === null ? "-" : JSON.stringify(job.checkpoint)],

@@ -148,6 +148,7 @@ export const jobRecordSchema = {
     checkpoint: {},
     lastError: { type: ["string", "null"] },
     uniqueKey: { type: ["string", "null"] },
+    key: { type: ["string", "null"], description: "its flow-control key while it is unfinished (finished jobs do not keep it)" },
     createdAt: { type: "string", format: "date-time" },
     startedAt: TIME,
     finishedAt: TIME,
