@@ -281,6 +281,24 @@ test("leasehold_queues_paused counts the paused queues as the watchdog last samp
   assert.match(await lh.metrics.registry.metrics(), /^leasehold_queues_paused \d+$/m);
 });
 
+test("a long poll that began with the queue plain finds its job after the queue came under flow control meanwhile", async () => {
+  const claim = (body: Record<string, unknown>) =>
+    api("POST", "/v1/worker/claim", { workerId: "w-late", tasks: ["late"], limit: 5, leaseMs: 60_000, ...body }, asWorker);
+  // The worker still thinks "turned" plain (it names no flowQueues): its long poll waits.
+  const waiting = claim({ queues: ["turned"], waitMs: 10_000 });
+  await new Promise((r) => setTimeout(r, 300));
+  const startedAt = Date.now();
+  await lh.setQueueLimits("turned", { concurrency: 2 }, { create: true });
+  const { id } = await lh.enqueue("late", {}, { queue: "turned" });
+  const answer = await waiting;
+  assert.deepEqual(
+    answer.json.jobs.map((j: { id: string }) => j.id),
+    [id],
+    "the claim asked again as the database sees the queue now",
+  );
+  assert.ok(Date.now() - startedAt < 5_000, "found on a wake-up, not at the end of the long poll");
+});
+
 test("a waiting long poll is woken when flow-control settings change (a resume), not only by its queue's jobs", async () => {
   const waiter = new ClaimWaiter({
     pool: lh.pool,

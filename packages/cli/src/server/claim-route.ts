@@ -43,7 +43,9 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
           const woke = await waiter.wait(params, retryAt - Date.now(), gone.signal);
           if (woke === "closed") waited = false;
           if (woke === "aborted" || woke === "closed" || (woke === "timeout" && retryAt >= deadline)) break;
-          jobs = await store.claimJobs(pool, params);
+          // The worker's view of flow control is as old as its request: a queue that came under
+          // flow control meanwhile would be refused by the plain claim until the poll ends.
+          jobs = await store.claimJobs(pool, await withCurrentFlow(pool, params));
           if (jobs.length > 0 || Date.now() >= deadline) break;
         }
       } finally {
@@ -79,6 +81,15 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
       ...(jobs.paused !== undefined && { paused: jobs.paused }),
     };
   });
+}
+
+/** The claim's queues as the database sees them now: paused ones left out, flow-controlled ones named. */
+async function withCurrentFlow(pool: store.Queryable, params: store.ClaimParams): Promise<store.ClaimParams> {
+  const settings = await store.queueSettings(pool);
+  const paused = new Set(settings.filter((q) => q.paused).map((q) => q.name));
+  const flow = new Set(settings.filter((q) => q.flow).map((q) => q.name));
+  const queues = params.queues.filter((q) => !paused.has(q));
+  return { ...params, queues, flowQueues: queues.filter((q) => flow.has(q) || params.flowQueues?.includes(q)) };
 }
 
 async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string, spend = false): Promise<void> {
