@@ -9,7 +9,8 @@
 import { nowMs, sleep, waitUntil } from "../lib/stats.js";
 import { WorkerGroup } from "../lib/workers.js";
 import { connect } from "../systems/leasehold.js";
-import { QUEUE, type BenchSystem } from "../systems/types.js";
+import type { BenchSystem } from "../systems/types.js";
+import { DEFAULT_QUEUE } from "../../packages/leasehold/src/jobs/validate.js";
 import { urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
 import { drainWorkload, fillQueue, type DrainSetup } from "./throughput.js";
 
@@ -22,6 +23,9 @@ export interface FlowRow {
   measure: () => Promise<Metrics>;
 }
 
+/** The queue Leasehold's benchmark jobs go to (task `bench`, no queue named): the one the settings are for. */
+const QUEUE = DEFAULT_QUEUE;
+
 /** A fleet-wide limit far above anything one process can run: it never binds. */
 export const NEVER_BINDING_LIMIT = 100_000;
 
@@ -33,6 +37,22 @@ async function withLeasehold(url: string, fn: (lh: Awaited<ReturnType<typeof con
   } finally {
     await lh.close();
   }
+}
+
+/**
+ * After the fill: the jobs are all in the queue the settings are for, and that queue is claimed
+ * the way the row says (`flow`: through claim_flow(); otherwise the plain claim).
+ */
+function expectFlow(flow: boolean) {
+  return (url: string) =>
+    withLeasehold(url, async (lh) => {
+      const { rows } = await lh.pool.query<{ queue: string; flow: boolean }>(
+        `SELECT j.queue, coalesce(q.flow, false) AS flow FROM (SELECT DISTINCT queue FROM jobs) AS j LEFT JOIN queues AS q ON q.name = j.queue`,
+      );
+      if (rows.length !== 1 || rows[0]!.queue !== QUEUE || rows[0]!.flow !== flow) {
+        throw new Error(`setup is not as labelled: expected every job in queue "${QUEUE}" with flow=${flow}, found ${JSON.stringify(rows)}`);
+      }
+    });
 }
 
 interface Variant {
@@ -53,31 +73,34 @@ function leaseholdVariants(keys: number): Variant[] {
     withLeasehold(url, (lh) => lh.setQueueLimits(QUEUE, limits, { create: true }));
   const k = keys.toLocaleString("en-US");
   return [
-    { name: "unlimited (no queues row)", settings: "no queues row: the plain claim", setup: {} },
+    { name: "unlimited (no queues row)", settings: "no queues row: the plain claim", setup: { verify: expectFlow(false) } },
     {
       name: "queues row, nothing set",
       settings: "a queues row: not paused, every limit null (still the plain claim)",
-      setup: { prepare: setLimits({ concurrency: null, keyConcurrency: null, rate: null, keyRate: null, keyWeights: null }) },
+      setup: {
+        prepare: setLimits({ concurrency: null, keyConcurrency: null, rate: null, keyRate: null, keyWeights: null }),
+        verify: expectFlow(false),
+      },
     },
     {
       name: `concurrency ${NEVER_BINDING_LIMIT.toLocaleString("en-US")}`,
       settings: `setQueueLimits({ concurrency: ${NEVER_BINDING_LIMIT} }): claim_flow(), a limit that never binds`,
-      setup: { prepare: setLimits({ concurrency: NEVER_BINDING_LIMIT }) },
+      setup: { prepare: setLimits({ concurrency: NEVER_BINDING_LIMIT }), verify: expectFlow(true) },
     },
     {
       name: `${k} keys, no limit`,
       settings: `jobs keyed over ${k} keys (interleaved), no limit: claim_flow(), round-robin between keys`,
-      setup: { keys },
+      setup: { keys, verify: expectFlow(true) },
     },
     {
       name: `keyConcurrency 1, ${k} keys`,
       settings: `setQueueLimits({ keyConcurrency: 1 }), jobs keyed over ${k} keys (interleaved)`,
-      setup: { keys, prepare: setLimits({ keyConcurrency: 1 }) },
+      setup: { keys, prepare: setLimits({ keyConcurrency: 1 }), verify: expectFlow(true) },
     },
     {
       name: `keyConcurrency 5, ${k} keys`,
       settings: `setQueueLimits({ keyConcurrency: 5 }), jobs keyed over ${k} keys (interleaved)`,
-      setup: { keys, prepare: setLimits({ keyConcurrency: 5 }) },
+      setup: { keys, prepare: setLimits({ keyConcurrency: 5 }), verify: expectFlow(true) },
     },
   ];
 }
@@ -166,7 +189,7 @@ const RATE_WINDOW_MS = 1_000;
 /**
  * A rate limit across processes: `--rate` starts per second on one queue, `--rate-processes`
  * worker processes, a backlog that outlasts `--rate-seconds`. Starts are the attempts'
- * `started_at` in the audit trail (the claim, on the database's clock): their rate over the
+ * `started_at` in the audit trail (all_attempts: every attempt, its start is the claim, on the database's clock): their rate over the
  * measured span, and the most in any 1-second window, sliding (every start opens one) and in
  * fixed seconds from the first start.
  */
@@ -188,7 +211,7 @@ export async function rateWorkload(ctx: BenchContext, system: BenchSystem): Prom
   }
   const starts = await withClient(url, async (db) => {
     const { rows } = await db.query<{ ms: string }>(
-      `SELECT (extract(epoch FROM started_at) * 1000)::float8 AS ms FROM ${system.schema}.job_attempts ORDER BY started_at`,
+      `SELECT (extract(epoch FROM started_at) * 1000)::float8 AS ms FROM ${system.schema}.all_attempts ORDER BY started_at`,
     );
     return rows.map((r) => Number(r.ms));
   });

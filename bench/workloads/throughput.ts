@@ -67,6 +67,8 @@ export interface DrainSetup {
   keys?: number;
   /** Runs after the reset, before the fill: queue settings, an index dropped. */
   prepare?(url: string): Promise<void>;
+  /** Runs after the fill: throws if the setup is not what the row says it measures. */
+  verify?(url: string): Promise<void>;
 }
 
 /**
@@ -86,6 +88,7 @@ export async function drainWorkload(
   await system.reset(url, "throughput");
   await setup.prepare?.(url);
   await fillQueue(ctx, system, jobs, setup.keys);
+  await setup.verify?.(url);
   await withClient(url, (db) => db.query("VACUUM ANALYZE"));
   await sleep(500);
   const producer = await system.producer(url, "throughput");
