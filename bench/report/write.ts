@@ -350,7 +350,9 @@ export function markdown(results: BenchResults): string {
   for (const w of results.workloads) {
     lines.push(`## ${w.title}`, "", ...table(w), "");
     const ratios = ratioLines(w);
-    if (ratios.length) lines.push("Leasehold against each peer, same run:", "", ...ratios, "");
+    const shares = w.rows.some((r) => r.compareTo !== undefined);
+    if (ratios.length)
+      lines.push(shares ? "Each row's throughput against its baseline, same run:" : "Leasehold against each peer, same run:", "", ...ratios, "");
     const errors = w.rows.flatMap((r) => r.errors.map((e) => `- ${r.label}: ${e.split("\n")[0]}`));
     if (errors.length) lines.push("Errors:", "", ...errors, "");
     if (w.id === "recovery") {

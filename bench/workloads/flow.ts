@@ -157,8 +157,8 @@ export function flowCostRows(ctx: BenchContext, systems: BenchSystem[]): FlowRow
 }
 
 /**
- * jobs_running_idx (queue, flow_key) WHERE state = 'running' is written by every claim and
- * every end, limited or not: the plain drain with it, and with it dropped after the migration.
+ * jobs_running_idx (queue, flow_key) WHERE state = 'running' gets an entry at every claim,
+ * limited or not: the plain drain with it, and with it dropped after the migration.
  */
 export function runningIndexRows(ctx: BenchContext, systems: BenchSystem[]): FlowRow[] {
   const s = systems.find((x) => x.name === "leasehold");
