@@ -7,6 +7,7 @@
  *   npm run bench -- --only drain,latency --runs 5
  *   npm run bench -- --only crash --systems leasehold --kills 40
  *   npm run bench -- --jobs 100000 --steady-jobs 1000000 --pin-seconds 300
+ *   npm run bench -- --only flow-cost --systems leasehold,pg-boss --flow-concurrency 10
  */
 import os from "node:os";
 import path from "node:path";
@@ -22,6 +23,7 @@ import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
 import { crashWorkload } from "./workloads/crash.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
+import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
@@ -31,8 +33,14 @@ interface Workload {
   title: string;
   /** Repeated `--runs` times (short ones), or once (long ones). */
   repeated: boolean;
-  /** Rows of the table: one per system, or per system variant; the ceiling has its own. */
-  rows(ctx: BenchContext, systems: BenchSystem[]): { label: string; system: string; settings: string; measure: () => Promise<Metrics> }[];
+  /**
+   * Rows of the table: one per system, or per system variant; the ceiling has its own.
+   * `compareTo`: the label of the row whose throughput this one is reported as a share of.
+   */
+  rows(
+    ctx: BenchContext,
+    systems: BenchSystem[],
+  ): { label: string; system: string; settings: string; compareTo?: string; measure: () => Promise<Metrics> }[];
 }
 
 const perSystem =
@@ -163,6 +171,32 @@ const WORKLOADS: Workload[] = [
           ]
         : [],
   },
+  {
+    id: "flow-cost",
+    title: "8a. Flow control's cost: the same drain unlimited, with a limit that never binds, and with per-key limits",
+    repeated: true,
+    rows: flowCostRows,
+  },
+  {
+    id: "flow-index",
+    title: "8b. The index every claim writes for flow control (jobs_running_idx): the plain drain with it and without it",
+    repeated: true,
+    rows: runningIndexRows,
+  },
+  {
+    id: "flow-rate",
+    title: "8c. Rate accuracy: one queue limited to a rate, several worker processes, starts from the audit trail",
+    repeated: false,
+    rows: (ctx, systems) =>
+      systems
+        .filter((s) => s.name === "leasehold")
+        .map((s) => ({
+          label: `leasehold (${ctx.options.rateLimit}/s, ${ctx.options.rateProcesses} processes, ${ctx.options.rateSeconds} s)`,
+          system: s.name,
+          settings: `setQueueLimits({ rate: { limit: ${ctx.options.rateLimit}, windowMs: 1000 } }); ${ctx.options.rateProcesses} processes of concurrency 50, default lease; a backlog longer than the run`,
+          measure: () => rateWorkload(ctx, s),
+        })),
+  },
 ];
 
 /** graphile-worker's local queue must hold at least its concurrency; sizes tried for its best. */
@@ -196,6 +230,12 @@ const program = new Command("bench")
   .option("--pressure-rate <n>", "jobs/s during the pinned-snapshot workload", int, 500)
   .option("--pressure-seconds <n>", "seconds before and after the pinned snapshot", int, 10)
   .option("--pin-seconds <n>", "seconds the snapshot stays pinned (the issue asks for minutes: try 300)", int, 30)
+  .option("--flow-jobs <n>", "jobs per drain in the flow-control cost workload", int, 50_000)
+  .option("--flow-concurrency <list>", "handler concurrencies of the flow-control cost workload", "10,50")
+  .option("--flow-keys <n>", "keys (pg-boss: groups) the keyed drains spread their jobs over", int, 1_000)
+  .option("--rate <n>", "starts per second allowed in the rate workload", int, 50)
+  .option("--rate-seconds <n>", "seconds the rate workload measures", int, 60)
+  .option("--rate-processes <n>", "worker processes in the rate workload", int, 4)
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
@@ -222,6 +262,14 @@ const options: BenchOptions = {
   pressureRate: o.pressureRate,
   pressureSeconds: o.pressureSeconds,
   pinSeconds: o.pinSeconds,
+  flowJobs: o.flowJobs,
+  flowConcurrency: String(o.flowConcurrency)
+    .split(",")
+    .map((v) => int(v.trim())),
+  flowKeys: o.flowKeys,
+  rateLimit: o.rate,
+  rateSeconds: o.rateSeconds,
+  rateProcesses: o.rateProcesses,
 };
 
 const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {
@@ -298,7 +346,15 @@ try {
       id: w.id,
       title: w.title,
       runs,
-      rows: rows.map((r) => ({ label: r.label, system: r.system, settings: r.settings, runs: [], median: {}, errors: [] })),
+      rows: rows.map((r) => ({
+        label: r.label,
+        system: r.system,
+        settings: r.settings,
+        ...(r.compareTo ? { compareTo: r.compareTo } : {}),
+        runs: [],
+        median: {},
+        errors: [],
+      })),
     };
     // Systems take turns within each run, so slow drifts of the shared machine hit all alike.
     for (let run = 0; run < runs; run++) {

@@ -11,6 +11,8 @@ export interface WorkloadRow {
   label: string;
   system: string;
   settings: string;
+  /** The label of the row whose throughput this row's is reported as a share of (flow control's cost). */
+  compareTo?: string;
   runs: Metrics[];
   median: Metrics;
   errors: string[];
@@ -112,6 +114,17 @@ const COLUMNS: Record<string, Column[]> = {
 };
 COLUMNS["drain-multi"] = COLUMNS.drain!;
 COLUMNS.sweep = COLUMNS.drain!;
+COLUMNS["flow-cost"] = COLUMNS.drain!;
+COLUMNS["flow-index"] = COLUMNS.drain!;
+COLUMNS["flow-rate"] = [
+  ["starts", "starts", 0],
+  ["startsPerSecond", "starts/s", 2],
+  ["rateErrorPct", "off the rate %", 1],
+  ["worstWindowStarts", "worst sliding 1-s window", 0],
+  ["worstWindowOverPct", "worst window over %", 1],
+  ["worstFixedSecond", "worst fixed second", 0],
+  ["quietestFixedSecond", "quietest fixed second", 0],
+];
 
 /** Workloads where Leasehold is compared to each peer, and which way is better. */
 const RATIOS: Record<string, { key: string; higherIsBetter: boolean }> = {
@@ -154,8 +167,30 @@ function sweepRatioLines(w: WorkloadResult): string[] {
   return out;
 }
 
+/** Rows measured against another row of the same run (flow control's cost): throughput as a share of it. */
+function shareLines(w: WorkloadResult): string[] {
+  const out: string[] = [];
+  for (const r of w.rows) {
+    const base = r.compareTo === undefined ? undefined : w.rows.find((b) => b.label === r.compareTo);
+    const v = r.median.jobsPerSecond;
+    const b = base?.median.jobsPerSecond;
+    if (v !== undefined && b !== undefined) out.push(`- ${r.label}: **${fmt((v / b) * 100, 0)}%** of ${base!.label}`);
+  }
+  return out;
+}
+
+/** A row's throughput as a share of its `compareTo` row, or undefined. */
+function share(w: WorkloadResult | undefined, label: string): number | undefined {
+  const r = w?.rows.find((x) => x.label === label);
+  const base = w?.rows.find((x) => x.label === r?.compareTo);
+  const v = r?.median.jobsPerSecond;
+  const b = base?.median.jobsPerSecond;
+  return v === undefined || b === undefined ? undefined : v / b;
+}
+
 function ratioLines(w: WorkloadResult): string[] {
   if (w.id === "sweep") return sweepRatioLines(w);
+  if (w.rows.some((r) => r.compareTo !== undefined)) return shareLines(w);
   const spec = RATIOS[w.id];
   const lh = w.rows.find((r) => r.system === "leasehold")?.median[spec?.key ?? ""];
   if (!spec || lh === undefined) return [];
@@ -232,6 +267,38 @@ export function targets(results: BenchResults): Target[] {
       value: `${fmt(crashP50, 2)} / ${fmt(crashP99, 2)} s`,
       met: crashP50 <= 1.5 && crashP99 <= 2.5,
     });
+  const flow = w("flow-cost");
+  for (const c of results.options.flowConcurrency ?? []) {
+    const pick = (suffix: string) => flow?.rows.find((r) => r.label.startsWith(`leasehold c=${c}: ${suffix}`))?.label;
+    const checks: [string, string, number | undefined][] = [
+      ["queues row, nothing set", "no measurable cost for a queues row that sets nothing (≥ 95%, within noise)", 0.95],
+      ["concurrency ", "a concurrency limit that never binds ≥ 90% of unlimited", 0.9],
+      ["keys, no limit", "keyed, no limit (round-robin between keys) vs unlimited (no target)", undefined],
+      ["keyConcurrency 1,", "per-key limit 1 over many keys ≥ 70% of unlimited", 0.7],
+      ["keyConcurrency 5,", "per-key limit 5 over many keys ≥ 70% of unlimited", 0.7],
+    ];
+    for (const [suffix, name, min] of checks) {
+      const label = pick(suffix);
+      const v = label === undefined ? undefined : share(flow, label);
+      if (v !== undefined) out.push({ name: `${name}, c=${c}`, value: `${fmt(v * 100, 0)}%`, met: min === undefined ? undefined : v >= min });
+    }
+  }
+  const withoutIndex = share(w("flow-index"), "leasehold: jobs_running_idx dropped");
+  if (withoutIndex !== undefined)
+    out.push({
+      name: "plain drain without jobs_running_idx, as a share of with it (no target)",
+      value: `${fmt(withoutIndex * 100, 0)}%`,
+      met: undefined,
+    });
+  const rate = w("flow-rate")?.rows.find((r) => r.system === "leasehold")?.median;
+  if (rate?.rateErrorPct !== undefined)
+    out.push({ name: "rate limit: starts within ±5% of the rate", value: `${fmt(rate.rateErrorPct, 1)}%`, met: Math.abs(rate.rateErrorPct) <= 5 });
+  if (rate?.worstWindowOverPct !== undefined)
+    out.push({
+      name: "rate limit: no 1-second window more than 10% over",
+      value: `${fmt(rate.worstWindowStarts, 0)} starts (${fmt(rate.worstWindowOverPct, 1)}%)`,
+      met: rate.worstWindowOverPct <= 10,
+    });
   const steady = m("steady", "leasehold", "endToStart");
   if (steady !== undefined)
     out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
@@ -269,7 +336,9 @@ export function markdown(results: BenchResults): string {
       `${results.options.processes} processes for the multi-process drain, latency at ${results.options.latencyRate} jobs/s for ${results.options.latencySeconds} s, ` +
       `${results.options.heartbeatJobs} long jobs for ${results.options.heartbeatSeconds} s in the heartbeat workload, ` +
       `${results.options.steadyJobs.toLocaleString("en-US")} jobs in the steady state, ${results.options.pressureRate} jobs/s with a ${results.options.pinSeconds} s pinned snapshot. ` +
-      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans): one run.`,
+      `Flow control: ${results.options.flowJobs?.toLocaleString("en-US")} jobs per drain at handler concurrency ${results.options.flowConcurrency?.join(" and ")}, keyed over ${results.options.flowKeys?.toLocaleString("en-US")} keys; ` +
+      `rate ${results.options.rateLimit}/s for ${results.options.rateSeconds} s with ${results.options.rateProcesses} processes. ` +
+      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate): one run.`,
     "",
     "## Targets (Leasehold, with heartbeats, fencing and the audit trail on)",
     "",
@@ -281,7 +350,9 @@ export function markdown(results: BenchResults): string {
   for (const w of results.workloads) {
     lines.push(`## ${w.title}`, "", ...table(w), "");
     const ratios = ratioLines(w);
-    if (ratios.length) lines.push("Leasehold against each peer, same run:", "", ...ratios, "");
+    const shares = w.rows.some((r) => r.compareTo !== undefined);
+    if (ratios.length)
+      lines.push(shares ? "Each row's throughput against its baseline, same run:" : "Leasehold against each peer, same run:", "", ...ratios, "");
     const errors = w.rows.flatMap((r) => r.errors.map((e) => `- ${r.label}: ${e.split("\n")[0]}`));
     if (errors.length) lines.push("Errors:", "", ...errors, "");
     if (w.id === "recovery") {

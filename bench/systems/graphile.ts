@@ -39,7 +39,9 @@ export const graphile: BenchSystem = {
     const utils = await makeWorkerUtils({ connectionString: url, logger: silent });
     const pool = new pg.Pool({ connectionString: url, max: 1 });
     return {
-      async enqueue(payloads: Payload[]) {
+      async enqueue(payloads: Payload[], keys?: string[]) {
+        if (keys)
+          throw new Error("graphile-worker: flow-control keys are not measured (its named queues run one job at a time, a different control)");
         await utils.addJobs(payloads.map((payload) => ({ identifier: QUEUE, payload })));
       },
       async pending() {

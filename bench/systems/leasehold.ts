@@ -23,7 +23,8 @@ const RECOVERY_WATCHDOG_MS = 200;
 /** Reaped jobs retry at once in the recovery workload (the default backoff starts at 1 s). */
 const NO_BACKOFF = { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 };
 
-function connect(url: string, poolSize?: number): Promise<Leasehold> {
+/** A client on the benchmark's schema, for a workload's own setup (queue limits, an index dropped). */
+export function connect(url: string, poolSize?: number): Promise<Leasehold> {
   return Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false, poolSize });
 }
 
@@ -39,8 +40,8 @@ export async function recreateSchema(url: string): Promise<void> {
 /** Enqueues through `lh.enqueueMany`, as a user's producer would. */
 export function producerOf(lh: Leasehold, beforeClose?: () => Promise<void> | void): Producer {
   return {
-    async enqueue(payloads: Payload[]) {
-      await lh.enqueueMany(payloads.map((payload) => ({ task: QUEUE, payload })));
+    async enqueue(payloads: Payload[], keys?: string[]) {
+      await lh.enqueueMany(payloads.map((payload, i) => (keys ? { task: QUEUE, payload, key: keys[i] } : { task: QUEUE, payload })));
     },
     async pending() {
       const { rows } = await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");

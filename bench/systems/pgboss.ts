@@ -75,10 +75,10 @@ export const pgboss: BenchSystem = {
     await b.start();
     const pool = new pg.Pool({ connectionString: url, max: 1 });
     return {
-      async enqueue(payloads: Payload[]) {
+      async enqueue(payloads: Payload[], keys?: string[]) {
         await b.insert(
           QUEUE,
-          payloads.map((data) => ({ data })),
+          payloads.map((data, i) => (keys ? { data, group: { id: keys[i]! } } : { data })),
         );
       },
       async pending() {
@@ -98,7 +98,7 @@ export const pgboss: BenchSystem = {
   async startWorker(url, spec, run) {
     const b = boss(url, spec.profile, true);
     await b.start();
-    const options =
+    const base =
       spec.profile === "recovery"
         ? // A retried job sends no NOTIFY: poll as often as pg-boss allows.
           { localConcurrency: 1, batchSize: 1, pollingIntervalSeconds: 0.5, notifyPollingIntervalSeconds: 0.5 }
@@ -108,6 +108,8 @@ export const pgboss: BenchSystem = {
             ? // The same handler concurrency as the others: one loop, a batch of that many at a time.
               { ...THROUGHPUT, batchSize: spec.concurrency }
             : THROUGHPUT;
+    // Per-group limits (flow workloads): counted in the database by every fetch, across processes.
+    const options = spec.groupConcurrency === undefined ? base : { ...base, groupConcurrency: spec.groupConcurrency };
     await b.work<Payload>(QUEUE, options, async (jobs) => {
       await Promise.all(jobs.map((job) => run(job.data, job.signal)));
     });

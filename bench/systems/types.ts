@@ -31,10 +31,20 @@ export interface WorkerSpec {
   localQueue?: number;
   /** Leasehold only: its worker and watchdog exactly as `lh.worker({ handlers })` gives them (recovery at defaults). */
   defaults?: boolean;
+  /**
+   * pg-boss only: its `groupConcurrency` work option (at most this many active jobs per group,
+   * counted in the database). Leasehold's per-key limit is a queue setting instead, set before
+   * its workers start (bench/workloads/flow.ts).
+   */
+  groupConcurrency?: number;
 }
 
 export interface Producer {
-  enqueue(payloads: Payload[]): Promise<void>;
+  /**
+   * Enqueues in one batch. `keys[i]`: job i's flow-control key (Leasehold's enqueue option
+   * `key`, pg-boss's `group.id`); a system without keys refuses them rather than drop them.
+   */
+  enqueue(payloads: Payload[], keys?: string[]): Promise<void>;
   /** Jobs not yet finished (waiting, running, or retrying). */
   pending(): Promise<number>;
   close(): Promise<void>;

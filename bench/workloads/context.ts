@@ -31,6 +31,14 @@ export interface BenchOptions {
   pressureRate: number;
   pressureSeconds: number;
   pinSeconds: number;
+  /** Flow-control cost: jobs per drain, handler concurrencies, keys the keyed drains spread over. */
+  flowJobs: number;
+  flowConcurrency: number[];
+  flowKeys: number;
+  /** Rate accuracy: starts per second allowed, seconds measured, worker processes. */
+  rateLimit: number;
+  rateSeconds: number;
+  rateProcesses: number;
 }
 
 export interface BenchContext {

@@ -43,13 +43,32 @@ export async function enqueueWorkload(ctx: BenchContext, system: BenchSystem): P
   }
 }
 
-export async function fillQueue(ctx: BenchContext, system: BenchSystem, jobs: number): Promise<void> {
+/** Fills the queue; with `keys`, job i carries key `k<i mod keys>` (keys interleaved, as tenants' jobs arrive). */
+export async function fillQueue(ctx: BenchContext, system: BenchSystem, jobs: number, keys?: number): Promise<void> {
   const producer = await system.producer(urlOf(ctx, system), "throughput");
   try {
-    for (let i = 0; i < jobs; i += FILL_BATCH) await producer.enqueue(payloads(Math.min(FILL_BATCH, jobs - i), () => ({})));
+    for (let i = 0; i < jobs; i += FILL_BATCH) {
+      const n = Math.min(FILL_BATCH, jobs - i);
+      await producer.enqueue(
+        payloads(n, () => ({})),
+        keys ? Array.from({ length: n }, (_, j) => `k${(i + j) % keys}`) : undefined,
+      );
+    }
   } finally {
     await producer.close();
   }
+}
+
+/** What a drain starts from, beyond the default (the `--jobs` keyless jobs in a fresh schema). */
+export interface DrainSetup {
+  /** Jobs to fill and drain; default `--jobs`. */
+  jobs?: number;
+  /** Spread the jobs over this many keys (interleaved). */
+  keys?: number;
+  /** Runs after the reset, before the fill: queue settings, an index dropped. */
+  prepare?(url: string): Promise<void>;
+  /** Runs after the fill: throws if the setup is not what the row says it measures. */
+  verify?(url: string): Promise<void>;
 }
 
 /**
@@ -57,11 +76,19 @@ export async function fillQueue(ctx: BenchContext, system: BenchSystem, jobs: nu
  * first handler start to the moment the database holds no unfinished job, so process
  * start-up is not counted.
  */
-export async function drainWorkload(ctx: BenchContext, system: BenchSystem, processes: number, spec: Partial<WorkerSpec> = {}): Promise<Metrics> {
+export async function drainWorkload(
+  ctx: BenchContext,
+  system: BenchSystem,
+  processes: number,
+  spec: Partial<WorkerSpec> = {},
+  setup: DrainSetup = {},
+): Promise<Metrics> {
   const url = urlOf(ctx, system);
-  const { jobs } = ctx.options;
+  const jobs = setup.jobs ?? ctx.options.jobs;
   await system.reset(url, "throughput");
-  await fillQueue(ctx, system, jobs);
+  await setup.prepare?.(url);
+  await fillQueue(ctx, system, jobs, setup.keys);
+  await setup.verify?.(url);
   await withClient(url, (db) => db.query("VACUUM ANALYZE"));
   await sleep(500);
   const producer = await system.producer(url, "throughput");
