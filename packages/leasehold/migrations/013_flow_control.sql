@@ -145,6 +145,9 @@ DECLARE
   rate_since timestamptz;
   key_since  timestamptz;
   share      float8;           -- a weight-1 key's share of this claim
+  heads      bigint[];         -- each visited key's first job in its line
+  key_running jsonb;           -- leases held per visited key
+  visit_cap  integer;
   last_turns integer;          -- turns of its round the last key served has had
 BEGIN
   -- One claimer of this queue at a time: every count below sees the claims before it.
@@ -189,31 +192,43 @@ BEGIN
     t_start := flow_clock();
   ELSIF budget > 0 THEN
     -- The keys with waiting jobs, from where the round-robin stopped, wrapping around: each
-    -- step one descent of the keyed index. Enough of them to pass the keys at their limit.
-    keys := ARRAY(
-      WITH RECURSIVE line AS (
-        (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
-          WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key >= coalesce(st.next_key, '')
-          ORDER BY j.flow_key LIMIT 1)
-        UNION ALL
-        SELECT (SELECT j.flow_key FROM jobs AS j
-                  WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
-                  ORDER BY j.flow_key LIMIT 1), l.n + 1
-          FROM line AS l WHERE l.k IS NOT NULL AND l.n < least(5000, 2 * budget + running_q + 16)
-      ) SELECT k FROM line WHERE k IS NOT NULL);
-    IF st.next_key IS NOT NULL AND cardinality(keys) < least(5000, 2 * budget + running_q + 16) THEN
-      keys := keys || ARRAY(
+    -- step one descent of the keyed index, which also finds the key's first job in its line
+    -- (its head: most claims take one job per key). Enough keys to pass those at their limit.
+    visit_cap := least(5000, 2 * budget + running_q + 16);
+    SELECT coalesce(array_agg(l.k ORDER BY l.n), '{}'), coalesce(array_agg(l.head ORDER BY l.n), '{}')
+      INTO keys, heads
+      FROM (
         WITH RECURSIVE line AS (
-          (SELECT j.flow_key AS k, 1 AS n FROM jobs AS j
-            WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key < st.next_key
-            ORDER BY j.flow_key LIMIT 1)
+          (SELECT j.flow_key AS k, j.id AS head, 1 AS n FROM jobs AS j
+            WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key >= coalesce(st.next_key, '')
+            ORDER BY j.flow_key, j.priority, j.id LIMIT 1)
           UNION ALL
-          SELECT (SELECT j.flow_key FROM jobs AS j
+          SELECT nx.flow_key, nx.id, l.n + 1
+            FROM line AS l
+           CROSS JOIN LATERAL (
+                 SELECT j.flow_key, j.id FROM jobs AS j
+                  WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
+                  ORDER BY j.flow_key, j.priority, j.id LIMIT 1) AS nx
+           WHERE l.n < visit_cap
+        ) SELECT * FROM line) AS l;
+    IF st.next_key IS NOT NULL AND cardinality(keys) < visit_cap THEN
+      SELECT keys || coalesce(array_agg(l.k ORDER BY l.n), '{}'), heads || coalesce(array_agg(l.head ORDER BY l.n), '{}')
+        INTO keys, heads
+        FROM (
+          WITH RECURSIVE line AS (
+            (SELECT j.flow_key AS k, j.id AS head, 1 AS n FROM jobs AS j
+              WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key < st.next_key
+              ORDER BY j.flow_key, j.priority, j.id LIMIT 1)
+            UNION ALL
+            SELECT nx.flow_key, nx.id, l.n + 1
+              FROM line AS l
+             CROSS JOIN LATERAL (
+                   SELECT j.flow_key, j.id FROM jobs AS j
                     WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key > l.k
                       AND j.flow_key < st.next_key
-                    ORDER BY j.flow_key LIMIT 1), l.n + 1
-            FROM line AS l WHERE l.k IS NOT NULL AND l.n < least(5000, 2 * budget + running_q + 16) - cardinality(keys)
-        ) SELECT k FROM line WHERE k IS NOT NULL);
+                    ORDER BY j.flow_key, j.priority, j.id LIMIT 1) AS nx
+             WHERE l.n < visit_cap - cardinality(keys)
+          ) SELECT * FROM line) AS l;
     END IF;
     key_since := t_now - s.key_rate_window_ms * interval '1 millisecond';
     -- No key takes more than its weighted share of the claim: a key with a deep backlog is not
@@ -226,37 +241,42 @@ BEGIN
     -- then the next; keyless jobs take one turn per round as one more key, first. The line
     -- starts at the key that took the last turn, with the turns of its round it already had, so
     -- claims of one job each go heavy, heavy, heavy, light as one claim of four would.
+    -- Leases per visited key, as a map: joined as a relation, its row estimate (one) made the
+    -- planner loop over it once per key (55 ms for 800 keys).
+    IF s.key_concurrency IS NOT NULL THEN
+      SELECT coalesce(jsonb_object_agg(r.k, r.n), '{}') INTO key_running
+        FROM (SELECT j.flow_key AS k, count(*)::int AS n
+                FROM jobs AS j WHERE j.state = 'running' AND j.queue = q AND j.flow_key = ANY(keys)
+               GROUP BY j.flow_key) AS r;
+    END IF;
     WITH visited AS (
-      SELECT v.k, v.ord FROM unnest(keys) WITH ORDINALITY AS v(k, ord)
-    ), running AS (
-      SELECT j.flow_key AS k, count(*)::int AS n
-        FROM jobs AS j WHERE j.state = 'running' AND j.queue = q AND j.flow_key = ANY(keys)
-       GROUP BY j.flow_key
+      SELECT v.k, v.head, v.ord FROM unnest(keys, heads) WITH ORDINALITY AS v(k, head, ord)
     ), slots AS (
-      SELECT v.k, v.ord, coalesce((s.key_weights ->> v.k)::int, 1) AS weight,
+      SELECT v.k, v.head, v.ord, coalesce((s.key_weights ->> v.k)::int, 1) AS weight,
              CASE WHEN v.k = st.next_key THEN st.next_key_turns ELSE 0 END AS had,
              least(budget,
                    ceil(coalesce(share, budget) * coalesce((s.key_weights ->> v.k)::float8, 1))::int,
-                   coalesce(s.key_concurrency - coalesce(r.n, 0), budget),
+                   coalesce(s.key_concurrency - coalesce((key_running ->> v.k)::int, 0), budget),
                    CASE WHEN s.key_rate_limit IS NULL THEN budget
                         ELSE s.key_rate_limit - flow_window_used(ks.start_times, ks.start_counts, key_since) END,
                    CASE WHEN ks.held_until > t_now THEN 0 ELSE budget END) AS n
         FROM visited AS v
-        LEFT JOIN running AS r ON r.k = v.k
         LEFT JOIN flow_key_state AS ks ON ks.queue = q AND ks.flow_key = v.k
     ), candidates AS (
       SELECT c.id, sl.k, sl.ord, c.rank, (c.rank - 1 + sl.had) / sl.weight AS round,
              (c.rank - 1 + sl.had) % sl.weight + 1 AS turns
         FROM slots AS sl
        CROSS JOIN LATERAL (
-             SELECT l.id, l.rank
+             SELECT j.id, 1::bigint AS rank, j.run_at, j.task FROM jobs AS j WHERE j.id = sl.head AND sl.n >= 1
+             UNION ALL
+             SELECT l.id, l.rank + 1, l.run_at, l.task
                FROM (SELECT j.id, j.run_at, j.task, row_number() OVER (ORDER BY j.priority, j.id) AS rank
                        FROM jobs AS j
-                      WHERE j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key = sl.k
+                      WHERE sl.n > 1 AND j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key = sl.k
                       ORDER BY j.priority, j.id
-                      LIMIT greatest(sl.n, 0)) AS l
-              WHERE l.run_at <= t_now AND l.task = ANY(task_names)
+                      OFFSET 1 LIMIT greatest(sl.n - 1, 0)) AS l
            ) AS c
+       WHERE c.run_at <= t_now AND c.task = ANY(task_names)
       UNION ALL
       SELECT l.id, NULL, 0, row_number() OVER (ORDER BY l.priority, l.run_at, l.id), row_number() OVER (ORDER BY l.priority, l.run_at, l.id) - 1, 1
         FROM (SELECT j.id, j.priority, j.run_at, j.flow_key, j.task
