@@ -9,7 +9,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import path from "node:path";
 import { test, type TestContext } from "node:test";
 import { fileURLToPath } from "node:url";
-import { databaseUrl, eventually, freshLeasehold, NO_BACKOFF, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, NO_BACKOFF, waitForEvent, recordEvents } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
 
 const CHILD = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "helpers", "split-child.ts");
@@ -240,4 +240,34 @@ test("a liveness session that goes silent while its backend lives on: the worker
       `attempt ${s.attempt} started while attempt 1 ran with its signal not fired`,
     );
   }
+});
+
+test("a worker frozen while its liveness session is ended wakes to abort its handler at once: the watchdog may already have handed the job on", async (t) => {
+  const lh = await freshLeasehold(t);
+  const frozen = await workerProcess(lh.schema, { LONG_MS: "20000" });
+  t.after(() => frozen.child.kill("SIGKILL"));
+  const { id } = await lh.enqueue("long", {}, { maxAttempts: 5 });
+  await eventually(async () => frozen.lines().some((l) => l.event === "started" && l.jobId === id), "the job started");
+  frozen.child.kill("SIGSTOP");
+  // While it is stopped, its liveness session ends (a restart of a pooler, a terminate storm):
+  // its lease (30 s) still holds, but the watchdog recovers its job after the grace.
+  const { rows } = await lh.pool.query<{ n: number }>(
+    "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = 'leasehold-worker' AND query LIKE 'LISTEN%'",
+  );
+  assert.equal(rows[0]!.n, 1, "ended the stopped worker's liveness session");
+  const watchdog = lh.watchdog({ livenessIntervalMs: 100 }).start();
+  t.after(() => watchdog.stop());
+  const rescuer = lh.worker({ watchdog: false, handlers: { long: () => new Promise((r) => setTimeout(r, 200)) } });
+  const starts = recordEvents<[{ id: string; attempt: number }]>(rescuer, "job:start");
+  await rescuer.start();
+  t.after(() => rescuer.stop(0));
+  await starts.waitFor((j) => j.id === id, 20_000);
+
+  const wokeAt = Date.now();
+  frozen.child.kill("SIGCONT");
+  await eventually(async () => frozen.lines().some((l) => l.event === "aborted" && l.jobId === id), "the woken worker aborted its handler");
+  const aborted = frozen.lines().find((l) => l.event === "aborted" && l.jobId === id)!;
+  assert.equal(aborted.reason, "liveness_lost");
+  // At once on waking, not half a grace (500 ms) later: its session may have ended long before.
+  assert.ok(aborted.at - wokeAt < 250, `aborted ${aborted.at - wokeAt} ms after waking`);
 });

@@ -28,7 +28,11 @@ export interface ListenerOptions {
   onConnect?: (client: pg.Client) => Promise<void>;
   onFatal?: (err: Error) => void;
   /** Session state changes, for outage logging: up after a (re)connect, down on loss. */
-  onState?: (state: "up" | "down", err?: unknown) => void;
+  /**
+   * The session went down or came back. `lateByMs`: how long before now it may already have
+   * ended unnoticed (a silent session; or this process was stopped, so its pings stopped too).
+   */
+  onState?: (state: "up" | "down", err?: unknown, lateByMs?: number) => void;
   applicationName?: string;
   /** Session settings, e.g. the search_path `onConnect` needs. */
   sessionOptions?: string;
@@ -58,6 +62,8 @@ export class Listener {
   private reconnectTimer?: NodeJS.Timeout;
   private pingTimer?: NodeJS.Timeout;
   private delayMs = RECONNECT_MIN_MS;
+  /** When the session last proved alive (connected, or answered a ping): monotonic ms. */
+  private heardAt = performance.now();
   private firstConnect?: { resolve: () => void; reject: (err: unknown) => void; since: number };
 
   constructor(private readonly options: ListenerOptions) {}
@@ -104,6 +110,7 @@ export class Listener {
       return;
     }
     this.delayMs = RECONNECT_MIN_MS;
+    this.heardAt = performance.now();
     this.schedulePing(client);
     o.onState?.("up");
     this.firstConnect?.resolve();
@@ -120,7 +127,10 @@ export class Listener {
       let answered = false;
       // A failed query ends the session through the client's own error event.
       client.query("SELECT 1").then(
-        () => (answered = true),
+        () => {
+          answered = true;
+          this.heardAt = performance.now();
+        },
         () => {},
       );
       // Judged after the event loop's next I/O phase (setImmediate): when a long synchronous
@@ -142,7 +152,13 @@ export class Listener {
 
   private scheduleReconnect(client: pg.Client, err?: unknown): void {
     if (this.stopped || client !== this.client || this.reconnectTimer) return;
-    this.options.onState?.("down", err);
+    // Pinged every everyMs, a live session is heard from at least that often (plus the answer's
+    // time): a longer silence means this process was stopped (SIGSTOP, a VM pause) and the
+    // session may have ended any time since it was last heard from.
+    const ping = this.options.ping;
+    const silentFor = ping && ping.when() ? performance.now() - this.heardAt - ping.everyMs - ping.timeoutMs : 0;
+    const late = err instanceof SilentSessionError ? err.lateByMs : Math.max(0, silentFor);
+    this.options.onState?.("down", err, late);
     client.end().catch(() => {});
     this.reconnectTimer = setTimeout(() => {
       this.reconnectTimer = undefined;

@@ -46,7 +46,7 @@ export interface AttachParams {
    * session holds the worker's liveness lock, for the worker to give up its jobs before the
    * watchdog recovers them.
    */
-  onConnection?: (state: "up" | "down", err?: unknown) => void;
+  onConnection?: (state: "up" | "down", err?: unknown, lateByMs?: number) => void;
 }
 
 export interface Attachment {

@@ -25,7 +25,6 @@ import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } 
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
-import { SilentSessionError } from "./listener.js";
 import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
@@ -208,10 +207,10 @@ export class Worker extends WorkerEmitter {
         this.emit("identity:lost", err);
         void this.stop();
       },
-      onConnection: (state, err) => {
+      onConnection: (state, err, lateByMs) => {
         if (state === "up") this.outage.ok();
         else this.outage.failed("listen", err);
-        this.livenessChanged(state, err);
+        this.livenessChanged(state, lateByMs ?? 0);
       },
     });
     if (s.name) {
@@ -424,7 +423,7 @@ export class Worker extends WorkerEmitter {
    * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
    * released once the session is back.
    */
-  private livenessChanged(state: "up" | "down", err?: unknown): void {
+  private livenessChanged(state: "up" | "down", lateByMs = 0): void {
     const grace = this.settings.livenessGraceMs;
     if (grace === null || this.state !== "started") return;
     if (state === "down") {
@@ -432,10 +431,11 @@ export class Worker extends WorkerEmitter {
       this.livenessLostAt = performance.now();
       this.claimer.setHeld(true);
       this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
-      // A silent session may have ended on the server up to a ping interval and its timeout
-      // ago: only what is left of half the grace remains.
-      const late = err instanceof SilentSessionError ? err.lateByMs : 0;
-      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - late));
+      // The session may have ended on the server before this process noticed (it was silent,
+      // or this process was stopped): only what is left of half the grace remains. Waking from
+      // a freeze to a dead session, that is nothing: the watchdog may already have recovered
+      // the jobs, so the handlers stop now.
+      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - lateByMs));
       this.livenessTimer.unref();
       return;
     }
