@@ -363,3 +363,23 @@ test("bad settings and keys are refused by name and touch no job; an unknown que
   );
   assert.equal((await snapshot()).jobs, before.jobs, "no job changed");
 });
+
+test("a worker with room for one job at a time takes turns between its limited queues: none takes every claim", async (t) => {
+  const lh = await freshLeasehold(t);
+  const queues = ["turn-a", "turn-b", "turn-c"];
+  for (const queue of queues) await lh.setQueueLimits(queue, { concurrency: 5 }, { create: true });
+  await lh.enqueueMany(queues.flatMap((queue) => Array.from({ length: 20 }, (): NewJob => ({ task: "t", queue }))));
+  const started: string[] = [];
+  const worker = lh.worker({ queues, concurrency: 1, handlers: { t: () => new Promise((r) => setTimeout(r, 5)) } });
+  worker.on("job:start", (job: { queue: string }) => started.push(job.queue));
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await eventually(async () => started.length >= 15, "15 jobs started");
+  const first = started.slice(0, 15);
+  for (const queue of queues) {
+    assert.ok(
+      first.filter((q) => q === queue).length >= 3,
+      `${queue} had ${first.filter((q) => q === queue).length} of the first 15 starts: ${first.join(" ")}`,
+    );
+  }
+});

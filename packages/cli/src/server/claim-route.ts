@@ -89,7 +89,9 @@ async function withCurrentFlow(pool: store.Queryable, params: store.ClaimParams)
   const paused = new Set(settings.filter((q) => q.paused).map((q) => q.name));
   const flow = new Set(settings.filter((q) => q.flow).map((q) => q.name));
   const queues = params.queues.filter((q) => !paused.has(q));
-  return { ...params, queues, flowQueues: queues.filter((q) => flow.has(q) || params.flowQueues?.includes(q)) };
+  // The worker's order first (it rotates it so that each flow queue gets its turn first).
+  const named = (params.flowQueues ?? []).filter((q) => queues.includes(q));
+  return { ...params, queues, flowQueues: [...named, ...queues.filter((q) => flow.has(q) && !named.includes(q))] };
 }
 
 async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string, spend = false): Promise<void> {

@@ -167,7 +167,10 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
   if (p.limit <= 0) return [];
   const flow = new Set(p.flowQueues ?? []);
   const plain = p.queues.filter((q) => !flow.has(q));
-  const flowQueues = p.queues.filter((q) => flow.has(q));
+  // In the order given: the worker rotates it, so that when it has room for fewer jobs than it
+  // has flow queues, the first ones do not take every claim.
+  const wanted = new Set(p.queues);
+  const flowQueues = (p.flowQueues ?? []).filter((q) => wanted.has(q));
   const share = Math.max(1, Math.ceil(p.limit / (flowQueues.length + (plain.length > 0 ? 1 : 0))));
   const claimed: ClaimedJobs = [];
   for (const queue of flowQueues) {

@@ -70,6 +70,8 @@ export class Claimer {
   private readonly maxBatch: number;
   /** Another dispatch (NATS) claims for this worker: no polling until it gives up. */
   private paused = false;
+  /** Claims sent so far: where the next claim starts in the list of flow queues (each gets its turn first). */
+  private claimsSent = 0;
   /** The last claim was held back by a flow limit: a slot this worker frees may let the next through. */
   private limited = false;
   /** The worker cannot vouch for itself now (its liveness session is gone): no claims at all. */
@@ -184,8 +186,10 @@ export class Claimer {
     const view = this.host.queues();
     // While another dispatch claims plain queues, poll only the flow-controlled ones.
     const queues = this.paused ? view.flowQueues : view.queues;
+    const turn = this.claimsSent++ % Math.max(1, view.flowQueues.length);
+    const flowQueues = [...view.flowQueues.slice(turn), ...view.flowQueues.slice(0, turn)];
     const done = this.transport
-      .claim({ queues, flowQueues: view.flowQueues, limit, workerId: this.workerId, leaseMs: this.settings.leaseMs, tasks: this.tasks })
+      .claim({ queues, flowQueues, limit, workerId: this.workerId, leaseMs: this.settings.leaseMs, tasks: this.tasks })
       .then(
         (jobs) => {
           this.metrics.claimDuration.observe((performance.now() - sentAt) / 1000);
