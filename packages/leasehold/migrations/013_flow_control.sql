@@ -269,7 +269,7 @@ BEGIN
        CROSS JOIN LATERAL (
              SELECT j.id, 1::bigint AS rank, j.run_at, j.task FROM jobs AS j WHERE j.id = sl.head AND sl.n >= 1
              UNION ALL
-             SELECT l.id, l.rank + 1, l.run_at, l.task
+             SELECT l.id, l.rank, l.run_at, l.task  -- row_number() counts before the OFFSET: 2, 3, ...
                FROM (SELECT j.id, j.run_at, j.task, row_number() OVER (ORDER BY j.priority, j.id) AS rank
                        FROM jobs AS j
                       WHERE sl.n > 1 AND j.state = 'waiting' AND j.flow_key IS NOT NULL AND j.queue = q AND j.flow_key = sl.k
