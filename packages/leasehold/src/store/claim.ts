@@ -1,5 +1,5 @@
 import type { Queryable } from "./db.js";
-import { run, statement } from "./sql.js";
+import { run, statement, type RowOf } from "./sql.js";
 import type { AttemptOutcome, ClaimedJob } from "../jobs/types.js";
 import type { AttemptRef } from "./finish.js";
 
@@ -176,10 +176,11 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
   for (const queue of flowQueues) {
     if (claimed.length >= p.limit) break;
     const rows = await run(db, CLAIM_FLOW, [queue, Math.min(share, p.limit - claimed.length), p.workerId, p.leaseMs, p.tasks]);
+    // A job row has every column; only the hint row (id null) has nulls where CLAIMED has none.
+    claimed.push(...toClaimed(rows.filter((r) => r.id !== null) as RowOf<typeof CLAIMED>[]));
     for (const r of rows) {
-      if (r.id !== null) {
-        claimed.push(...toClaimed([r as typeof r & { id: string }] as never));
-      } else if (r.retry_ms === null) {
+      if (r.id !== null) continue;
+      if (r.retry_ms === null) {
         (claimed.paused ??= []).push(queue);
       } else {
         claimed.retryInMs = Math.min(claimed.retryInMs ?? Infinity, r.retry_ms);
@@ -207,7 +208,7 @@ export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues"
   );
 }
 
-function toClaimed(rows: Awaited<ReturnType<typeof run<typeof CLAIMED>>>): ClaimedJob[] {
+function toClaimed(rows: RowOf<typeof CLAIMED>[]): ClaimedJob[] {
   return rows.map((r) => ({
     id: r.id,
     queue: r.queue,
