@@ -14,11 +14,12 @@
 -- on_parent_failure = 'run', in which case it is released when all its parents have ended and
 -- reads their states. A cancel cascades through any depth in one loop, not by nested triggers.
 --
--- Two triggers do it, so the plain path pays almost nothing: a row trigger that fires only for
--- rows that have dependents or a waiter (its WHEN is checked per row, no event is queued
--- otherwise), noting the ids for the transaction; and a statement trigger that returns at once
--- unless ids were noted. Children are locked in id order: two statements ending parents of the
--- same children never deadlock.
+-- Two triggers do it, and a row without dependents or a waiter fires neither (their WHEN is
+-- checked per row; no event is queued otherwise), so the plain path pays nothing: a row trigger
+-- that notes the ended parent's id for the transaction, and a deferred constraint trigger that
+-- settles every noted parent at commit (the first one settles them all; the rest find nothing).
+-- Children are locked in id order: two transactions ending parents of the same children never
+-- deadlock.
 --
 -- Waiting for a job (lh.waitFor): a waiter marks the job `watched`, and its end sends NOTIFY
 -- on the channel "leasehold:<schema>:ended" with the job's id. Cancel requests of running jobs
@@ -90,7 +91,7 @@ BEGIN
 END;
 $$;
 
--- Per DELETE statement on jobs: settle the dependents of the parents it ended, if any.
+-- At commit, per ended parent: settle the dependents of every parent noted (the first call does all).
 CREATE FUNCTION settle_ended_parents() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   IF coalesce(current_setting('leasehold.ended_parents', true), '') = ''
@@ -212,8 +213,10 @@ $$;
 CREATE TRIGGER jobs_note_ended AFTER DELETE ON jobs
   FOR EACH ROW WHEN (OLD.has_dependents OR OLD.watched)
   EXECUTE FUNCTION note_ended_job();
-CREATE TRIGGER jobs_settle_ended AFTER DELETE ON jobs
-  FOR EACH STATEMENT EXECUTE FUNCTION settle_ended_parents();
+CREATE CONSTRAINT TRIGGER jobs_settle_ended AFTER DELETE ON jobs
+  DEFERRABLE INITIALLY DEFERRED
+  FOR EACH ROW WHEN (OLD.has_dependents)
+  EXECUTE FUNCTION settle_ended_parents();
 CREATE TRIGGER jobs_notify_cancel AFTER UPDATE OF cancel_requested_at ON jobs
   FOR EACH ROW WHEN (OLD.cancel_requested_at IS NULL AND NEW.cancel_requested_at IS NOT NULL AND NEW.state = 'running')
   EXECUTE FUNCTION notify_cancel_requested();
