@@ -90,6 +90,7 @@ export interface Metrics {
   jobDuration: Histogram<"task">;
   leasesLost: Counter<"reason">;
   heartbeats: Counter<"result">;
+  cancelNotices: Counter;
   released: Counter<"cause">;
   orphansRepaired: Counter<"kind">;
   retentionDeleted: Counter;
@@ -232,6 +233,11 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
       name: "leasehold_heartbeats_total",
       help: "Heartbeat statements, by result (ok, error).",
       labelNames: ["result"],
+      registers,
+    }),
+    cancelNotices: new prom.Counter({
+      name: "leasehold_cancel_notices_total",
+      help: "Cancel requests a worker heard by notice (LISTEN, or the server's cancel poll) before its next heartbeat would have told it.",
       registers,
     }),
     released: new prom.Counter({

@@ -69,6 +69,14 @@ export function notifyChannel(schema: string): string {
 }
 
 /**
+ * The channel on which a cancel request of a running job is announced (migration 014), with
+ * "id:attempt:worker id" as payload: the worker holding that attempt aborts its handler.
+ */
+export function cancelChannel(schema: string): string {
+  return `leasehold:${schema}:cancel`;
+}
+
+/**
  * A client checked out of a pool emits 'error' when its connection dies between statements
  * (a terminated backend while the transaction waits on the caller); unheard, that event would
  * crash the process. Held here, and the client is discarded rather than returned.

@@ -7,6 +7,7 @@ export {
   checkOut,
   withTransaction,
   notifyChannel,
+  cancelChannel,
   assertSchemaName,
   quoteIdent,
   isConnectionError,
@@ -39,6 +40,7 @@ export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "
 export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats } from "./admin.js";
 export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
 export { readyPairs } from "./ready.js";
+export { parseCancelNotice, cancelsRequested } from "./cancels.js";
 export type { QueueTasks } from "./ready.js";
 export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
 export { knownTasks, jobsWithoutHandler } from "./handlers.js";

@@ -2,8 +2,8 @@
  * A dedicated session that survives terminated backends and database restarts: it LISTENs
  * for wake-ups and (for a worker) holds session-level state, such as its liveness lock,
  * which `onConnect` sets up again on every new session. Notifications sent while it was
- * disconnected are lost, so after every (re)connect it calls `onNotify(undefined)`: the
- * worker polls at once.
+ * disconnected are lost, so after every (re)connect it calls `onNotify(undefined)` (and each
+ * of `also`'s handlers with undefined): the worker polls (and checks its cancels) at once.
  *
  * Reconnects back off from 100 ms to at most a second, so a worker is back within about a
  * second of the database, and an outage costs one attempt per second.
@@ -21,6 +21,8 @@ export interface ListenerOptions {
   connectionString: string;
   channel: string;
   onNotify: (payload: string | undefined) => void;
+  /** More channels heard on the same session, each with its own handler (undefined: notices may have been missed). */
+  also?: Record<string, (payload: string | undefined) => void>;
   /**
    * Runs on every new session before LISTEN. A LeaseholdError it throws (e.g. the worker's
    * name is taken) stops the listener: reconnecting cannot help.
@@ -87,13 +89,15 @@ export class Listener {
     this.client = client;
     client.on("notification", (msg) => {
       if (msg.channel === o.channel) o.onNotify(msg.payload);
+      else o.also?.[msg.channel]?.(msg.payload);
     });
     client.on("error", (err) => this.scheduleReconnect(client, err));
     client.on("end", () => this.scheduleReconnect(client));
     try {
       await client.connect();
       await o.onConnect?.(client);
-      await client.query(`LISTEN ${pg.escapeIdentifier(o.channel)}`);
+      // One round trip for every channel (the simple protocol runs them in order).
+      await client.query([o.channel, ...Object.keys(o.also ?? {})].map((c) => `LISTEN ${pg.escapeIdentifier(c)}`).join("; "));
     } catch (err) {
       const first = this.firstConnect;
       // At start, a wrong password or database is not worth retrying, nor a long outage.
@@ -116,6 +120,7 @@ export class Listener {
     this.firstConnect?.resolve();
     this.firstConnect = undefined;
     o.onNotify(undefined);
+    for (const handler of Object.values(o.also ?? {})) handler(undefined);
   }
 
   private schedulePing(client: pg.Client): void {

@@ -39,6 +39,12 @@ export interface AttachParams {
   wake: () => void;
   /** Queue settings (pause, limits) may have changed, or a notification of it may have been missed. */
   onQueueSettings?: () => void;
+  /**
+   * A user asked to cancel this attempt of the worker's (instant cancel: a notice, not the next
+   * heartbeat). Undefined: notices may have been missed (a reconnect), so the worker checks its
+   * attempts itself. Transports that cannot hear notices never call it (heartbeats still tell).
+   */
+  onCancelRequested?: (attempt: store.AttemptRef | undefined) => void;
   /** The worker's identity was taken while it ran (its name is held by another process). */
   onIdentityLost: (err: Error) => void;
   /**
@@ -251,6 +257,14 @@ export class DatabaseTransport implements WorkerTransport {
       onNotify: (queue) => {
         if (queue === QUEUE_SETTINGS_CHANGED || queue === undefined) p.onQueueSettings?.();
         if (queue === undefined || wanted.has(queue)) p.wake();
+      },
+      // Cancel requests of this worker's attempts, on the same session (no connection of their own).
+      also: {
+        [store.cancelChannel(this.schema)]: (payload) => {
+          if (payload === undefined) return p.onCancelRequested?.(undefined);
+          const notice = store.parseCancelNotice(payload);
+          if (notice?.workerId === p.workerId) p.onCancelRequested?.({ id: notice.id, attempt: notice.attempt });
+        },
       },
       onConnect: async (client) => {
         if (p.name !== undefined && p.waitForName)

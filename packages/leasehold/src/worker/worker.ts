@@ -201,6 +201,7 @@ export class Worker extends WorkerEmitter {
       heartbeatMs: s.heartbeatMs,
       policies: [...s.tasks].map(([task, t]) => ({ task, backoff: t.backoff, progressTimeoutMs: t.progressTimeoutMs, maxRunMs: t.maxRunMs })),
       wake: () => this.claimer.wake(),
+      onCancelRequested: (attempt) => this.cancelNoticed(attempt),
       onQueueSettings: () => void this.flow.refresh(),
       onIdentityLost: (err) => {
         this.logger.error({ err: err.message }, "this worker's name was taken by another process; stopping");
@@ -718,6 +719,24 @@ export class Worker extends WorkerEmitter {
   private drop(entry: InFlight, reason: AbortReason): void {
     entry.lostReason = reason;
     this.forget(entry);
+  }
+
+  /**
+   * Instant cancel: the transport heard that a user cancelled one of this worker's attempts,
+   * and it is cancelled as a heartbeat that found it would (same reason, same release). With no
+   * attempt named, notices may have been lost (the listening session reconnected): a beat now
+   * asks the database about every attempt held, rather than waiting up to a beat interval.
+   */
+  private cancelNoticed(attempt: { id: string; attempt: number } | undefined): void {
+    if (this.state !== "started") return;
+    if (attempt === undefined) {
+      if (this.inFlight.size > 0) void this.heartbeater.beatNow().catch(() => {});
+      return;
+    }
+    const entry = this.inFlight.get(attemptKey(attempt));
+    if (!entry || entry.lostReason) return;
+    this.metrics.cancelNotices.inc();
+    this.cancelRequested(entry);
   }
 
   private cancelRequested(entry: InFlight): void {
