@@ -13,6 +13,8 @@ import type { Leasehold } from "leasehold/internal/client";
 import * as store from "leasehold/internal/store/index";
 import { ConfigError } from "leasehold/internal/errors";
 import { checkToken, scopeMatcher } from "./auth.js";
+import { registerCancelRoute } from "./cancel-route.js";
+import { CancelWaiter } from "./cancel-waiter.js";
 import { registerClaimRoute } from "./claim-route.js";
 import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
@@ -87,10 +89,12 @@ export function createServer(options: ServerOptions): FastifyInstance {
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
     },
   });
+  const cancels = new CancelWaiter();
   const waiter = new ClaimWaiter({
     pool: lh.pool,
     connectionString: lh.databaseUrl,
     channel: store.notifyChannel(lh.schema),
+    also: { [store.cancelChannel(lh.schema)]: (payload) => cancels.notice(payload) },
     maxLongPolls: limits.maxLongPolls,
     metrics,
     logger,
@@ -141,6 +145,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     }
   });
   app.addHook("preClose", async () => {
+    cancels.close();
     await waiter.close();
     // Requests still open after a grace period (a client that went silent) are cut: their
     // clients treat that as an ambiguous answer and retry, which the fence makes safe.
@@ -154,6 +159,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
 
   app.register(async (api) => {
     registerClaimRoute(api, lh, waiter, receipts, limits);
+    registerCancelRoute(api, { leasehold: lh, waiter, cancels, receipts, metrics });
     registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits });
     registerJobRoutes(api, lh);
     registerQueueRoutes(api, lh);

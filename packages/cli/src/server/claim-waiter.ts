@@ -34,6 +34,8 @@ interface Options {
   pool: store.Queryable;
   connectionString: string;
   channel: string;
+  /** More channels heard on the same LISTEN session (the cancel notices for remote workers' cancel polls). */
+  also?: Record<string, (payload: string | undefined) => void>;
   maxLongPolls: number;
   metrics: ServerMetrics;
   logger: Logger;
@@ -52,8 +54,13 @@ export class ClaimWaiter {
 
   constructor(private readonly options: Options) {}
 
+  /** Resolves once the server's LISTEN session is up (started on first use). */
+  listen(): Promise<void> {
+    return this.ensureListening();
+  }
+
   /**
-   * Takes a long-poll slot for one claim request; false at the cap (counted), when the
+   * Takes a long-poll slot for one claim request (or cancel poll); false at the cap (counted), when the
    * claim should answer with what it found instead of waiting. Pair with leave().
    */
   enter(): boolean {
@@ -149,6 +156,7 @@ export class ClaimWaiter {
         connectionString: this.options.connectionString,
         channel: this.options.channel,
         applicationName: "leasehold-serve-listen",
+        also: this.options.also,
         onNotify: (queue) => {
           // QUEUE_SETTINGS_CHANGED: a queue was resumed or its limits changed; any waiting claim may now find jobs.
           for (const w of [...this.waiters]) if (queue === undefined || queue === QUEUE_SETTINGS_CHANGED || w.queues.has(queue)) w.wake();

@@ -43,10 +43,14 @@ export function serverMetrics(registry: Registry): ServerMetrics {
       help: "Connections closed on arrival because the server had --max-connections open.",
       registers,
     }),
-    longPollsWaiting: new Gauge({ name: "leasehold_server_long_polls_waiting", help: "Claims waiting for a job now (long polls).", registers }),
+    longPollsWaiting: new Gauge({
+      name: "leasehold_server_long_polls_waiting",
+      help: "Long polls waiting now: claims waiting for a job, and remote workers' cancel polls.",
+      registers,
+    }),
     longPollsRefused: new Counter({
       name: "leasehold_server_long_polls_refused_total",
-      help: "Claims answered at once instead of waiting, because --max-long-polls claims were already waiting.",
+      help: "Long polls (claims, cancel polls) answered at once instead of waiting, because --max-long-polls were already waiting.",
       registers,
     }),
     invalidReceipts: new Counter({

@@ -368,6 +368,45 @@ export const routes = {
       ...errors(...COMMON_ERRORS),
     },
   },
+  cancels: {
+    ...secured,
+    tags: ["worker"],
+    summary: "Wait for cancel requests of this worker's attempts (long poll: answered at once when one is requested)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        attempts: {
+          type: "array",
+          maxItems: MAX_BATCH,
+          items: ATTEMPT_REF,
+          description:
+            "the attempts the worker holds and has not yet been told of: checked at once (a cancel may have been requested between polls); " +
+            "attempts without a valid receipt are left out",
+        },
+        waitMs: { type: "integer", minimum: 0, maximum: MAX_WAIT_MS },
+      },
+      ["workerId", "attempts"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          cancels: {
+            type: "array",
+            description: "attempts of this worker whose cancel was requested: abort their handlers",
+            items: object({ id: JOB_ID, attempt: ATTEMPT }, ["id", "attempt"]),
+          },
+          waited: {
+            type: "boolean",
+            description:
+              "true: held open until a cancel came, waitMs passed or notices may have been missed (poll again at once). false: answered " +
+              "at once (waitMs 0, the long-poll cap, the server stopping); after an empty answer, wait before polling again",
+          },
+        },
+      },
+      ...errors(...COMMON_ERRORS),
+    },
+  },
   heartbeat: {
     ...secured,
     tags: ["worker"],

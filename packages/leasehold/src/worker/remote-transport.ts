@@ -16,6 +16,12 @@
  * when it was released, or when a report was refused and the attempt then found lost. An
  * attempt found lost by a heartbeat keeps its receipt: a report of it may still be in
  * flight (its retry, after an ambiguous commit, must carry it); unused receipts age out.
+ *
+ * Instant cancel: while the worker holds jobs, a second long poll stays open
+ * (POST /v1/worker/cancels), answered by the server as soon as its LISTEN session hears a cancel
+ * of one of this worker's attempts. Each poll names the attempts held (with their receipts) so
+ * the server first checks for a cancel requested between polls. With `waitMs` 0 (polling, no
+ * long polls) there is no cancel poll: cancels come with heartbeats.
  */
 import type { ClaimedJob } from "../jobs/types.js";
 import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
@@ -29,6 +35,8 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
  * recently used go first, so receipts of attempts the worker no longer mentions age out.
  */
 const MAX_RECEIPTS = 100_000;
+/** After a failed or refused cancel poll (server unreachable, at its long-poll cap), wait this long before the next. */
+const CANCEL_POLL_RETRY_MS = 1_000;
 /** The longest reason a superseded report may carry (the server's schema). */
 const SUPERSEDED_REASON_MAX = 2_000;
 
@@ -75,6 +83,13 @@ export class RemoteTransport implements WorkerTransport {
   private readonly timeoutMs: number;
   private wake?: () => void;
   private claiming?: AbortController;
+  /** The cancel poll's loop, while attached; its request in flight; a wake for it once jobs are held. */
+  private cancelLoop?: Promise<void>;
+  private cancelPoll?: AbortController;
+  private kickCancels?: () => void;
+  private attachedAs?: string;
+  /** "id:attempt" of attempts whose cancel the worker was told of (not named in later polls). */
+  private readonly cancelsTold = new Set<string>();
   /** "id:attempt" → the claim's receipt, the worker id it was issued to, and whether a report of it was refused. */
   private readonly receipts = new Map<string, { receipt: string; workerId: string; refused?: boolean }>();
 
@@ -118,6 +133,7 @@ export class RemoteTransport implements WorkerTransport {
           key: j.key ?? null,
         };
       });
+      if (claimed.length > 0) this.kickCancels?.();
       if (res.body.retryInMs !== undefined) claimed.retryInMs = res.body.retryInMs;
       if (res.body.paused !== undefined) claimed.paused = res.body.paused;
       return claimed;
@@ -144,9 +160,15 @@ export class RemoteTransport implements WorkerTransport {
       },
       this.timeoutMs,
     );
+    this.attachedAs = p.workerId;
+    if (this.waitMs > 0 && p.onCancelRequested) this.cancelLoop = this.pollCancels(p.workerId, p.onCancelRequested);
     return {
       detach: async (graceful) => {
         this.wake = undefined;
+        this.attachedAs = undefined;
+        this.cancelPoll?.abort();
+        this.kickCancels?.();
+        await this.cancelLoop;
         await this.post("/v1/worker/detach", { workerId: p.workerId, graceful }, this.timeoutMs).catch(() => {});
       },
     };
@@ -289,6 +311,57 @@ export class RemoteTransport implements WorkerTransport {
     return res.body.released;
   }
 
+  /**
+   * The cancel poll: open while this worker holds attempts (it has their receipts), each answer
+   * handed to the worker at once. A poll that waited is followed at once by the next; one
+   * answered without waiting (the server's cap, or stopping) or failed is retried after a
+   * second: meanwhile heartbeats still carry cancels. A server without the route (older) ends it.
+   */
+  private async pollCancels(workerId: string, told: (attempt: store.AttemptRef) => void): Promise<void> {
+    while (this.attachedAs === workerId) {
+      const held = [...this.receipts].filter(([, r]) => r.workerId === workerId && !r.refused);
+      for (const k of this.cancelsTold) if (!this.receipts.has(k)) this.cancelsTold.delete(k);
+      if (held.length === 0) {
+        await new Promise<void>((resolve) => (this.kickCancels = resolve));
+        this.kickCancels = undefined;
+        continue;
+      }
+      const attempts = held.filter(([k]) => !this.cancelsTold.has(k)).map(([k, r]) => ({ ...parseKey(k), receipt: r.receipt }));
+      const controller = new AbortController();
+      this.cancelPoll = controller;
+      let pause = 0;
+      try {
+        const res = await this.post<{ cancels: Ref[]; waited: boolean }>(
+          "/v1/worker/cancels",
+          { workerId, attempts, waitMs: this.waitMs },
+          this.waitMs + this.timeoutMs,
+          controller.signal,
+        );
+        for (const c of res.body.cancels) {
+          this.cancelsTold.add(key(c));
+          told(c);
+        }
+        if (!res.body.waited && res.body.cancels.length === 0) pause = CANCEL_POLL_RETRY_MS;
+      } catch (err) {
+        if (controller.signal.aborted) continue;
+        if (err instanceof ServerError && err.status === 404) return;
+        pause = CANCEL_POLL_RETRY_MS;
+      } finally {
+        this.cancelPoll = undefined;
+      }
+      if (pause > 0) {
+        await new Promise<void>((resolve) => {
+          const timer = setTimeout(resolve, pause);
+          this.kickCancels = () => {
+            clearTimeout(timer);
+            resolve();
+          };
+        });
+        this.kickCancels = undefined;
+      }
+    }
+  }
+
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
   async check(): Promise<void> {
     await this.request("GET", "/v1/worker/check", undefined, this.timeoutMs);
@@ -376,6 +449,11 @@ export class RemoteTransport implements WorkerTransport {
 
 function key(r: Ref): string {
   return `${r.id}:${r.attempt}`;
+}
+
+function parseKey(k: string): Ref {
+  const at = k.indexOf(":");
+  return { id: k.slice(0, at), attempt: Number(k.slice(at + 1)) };
 }
 
 function describeCause(err: unknown): string {
