@@ -356,8 +356,9 @@ export class Leasehold {
   }
 
   /**
-   * Cancels a job: a waiting one ends now; a running one has its handler aborted at the
-   * next heartbeat and its late report refused. Returns which happened.
+   * Cancels a job: a waiting one ends now; a running one has its handler aborted at once (a
+   * notification to the worker holding it; its next heartbeat at the latest), and its late
+   * report ends it as cancelled. Returns which happened.
    */
   async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
     checkJobId(id);

@@ -52,7 +52,7 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
       );
     }
     if ((job.state === "waiting" || job.state === "running") && !job.cancelRequestedAt) {
-      const detail = job.state === "waiting" ? "It ends now, without running." : "Its handler is aborted at its next heartbeat.";
+      const detail = job.state === "waiting" ? "It ends now, without running." : "Its handler is aborted now.";
       actions.append(
         button("Cancel", () => void act(ctx, "cancel", job.id, `Cancel job ${job.id}?`, detail), { class: "danger", "data-action": "cancel" }),
       );
@@ -177,7 +177,7 @@ async function act(ctx: ViewContext, action: "retry" | "cancel", id: string, que
     if (r.result === "retried") ctx.flash(`Job ${id} is waiting again.`);
     else if (r.result === "cancelled") ctx.flash(`Job ${id} cancelled.`);
     else {
-      ctx.flash(`Job ${id} will stop at its next heartbeat.`);
+      ctx.flash(`Job ${id} will stop: its handler is aborted now.`);
       stopping.add(id);
     }
   } catch (err) {

@@ -110,7 +110,7 @@ const bulkRoutes = (action: "retry" | "cancel") => {
   const what =
     action === "retry"
       ? "dead jobs back to waiting with a fresh retry budget"
-      : "jobs: the waiting ones end now, the running ones are aborted at their next heartbeat";
+      : "jobs: the waiting ones end now, the running ones have their handlers aborted at once";
   return {
     count: {
       ...secured,

@@ -738,7 +738,7 @@ export const routes = {
   cancel: {
     ...secured,
     tags: ["jobs"],
-    summary: "Cancel a job: a waiting one ends now; a running one is aborted at its next heartbeat",
+    summary: "Cancel a job: a waiting one ends now; a running one has its handler aborted at once",
     params: idParams,
     response: {
       200: { type: "object", properties: { result: { type: "string", enum: ["cancelled", "cancel_requested"] } } },

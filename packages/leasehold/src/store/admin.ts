@@ -169,7 +169,8 @@ export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<Listed
 
 /**
  * Cancel: a waiting job ends at once (to history as cancelled); a running job is marked,
- * its handler is aborted at the next heartbeat, and its late report ends it as cancelled.
+ * its handler is aborted at once (migration 014's trigger notifies the worker holding it), and its
+ * late report ends it as cancelled.
  * This tail cancels the jobs of a CTE `target(id, state)` (locked by its caller); one job's
  * cancel and a bulk cancel share it.
  */

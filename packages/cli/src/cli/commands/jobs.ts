@@ -43,13 +43,13 @@ export function registerJobCommands(program: Command, run: Run): void {
 
   jobs
     .command("cancel <id>")
-    .description("cancel a job: a waiting one ends now, a running one is aborted at its next heartbeat")
+    .description("cancel a job: a waiting one ends now, a running one has its handler aborted at once")
     .action(
       run(async (cli, id: string) => {
         const lh = await cli.operations();
         const result = await lh.cancel(id);
         cli.result({ id, result }, () =>
-          result === "cancelled" ? `job ${id} cancelled` : `cancel requested for running job ${id}: its handler is aborted at its next heartbeat`,
+          result === "cancelled" ? `job ${id} cancelled` : `cancel requested for running job ${id}: its handler is aborted now`,
         );
       }),
     );
