@@ -728,7 +728,8 @@ export class Worker extends WorkerEmitter {
    * asks the database about every attempt held, rather than waiting up to a beat interval.
    */
   private cancelNoticed(attempt: { id: string; attempt: number } | undefined): void {
-    if (this.state !== "started") return;
+    // While stopping, handlers still run until the shutdown deadline: a cancel still stops them.
+    if (this.state !== "started" && this.state !== "stopping") return;
     if (attempt === undefined) {
       if (this.inFlight.size > 0) void this.heartbeater.beatNow().catch(() => {});
       return;
