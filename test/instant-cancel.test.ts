@@ -170,11 +170,13 @@ test("database worker: a cancel sent while its listening session is cut arrives 
   const [id] = await running(lh, worker, 1);
   const end = ended(worker, id!);
   // In one transaction: end the worker's listening session (waiting until it is gone), then
-  // request the cancel. The notice goes out at commit, while the worker is still reconnecting
-  // (it waits at least 100 ms before it tries): it is lost.
+  // request the cancel. The notice goes out at commit. The new session announces the worker
+  // (its row, locked here until the commit) before it LISTENs, so it cannot hear the notice:
+  // it is lost.
   const c = await rawClient(lh.schema);
   try {
     await c.query("BEGIN");
+    await c.query("SELECT 1 FROM workers WHERE id = $1 FOR UPDATE", [worker.id]);
     // The worker's session is the one holding its liveness lock.
     const cut = await c.query(
       `SELECT pg_terminate_backend(l.pid, 5000) AS ok
