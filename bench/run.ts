@@ -24,6 +24,7 @@ import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workload
 import { crashWorkload } from "./workloads/crash.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
+import { leaseholdCancelWorkload, pgbossCancelWorkload } from "./workloads/cancel.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
@@ -197,6 +198,45 @@ const WORKLOADS: Workload[] = [
           measure: () => rateWorkload(ctx, s),
         })),
   },
+  {
+    id: "cancel-latency",
+    title: "9. Cancel-to-abort latency: a running job cancelled, time until its handler's AbortSignal fires",
+    repeated: false,
+    rows: (ctx, systems) =>
+      systems.flatMap((s) =>
+        s.name === "leasehold"
+          ? [
+              {
+                label: "leasehold, database worker (defaults)",
+                system: s.name,
+                settings: "lease 30 s, heartbeat 10 s; lh.cancel, one job at a time; the cancel's NOTIFY reaches the worker's LISTEN session",
+                measure: () => leaseholdCancelWorkload(ctx, s, false),
+              },
+              {
+                label: "leasehold, remote HTTP worker (defaults)",
+                system: "leasehold-remote",
+                settings: "lease 30 s, heartbeat 10 s, through leasehold serve in this process; the NOTIFY answers the worker's cancel poll",
+                measure: () => leaseholdCancelWorkload(ctx, s, true),
+              },
+            ]
+          : s.name === "pg-boss"
+            ? [
+                {
+                  label: "pg-boss (defaults)",
+                  system: s.name,
+                  settings: "queue without heartbeatSeconds: cancel() only sets the state; job.signal never fires (one job tried, 15 s)",
+                  measure: () => pgbossCancelWorkload(ctx, s, false),
+                },
+                {
+                  label: "pg-boss (heartbeatSeconds 10)",
+                  system: s.name,
+                  settings: "queue heartbeatSeconds 10 (its minimum), refreshed every 5 s: job.signal fires when a refresh finds the job gone",
+                  measure: () => pgbossCancelWorkload(ctx, s, true),
+                },
+              ]
+            : [],
+      ),
+  },
 ];
 
 /** graphile-worker's local queue must hold at least its concurrency; sizes tried for its best. */
@@ -236,6 +276,7 @@ const program = new Command("bench")
   .option("--rate <n>", "starts per second allowed in the rate workload", int, 50)
   .option("--rate-seconds <n>", "seconds the rate workload measures", int, 60)
   .option("--rate-processes <n>", "worker processes in the rate workload", int, 4)
+  .option("--cancels <n>", "running jobs cancelled one at a time in the cancel-latency workload", int, 100)
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
@@ -270,6 +311,7 @@ const options: BenchOptions = {
   rateLimit: o.rate,
   rateSeconds: o.rateSeconds,
   rateProcesses: o.rateProcesses,
+  cancels: o.cancels,
 };
 
 const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {

@@ -94,3 +94,26 @@ test("npm run bench: the flow-control workloads run, each row against the row it
     fs.rmSync(out, { recursive: true, force: true });
   }
 });
+
+test("npm run bench: the cancel-latency workload measures a database and a remote worker", { timeout: 120_000 }, async () => {
+  const out = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-bench-smoke-"));
+  try {
+    await runBench(out, ["--only", "cancel-latency", "--systems", "leasehold", "--cancels", "3"]);
+    const results = JSON.parse(fs.readFileSync(path.join(out, "smoke.json"), "utf8")) as {
+      workloads: { id: string; rows: { system: string; median: Record<string, number> }[] }[];
+    };
+    const rows = results.workloads.find((w) => w.id === "cancel-latency")!.rows;
+    assert.deepEqual(
+      rows.map((r) => r.system),
+      ["leasehold", "leasehold-remote"],
+    );
+    for (const r of rows) {
+      assert.equal(r.median.samples, 3, JSON.stringify(r.median));
+      assert.equal(r.median.neverAborted, 0, `${r.system}: every cancel reached its handler`);
+      assert.ok(r.median.p99Ms! > 0, JSON.stringify(r.median));
+    }
+    assert.match(fs.readFileSync(path.join(out, "smoke.md"), "utf8"), /cancel → handler's AbortSignal p99 ≤ 250 ms \(database worker, defaults\)/);
+  } finally {
+    fs.rmSync(out, { recursive: true, force: true });
+  }
+});

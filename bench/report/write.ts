@@ -116,6 +116,13 @@ COLUMNS["drain-multi"] = COLUMNS.drain!;
 COLUMNS.sweep = COLUMNS.drain!;
 COLUMNS["flow-cost"] = COLUMNS.drain!;
 COLUMNS["flow-index"] = COLUMNS.drain!;
+COLUMNS["cancel-latency"] = [
+  ["p50Ms", "p50 ms", 1],
+  ["p99Ms", "p99 ms", 1],
+  ["maxMs", "max ms", 1],
+  ["samples", "cancels", 0],
+  ["neverAborted", "never aborted (15 s)", 0],
+];
 COLUMNS["flow-rate"] = [
   ["starts", "starts", 0],
   ["startsPerSecond", "starts/s", 2],
@@ -267,6 +274,14 @@ export function targets(results: BenchResults): Target[] {
       value: `${fmt(crashP50, 2)} / ${fmt(crashP99, 2)} s`,
       met: crashP50 <= 1.5 && crashP99 <= 2.5,
     });
+  for (const [system, what] of [
+    ["leasehold", "database worker"],
+    ["leasehold-remote", "remote HTTP worker"],
+  ] as const) {
+    const cancelP99 = m("cancel-latency", system, "p99Ms");
+    if (cancelP99 !== undefined)
+      out.push({ name: `cancel → handler's AbortSignal p99 ≤ 250 ms (${what}, defaults)`, value: `${fmt(cancelP99, 1)} ms`, met: cancelP99 <= 250 });
+  }
   const flow = w("flow-cost");
   for (const c of results.options.flowConcurrency ?? []) {
     const pick = (suffix: string) => flow?.rows.find((r) => r.label.startsWith(`leasehold c=${c}: ${suffix}`))?.label;

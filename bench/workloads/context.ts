@@ -39,6 +39,8 @@ export interface BenchOptions {
   rateLimit: number;
   rateSeconds: number;
   rateProcesses: number;
+  /** Cancel-to-abort latency: jobs cancelled one at a time while running (pg-boss with a heartbeat: at most 20). */
+  cancels: number;
 }
 
 export interface BenchContext {
