@@ -37,6 +37,8 @@ export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
 const MAX_RECEIPTS = 100_000;
 /** After a failed or refused cancel poll (server unreachable, at its long-poll cap), wait this long before the next. */
 const CANCEL_POLL_RETRY_MS = 1_000;
+/** Most attempts a cancel poll may name (the server's schema); a worker holds far fewer. */
+const MAX_CANCEL_CHECKS = 10_000;
 /** The longest reason a superseded report may carry (the server's schema). */
 const SUPERSEDED_REASON_MAX = 2_000;
 
@@ -326,7 +328,11 @@ export class RemoteTransport implements WorkerTransport {
         this.kickCancels = undefined;
         continue;
       }
-      const attempts = held.filter(([k]) => !this.cancelsTold.has(k)).map(([k, r]) => ({ ...parseKey(k), receipt: r.receipt }));
+      // The most recently used last (the receipts' order), within the server's cap on a request's attempts.
+      const attempts = held
+        .filter(([k]) => !this.cancelsTold.has(k))
+        .slice(-MAX_CANCEL_CHECKS)
+        .map(([k, r]) => ({ ...parseKey(k), receipt: r.receipt }));
       const controller = new AbortController();
       this.cancelPoll = controller;
       let pause = 0;
