@@ -246,6 +246,9 @@ export class Leasehold {
     // Refusing must come first; a warning can be worked out while the jobs are written.
     const checking = this.knownTasks.check(normalized, (i) => `job ${i}`);
     if (this.knownTasks.mode === "refuse") await checking;
+    // Replacing on a duplicate key frees a running job's key and enqueues its successor in
+    // several statements: one transaction, always.
+    const replacing = store.hasReplaceModes(normalized);
     const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
       for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
@@ -259,7 +262,7 @@ export class Leasehold {
         throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
       }
       enqueued =
-        normalized.length <= ENQUEUE_CHUNK
+        normalized.length <= ENQUEUE_CHUNK && !replacing
           ? await insertAll(target.db, this.schema)
           : await allOrNothing(target.db, () => insertAll(target.db!, this.schema));
     } else if (this.nats) {
@@ -274,10 +277,12 @@ export class Leasehold {
         return out;
       };
       const inserted =
-        normalized.length <= ENQUEUE_CHUNK ? await insertPublishing(this.pool) : await store.withTransaction(this.pool, insertPublishing);
+        normalized.length <= ENQUEUE_CHUNK && !replacing
+          ? await insertPublishing(this.pool)
+          : await store.withTransaction(this.pool, insertPublishing);
       if (publishing !== undefined) await this.publishNew(normalized, inserted);
-      enqueued = inserted.map(({ id, created }) => ({ id, created }));
-    } else if (normalized.length <= ENQUEUE_CHUNK) {
+      enqueued = inserted.map(({ due: _due, ...job }) => job);
+    } else if (normalized.length <= ENQUEUE_CHUNK && !replacing) {
       enqueued = await store.enqueueJobs(this.pool, normalized);
     } else {
       enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));

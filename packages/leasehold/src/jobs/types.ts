@@ -28,8 +28,13 @@ export interface EnqueueOptions {
   delayMs?: number;
   /** Attempts that may fail (or lose their lease) before the job is dead; default 25. */
   maxAttempts?: number;
-  /** While a job with this key is unfinished, enqueueing the key again returns that job. */
+  /** While a job with this key is unfinished, enqueueing the key again returns that job (or see `onDuplicate`). */
   uniqueKey?: string;
+  /**
+   * What an enqueue does when an unfinished job already holds its `uniqueKey` (needs one;
+   * docs/flows.md#debounce-and-replace). Default "keep".
+   */
+  onDuplicate?: OnDuplicate;
   /**
    * The job's flow-control key (a tenant, a customer, an entity id): the queue's per-key limits
    * and rates count it, and keys take turns (docs/flow-control.md). 1-512 characters.
@@ -52,6 +57,19 @@ export interface EnqueueOptions {
   headers?: JobHeaders;
 }
 
+/**
+ * What an enqueue does when an unfinished job holds its unique key:
+ * - "keep": nothing; the answer is that job (the default).
+ * - "replace": a waiting (or blocked) holder takes the new payload and run time (debounce: each
+ *   enqueue pushes the time); a running holder loses the key and finishes untouched, and the
+ *   new job is enqueued.
+ * - "replace_payload": as "replace", but a waiting holder keeps its run time.
+ * - "cancel_running": as "replace", and a running holder's cancel is requested (its handler's
+ *   signal aborts) as it loses the key.
+ */
+export type OnDuplicate = "keep" | "replace" | "replace_payload" | "cancel_running";
+export const ON_DUPLICATE_MODES: readonly OnDuplicate[] = ["keep", "replace", "replace_payload", "cancel_running"];
+
 /** A job's headers: names to string values (see `EnqueueOptions.headers`). */
 export type JobHeaders = Record<string, string>;
 
@@ -64,6 +82,10 @@ export interface EnqueuedJob {
   id: string;
   /** False when a unique key matched an unfinished job, whose id this is. */
   created: boolean;
+  /** The unfinished job holding the unique key took this enqueue's payload (and run time): `onDuplicate` replace modes. */
+  replaced?: true;
+  /** `onDuplicate: "cancel_running"`: the running job that held the key, whose cancel was requested. */
+  cancelled?: string;
   /** Present when no worker is known to run this job's task in its queue (see EnqueueWarning). */
   warnings?: EnqueueWarning[];
 }

@@ -3,7 +3,7 @@
  * fails the whole batch with an error that names the job and the problem.
  */
 import { ValidationError } from "../errors.js";
-import type { NewJob } from "./types.js";
+import { ON_DUPLICATE_MODES, type NewJob, type OnDuplicate } from "./types.js";
 
 export const DEFAULT_QUEUE = "default";
 export const DEFAULT_MAX_ATTEMPTS = 25;
@@ -28,6 +28,7 @@ const JOB_KEYS = new Set([
   "delayMs",
   "maxAttempts",
   "uniqueKey",
+  "onDuplicate",
   "key",
   "leaseMs",
   "progressTimeoutMs",
@@ -48,6 +49,8 @@ export interface NormalizedJob {
   delayMs: number;
   maxAttempts: number;
   uniqueKey: string | null;
+  /** What to do when an unfinished job holds the unique key; absent: "keep". */
+  onDuplicate?: OnDuplicate;
   /** The flow-control key; null or absent when the job has none. */
   flowKey?: string | null;
   leaseMs: number | null;
@@ -107,6 +110,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
   }
   if (job.uniqueKey !== undefined) checkText(job.uniqueKey, `${where}: uniqueKey`, MAX_UNIQUE_KEY_LENGTH);
   if (job.key !== undefined) checkText(job.key, `${where}: key`, MAX_FLOW_KEY_LENGTH);
+  const onDuplicate = checkOnDuplicate(job, where);
   return {
     queue,
     task: job.task,
@@ -116,6 +120,7 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     delayMs: integerIn(job.delayMs ?? 0, 0, 10 * 365 * 86_400_000, `${where}: delayMs`),
     maxAttempts: integerIn(job.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 1, 1000, `${where}: maxAttempts`),
     uniqueKey: job.uniqueKey ?? null,
+    ...(onDuplicate !== "keep" && { onDuplicate }),
     flowKey: job.key ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
     progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
@@ -123,6 +128,24 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
     maxRunUnlimited: job.maxRunMs === null,
     headersJson: serializeHeaders(job.headers, where),
   };
+}
+
+/** The job's `onDuplicate`: one of the modes, and only with a unique key (without one, nothing can be a duplicate). */
+function checkOnDuplicate(job: NewJob, where: string): OnDuplicate {
+  const mode: unknown = job.onDuplicate;
+  if (mode === undefined) return "keep";
+  if (typeof mode !== "string" || !ON_DUPLICATE_MODES.includes(mode as OnDuplicate)) {
+    const hint = typeof mode === "string" ? suggest(mode, ON_DUPLICATE_MODES) : "";
+    throw new ValidationError(
+      `${where}: onDuplicate must be one of ${ON_DUPLICATE_MODES.map((m) => `"${m}"`).join(", ")} (got ${describeValue(mode)})${hint}`,
+    );
+  }
+  if (job.uniqueKey === undefined) {
+    throw new ValidationError(
+      `${where}: onDuplicate ${JSON.stringify(mode)} needs a uniqueKey (it says what to do when an unfinished job holds the same key)`,
+    );
+  }
+  return mode as OnDuplicate;
 }
 
 /** A progress timeout or maximum run time: absent, or MIN_LIMIT_MS..MAX_LIMIT_MS. */

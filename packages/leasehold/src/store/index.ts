@@ -16,6 +16,7 @@ export {
 export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations } from "./migrate.js";
 export { enqueueJobs } from "./enqueue.js";
+export { hasReplaceModes } from "./duplicates.js";
 export { claimJobs, claimJobsById } from "./claim.js";
 export type { ClaimParams, ClaimedJobs } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";

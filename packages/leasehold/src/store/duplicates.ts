@@ -1,0 +1,263 @@
+/**
+ * Enqueue with `onDuplicate` replace modes (docs/flows.md#debounce-and-replace): what an
+ * enqueue does to the unfinished job that already holds its unique key.
+ *
+ * Set-based, per key, in rounds:
+ *   1. One INSERT ... ON CONFLICT DO UPDATE per time mode ("replace" and "cancel_running" move
+ *      the run time, "replace_payload" keeps it): a key nobody holds gets the new job; a waiting
+ *      or blocked holder takes the payload (and time). A running holder is left alone by the
+ *      DO UPDATE's WHERE, but locked by it, so it cannot finish or retry until we commit.
+ *   2. The keys held by running jobs are freed from them (`unique_key = NULL`; for
+ *      "cancel_running" with a cancel request, whose trigger notifies the worker), and the
+ *      next round inserts their new jobs.
+ * A round can meet a holder that appeared meanwhile (another transaction's enqueue, or, outside
+ * a transaction, a holder that went back to waiting); the rounds are bounded as for "keep".
+ * Run it inside a transaction: freeing a key and enqueueing its new job commit together.
+ *
+ * ON CONFLICT DO UPDATE cannot touch a row twice in one statement, so a batch is first folded
+ * to one row per key, as if its jobs were enqueued one after the other: the first job (or, past
+ * a running holder, the first that replaces) makes the row, the last replacing job gives the
+ * payload, the last time-replacing job the run time. Every input job still gets its answer.
+ */
+import { quoteIdent, type Queryable } from "./db.js";
+import { run, statement, type Statement } from "./sql.js";
+import type { NormalizedJob } from "../jobs/validate.js";
+import type { EnqueuedJob } from "../jobs/types.js";
+
+interface Names {
+  jobs: string;
+  outbox: string;
+  natsActive: string;
+  /** The schema's name as an SQL expression, for notification channels. */
+  schemaName: string;
+}
+
+const OWN: Names = { jobs: "jobs", outbox: "dispatch_outbox", natsActive: "nats_dispatch_active", schemaName: "current_schema()" };
+
+const upsertText = (n: Names, moveTime: boolean) => `
+WITH upserted AS (
+  INSERT INTO ${n.jobs} AS cur (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
+                                progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
+  SELECT queue, task, payload, priority,
+         coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
+         max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key
+    FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
+                $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[],
+                $14::text[])
+         AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
+              progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
+  ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
+     SET payload = excluded.payload${moveTime ? ",\n         run_at = excluded.run_at" : ""}
+   WHERE cur.state <> 'running'
+  -- xmax is 0 only on a row this statement inserted (an updated one carries our lock)
+  RETURNING cur.id, cur.unique_key, cur.queue, cur.state, cur.run_at, cur.attempt, cur.xmax::text = '0' AS inserted
+)${
+  moveTime
+    ? `, moved AS (
+  SELECT id, queue, run_at, attempt FROM upserted WHERE NOT inserted AND state = 'waiting'
+), doorbells AS (
+  -- NATS dispatch: the doorbell of a job whose time moved follows it. One still owed moves;
+  -- one already published gets a new row (its message, if it comes early, claims nothing: the
+  -- claim by id takes only due jobs, and acks a message of a job not yet due).
+  INSERT INTO ${n.outbox} (job_id, attempt, publish_at)
+  SELECT id, attempt, greatest(run_at, now()) FROM moved WHERE ${n.natsActive}()
+  ON CONFLICT (job_id, attempt) DO UPDATE SET publish_at = excluded.publish_at
+  RETURNING job_id
+), woken AS (
+  -- an UPDATE fires no insert trigger: wake the workers of jobs now due, and the dispatchers
+  SELECT count(pg_notify('leasehold:' || ${n.schemaName}, m.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM moved WHERE run_at <= now()) AS m
+  UNION ALL
+  SELECT count(pg_notify('leasehold:' || ${n.schemaName} || ':dispatch', '')) FROM (SELECT 1 FROM doorbells LIMIT 1) AS d
+)
+SELECT id, unique_key, inserted FROM upserted WHERE (SELECT sum(n) FROM woken) >= 0`
+    : `
+SELECT id, unique_key, inserted FROM upserted`
+}`;
+
+/**
+ * Frees keys from the running jobs that hold them; `cancel`: also requests their cancel
+ * (migration 014's trigger notifies the worker that runs them, at commit).
+ */
+const freeText = (n: Names) => `
+UPDATE ${n.jobs} AS j
+   SET unique_key = NULL,
+       cancel_requested_at = CASE WHEN f.cancel THEN coalesce(j.cancel_requested_at, now()) ELSE j.cancel_requested_at END
+  FROM unnest($1::text[], $2::bool[]) AS f(unique_key, cancel)
+ WHERE j.unique_key = f.unique_key AND j.state = 'running'
+RETURNING j.id, f.unique_key`;
+
+const UPSERTED = { id: "int8", unique_key: "text", inserted: "bool" } as const;
+const REPLACE_JOBS = statement("enqueueJobs (replace on duplicate key)", upsertText(OWN, true), UPSERTED);
+const REPLACE_PAYLOADS = statement("enqueueJobs (replace payload on duplicate key)", upsertText(OWN, false), UPSERTED);
+const FREE_KEYS = statement("enqueueJobs (free keys of running jobs)", freeText(OWN), { id: "int8", unique_key: "text" });
+
+interface DuplicateStatements {
+  replace: typeof REPLACE_JOBS;
+  replacePayload: typeof REPLACE_PAYLOADS;
+  free: typeof FREE_KEYS;
+}
+
+const UNQUALIFIED: DuplicateStatements = { replace: REPLACE_JOBS, replacePayload: REPLACE_PAYLOADS, free: FREE_KEYS };
+const qualified = new Map<string, DuplicateStatements>();
+
+/** The statements with the schema named, for a caller's client whose search_path is not ours. */
+function statementsFor(schema: string | undefined): DuplicateStatements {
+  if (schema === undefined) return UNQUALIFIED;
+  let s = qualified.get(schema);
+  if (!s) {
+    const q = quoteIdent(schema);
+    const n: Names = {
+      jobs: `${q}.jobs`,
+      outbox: `${q}.dispatch_outbox`,
+      natsActive: `${q}.nats_dispatch_active`,
+      schemaName: `'${schema.replaceAll("'", "''")}'`,
+    };
+    const as = <C extends Statement>(st: C, text: string): C => ({ ...st, text });
+    s = {
+      replace: as(REPLACE_JOBS, upsertText(n, true)),
+      replacePayload: as(REPLACE_PAYLOADS, upsertText(n, false)),
+      free: as(FREE_KEYS, freeText(n)),
+    };
+    qualified.set(schema, s);
+  }
+  return s;
+}
+
+const replaces = (j: NormalizedJob) => j.onDuplicate !== undefined && j.onDuplicate !== "keep";
+const movesTime = (j: NormalizedJob) => j.onDuplicate === "replace" || j.onDuplicate === "cancel_running";
+
+/** One key's jobs of a batch, in input order, folded to what one-by-one enqueues would do. */
+interface KeyGroup {
+  key: string;
+  /** Indexes into the batch. */
+  members: number[];
+  /** Position (in members) of the first job that replaces: the new job's maker past a running holder. */
+  firstReplacer: number;
+  /** The last job that replaces: its payload wins. */
+  payloadFrom: NormalizedJob;
+  /** The last job that moves the time, if any: its run time wins. */
+  timeFrom: NormalizedJob | undefined;
+  /** Running jobs that held the key, freed from it (the first one answers the jobs before the first replacer). */
+  freed: string[];
+  cancelled?: string;
+  answer?: { id: string; inserted: boolean };
+}
+
+/** Whether a batch holds jobs for this module (a keyed job with a replace mode). */
+export function hasReplaceModes(jobs: NormalizedJob[]): boolean {
+  return jobs.some((j) => j.uniqueKey !== null && replaces(j));
+}
+
+/** Indexes of the batch's jobs whose key has a replacing job: those go through `enqueueReplacing`. */
+export function replacingIndexes(jobs: NormalizedJob[]): Set<number> {
+  const keys = new Set(jobs.filter((j) => j.uniqueKey !== null && replaces(j)).map((j) => j.uniqueKey!));
+  const out = new Set<number>();
+  jobs.forEach((j, i) => j.uniqueKey !== null && keys.has(j.uniqueKey) && out.add(i));
+  return out;
+}
+
+/**
+ * Enqueues `indexes` of `jobs` (every job of a key that some job of the batch replaces with);
+ * returns their answers by index. `maxRounds` bounds the holders met one after another.
+ */
+export async function enqueueReplacing(
+  db: Queryable,
+  jobs: NormalizedJob[],
+  indexes: number[],
+  schema: string | undefined,
+  maxRounds: number,
+): Promise<Map<number, EnqueuedJob>> {
+  const st = statementsFor(schema);
+  const groups = new Map<string, KeyGroup>();
+  for (const i of indexes) {
+    const job = jobs[i]!;
+    const key = job.uniqueKey!;
+    let g = groups.get(key);
+    if (!g) {
+      g = { key, members: [], firstReplacer: -1, payloadFrom: job, timeFrom: undefined, freed: [] };
+      groups.set(key, g);
+    }
+    if (replaces(job)) {
+      if (g.firstReplacer < 0) g.firstReplacer = g.members.length;
+      g.payloadFrom = job;
+      if (movesTime(job)) g.timeFrom = job;
+    }
+    g.members.push(i);
+  }
+  let pending = [...groups.values()];
+  for (let round = 1; pending.length > 0; round++) {
+    if (round > maxRounds) {
+      throw new Error(
+        `unique key ${JSON.stringify(pending[0]!.key)} was held by a running job in each of ${maxRounds} rounds; nothing more was written for it`,
+      );
+    }
+    const byTime = pending.filter((g) => g.timeFrom !== undefined);
+    const byPayload = pending.filter((g) => g.timeFrom === undefined);
+    for (const [groupsOfMode, st_] of [
+      [byTime, st.replace],
+      [byPayload, st.replacePayload],
+    ] as const) {
+      if (groupsOfMode.length === 0) continue;
+      const rows = await run(db, st_, upsertValues(groupsOfMode.map((g) => rowOf(g, jobs))));
+      for (const r of rows) groups.get(r.unique_key)!.answer = { id: r.id, inserted: r.inserted };
+    }
+    pending = pending.filter((g) => g.answer === undefined);
+    if (pending.length === 0) break;
+    // Held by running jobs (locked by the upsert until we commit): free their keys.
+    const freed = await run(db, st.free, [
+      pending.map((g) => g.key),
+      pending.map((g) => jobs[g.members[g.firstReplacer]!]!.onDuplicate === "cancel_running"),
+    ]);
+    for (const r of freed) {
+      const g = groups.get(r.unique_key)!;
+      g.freed.push(r.id);
+      if (jobs[g.members[g.firstReplacer]!]!.onDuplicate === "cancel_running") g.cancelled ??= r.id;
+    }
+  }
+  const out = new Map<number, EnqueuedJob>();
+  for (const g of groups.values()) {
+    const { id, inserted } = g.answer!;
+    const maker = g.freed.length > 0 ? g.firstReplacer : 0;
+    g.members.forEach((i, pos) => {
+      if (pos < maker) out.set(i, { id: g.freed[0]!, created: false });
+      else if (pos === maker && inserted) out.set(i, { id, created: true, ...(g.cancelled !== undefined && { cancelled: g.cancelled }) });
+      else {
+        const replaced = replaces(jobs[i]!);
+        out.set(i, {
+          id,
+          created: false,
+          ...(replaced && { replaced: true as const }),
+          ...(pos === maker && g.cancelled !== undefined && { cancelled: g.cancelled }),
+        });
+      }
+    });
+  }
+  return out;
+}
+
+/** The row a key's group inserts: its maker's options, the winning payload and run time. */
+function rowOf(g: KeyGroup, jobs: NormalizedJob[]): NormalizedJob {
+  const maker = jobs[g.members[g.freed.length > 0 ? g.firstReplacer : 0]!]!;
+  const time = g.timeFrom ?? maker;
+  return { ...maker, payloadJson: g.payloadFrom.payloadJson, runAt: time.runAt, delayMs: time.delayMs };
+}
+
+function upsertValues(rows: NormalizedJob[]): unknown[] {
+  return [
+    rows.map((j) => j.queue),
+    rows.map((j) => j.task),
+    rows.map((j) => j.payloadJson),
+    rows.map((j) => j.priority),
+    rows.map((j) => j.runAt),
+    rows.map((j) => j.delayMs),
+    rows.map((j) => j.maxAttempts),
+    rows.map((j) => j.uniqueKey),
+    rows.map((j) => j.leaseMs),
+    rows.map((j) => j.progressTimeoutMs),
+    rows.map((j) => j.maxRunMs),
+    rows.map((j) => j.maxRunUnlimited),
+    rows.map((j) => j.headersJson ?? null),
+    rows.map((j) => j.flowKey ?? null),
+  ];
+}
