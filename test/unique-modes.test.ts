@@ -95,6 +95,12 @@ test("cancel_running aborts the running holder's handler, frees its key and enqu
   const old = await lh.enqueue("sync", { n: 1 }, { uniqueKey: "sync:acct-1" });
   await starts.waitFor((job: { id: string }) => job.id === old.id);
   const other = await lh.enqueue("other", {}, { uniqueKey: "other", runAt: inMinutes(60) });
+  // Another keyed job running (elsewhere): its key and its cancel stay its own.
+  const otherRunning = await lh.enqueue("other", {}, { uniqueKey: "other-running", runAt: inMinutes(60) });
+  await lh.pool.query(
+    "UPDATE jobs SET state = 'running', lease_until = now() + interval '1 hour', locked_by = 'elsewhere', attempt = 1 WHERE id = $1",
+    [otherRunning.id],
+  );
   const sum = await othersChecksum(lh, [old.id]);
 
   const ended = waitForEvent<[{ id: string }, { state: string }]>(worker, "job:end", (job) => job.id === old.id, 30_000);
@@ -110,6 +116,7 @@ test("cancel_running aborts the running holder's handler, frees its key and enqu
   assert.deepEqual(h.payloads, [{ n: 1 }, { n: 2 }]);
   assert.equal(await othersChecksum(lh, [old.id, fresh.id]), sum, "no other job was touched");
   assert.ok(await row(lh, other.id));
+  assert.equal((await row(lh, otherRunning.id))!.unique_key, "other-running");
 });
 
 test("replace and replace_payload with a running holder: it loses the key and finishes untouched; the new job is enqueued", async (t) => {
