@@ -8,6 +8,8 @@ import assert from "node:assert/strict";
 import type { Leasehold } from "../packages/leasehold/src/client.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import { freshLeasehold, eventually, rawClient, recordEvents, waitForEvent } from "./helpers/db.js";
+import { runCli } from "./helpers/cli.js";
+import { api, startServe, TOKEN } from "./helpers/server.js";
 
 const row = async (lh: Leasehold, id: string) =>
   (
@@ -287,4 +289,93 @@ test("a moved run time: workers are woken when it becomes due, and a NATS doorbe
   const kept = await owed();
   await lh.enqueue("t", { v: 2 }, { queue: "q", uniqueKey: "k", onDuplicate: "replace_payload" });
   assert.deepEqual(await owed(), kept);
+});
+
+test("CLI: enqueue --on-duplicate, on the database and through a server; bad input named, nothing written", async (t) => {
+  const lh = await freshLeasehold(t);
+  const serve = await startServe(lh.schema);
+  t.after(async () => void (await serve.stop("SIGTERM")));
+  const onDb = (...args: string[]) => runCli(args, { schema: lh.schema });
+  const viaServer = (...args: string[]) => runCli(["--server", serve.match[1]!, ...args], { schema: lh.schema, env: { LEASEHOLD_TOKEN: TOKEN } });
+  for (const [where, cli] of [
+    ["database", onDb],
+    ["server", viaServer],
+  ] as const) {
+    const key = `cli-${where}`;
+    const first = await cli("enqueue", "t", "--payload", '{"v":1}', "--unique-key", key, "--delay", "1h", "--json");
+    assert.equal(first.code, 0, first.stderr);
+    const { id } = JSON.parse(first.stdout) as { id: string };
+    const replaced = await cli("enqueue", "t", "--payload", '{"v":2}', "--unique-key", key, "--delay", "2h", "--on-duplicate", "replace");
+    assert.equal(replaced.code, 0, replaced.stderr);
+    assert.match(replaced.stdout, new RegExp(`^job ${id} with unique key "${key}" is unfinished; its payload and run time replaced\n$`), where);
+    const asJson = await cli("enqueue", "t", "--payload", '{"v":3}', "--unique-key", key, "--on-duplicate", "replace_payload", "--json");
+    assert.deepEqual(JSON.parse(asJson.stdout), { id, created: false, replaced: true, warnings: JSON.parse(asJson.stdout).warnings }, where);
+    const job = await row(lh, id);
+    assert.deepEqual(job!.payload, { v: 3 }, where);
+    // A running holder: cancelled, and the new job enqueued.
+    await lh.pool.query("UPDATE jobs SET state = 'running', lease_until = now() + interval '1 hour', locked_by = 'w', attempt = 1 WHERE id = $1", [
+      id,
+    ]);
+    const cancelled = await cli("enqueue", "t", "--payload", '{"v":4}', "--unique-key", key, "--on-duplicate", "cancel_running");
+    assert.equal(cancelled.code, 0, cancelled.stderr);
+    assert.match(
+      cancelled.stdout,
+      new RegExp(`^enqueued job \\d+ \\(t\\); cancel requested for running job ${id}, which held unique key "${key}"\n$`),
+      where,
+    );
+    assert.equal((await row(lh, id))!.cancel_requested, true);
+
+    const before = await count(lh);
+    const unknown = await cli("enqueue", "t", "--unique-key", key, "--on-duplicate", "replce");
+    assert.equal(unknown.code, 2, where);
+    assert.match(unknown.stderr, /--on-duplicate must be one of keep, replace, replace_payload, cancel_running \(got "replce"\)/);
+    const keyless = await cli("enqueue", "t", "--on-duplicate", "replace");
+    assert.equal(keyless.code, 2, where);
+    assert.match(keyless.stderr, /--on-duplicate needs --unique-key/);
+    assert.equal(await count(lh), before, `${where}: nothing written`);
+  }
+});
+
+test("HTTP: onDuplicate in POST /v1/jobs and /v1/jobs/batch; answers say replaced and cancelled; bad input is 400", async (t) => {
+  const lh = await freshLeasehold(t);
+  const serve = await startServe(lh.schema);
+  t.after(async () => void (await serve.stop("SIGTERM")));
+  const base = serve.match[1]!;
+  const first = await api(base, "POST", "/v1/jobs", { task: "t", payload: { v: 1 }, uniqueKey: "h", runAt: inMinutes(5).toISOString() });
+  assert.equal(first.status, 201, first.text);
+  const id = first.json.id as string;
+  const second = await api(base, "POST", "/v1/jobs", {
+    task: "t",
+    payload: { v: 2 },
+    uniqueKey: "h",
+    runAt: inMinutes(6).toISOString(),
+    onDuplicate: "replace",
+  });
+  assert.deepEqual([second.status, bare(second.json)], [201, { id, created: false, replaced: true }]);
+  assert.deepEqual([(await row(lh, id))!.payload, (await row(lh, id))!.run_at.getTime()], [{ v: 2 }, inMinutes(6).getTime()]);
+
+  await lh.pool.query("UPDATE jobs SET state = 'running', lease_until = now() + interval '1 hour', locked_by = 'w', attempt = 1 WHERE id = $1", [id]);
+  const batch = await api(base, "POST", "/v1/jobs/batch", {
+    jobs: [
+      { task: "t", payload: { v: 3 }, uniqueKey: "h", onDuplicate: "cancel_running" },
+      { task: "t", payload: { v: 4 }, uniqueKey: "h", onDuplicate: "replace_payload" },
+    ],
+  });
+  assert.equal(batch.status, 201, batch.text);
+  const made = batch.json.jobs[0].id as string;
+  assert.deepEqual(bareAll(batch.json.jobs), [
+    { id: made, created: true, cancelled: id },
+    { id: made, created: false, replaced: true },
+  ]);
+  assert.equal((await row(lh, id))!.cancel_requested, true);
+  assert.deepEqual((await row(lh, made))!.payload, { v: 4 });
+
+  const before = await count(lh);
+  const unknown = await api(base, "POST", "/v1/jobs", { task: "t", uniqueKey: "h", onDuplicate: "cancel" });
+  assert.deepEqual([unknown.status, unknown.json.error.code], [400, "invalid_input"]);
+  assert.match(unknown.json.error.message, /job 0: onDuplicate must be one of "keep", "replace", "replace_payload", "cancel_running" \(got "cancel"\)/);
+  const keyless = await api(base, "POST", "/v1/jobs/batch", { jobs: [{ task: "t", onDuplicate: "replace" }] });
+  assert.deepEqual([keyless.status, keyless.json.error.code], [400, "invalid_input"]);
+  assert.match(keyless.json.error.message, /job 0: onDuplicate "replace" needs a uniqueKey/);
+  assert.equal(await count(lh), before, "nothing written");
 });

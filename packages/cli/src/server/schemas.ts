@@ -192,6 +192,13 @@ const newJob = object(
     delayMs: { type: "integer", minimum: 0 },
     maxAttempts: { type: "integer", minimum: 1, maximum: 1000 },
     uniqueKey: { type: "string", minLength: 1, maxLength: 512 },
+    onDuplicate: {
+      type: "string",
+      description:
+        "what to do when an unfinished job holds uniqueKey (needs one; docs/flows.md): keep (default) answers that job; replace gives a " +
+        "waiting one this payload and run time (debounce), or frees the key from a running one and enqueues this job; replace_payload " +
+        "as replace but a waiting job keeps its time; cancel_running as replace, and a running holder's cancel is requested",
+    },
     key: {
       type: "string",
       minLength: 1,
@@ -230,7 +237,16 @@ const WARNINGS = {
     "present when no worker seen in the last 24 h runs the job's task in its queue: the job was enqueued, and waits until such a " +
     "worker starts (with --unknown-tasks refuse the server answers 400 no_worker_for_task instead)",
 } as const;
-const enqueued = { type: "object", properties: { id: JOB_ID, created: { type: "boolean" }, warnings: WARNINGS } };
+const enqueued = {
+  type: "object",
+  properties: {
+    id: JOB_ID,
+    created: { type: "boolean" },
+    replaced: { type: "boolean", description: "present (true) when the unfinished job holding uniqueKey took this payload (onDuplicate)" },
+    cancelled: { ...JOB_ID, description: "onDuplicate cancel_running: the running job that held uniqueKey, whose cancel was requested" },
+    warnings: WARNINGS,
+  },
+};
 
 /** Waiting jobs whose task no live worker runs in their queue (src/maintenance/handler-gaps.ts). */
 export const HANDLER_GAPS = {

@@ -10,7 +10,14 @@ import readline from "node:readline";
 import type { Command } from "commander";
 import { ENQUEUE_CHUNK, type Leasehold } from "leasehold/internal/client";
 import { LeaseholdError } from "leasehold/internal/errors";
-import type { EnqueuedJob, EnqueueOptions, EnqueueWarning, NewJob } from "leasehold/internal/jobs/types";
+import {
+  ON_DUPLICATE_MODES,
+  type EnqueuedJob,
+  type EnqueueOptions,
+  type EnqueueWarning,
+  type NewJob,
+  type OnDuplicate,
+} from "leasehold/internal/jobs/types";
 import { checkName, serializePayload } from "leasehold/internal/jobs/validate";
 import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
@@ -30,6 +37,7 @@ interface EnqueueFlags {
   runAt?: Date;
   maxAttempts?: number;
   uniqueKey?: string;
+  onDuplicate?: string;
   key?: string;
   lease?: number;
   maxRun?: number | "none";
@@ -50,6 +58,10 @@ export function registerEnqueue(program: Command, run: Run): void {
     .option("--run-at <iso>", "run no earlier than this moment", isoDate("--run-at"))
     .option("--max-attempts <n>", "attempts before the job is dead (default 25)", int("--max-attempts", 1, 1000))
     .option("--unique-key <key>", "while an unfinished job has this key, return it instead of enqueueing again")
+    .option(
+      "--on-duplicate <mode>",
+      "with --unique-key, when an unfinished job holds the key: keep (default), replace (its payload and run time; a running one loses the key), replace_payload (keeps its time), cancel_running (as replace, and cancels a running one)",
+    )
     .option("--key <key>", "the job's flow-control key (a tenant, a customer): the queue's per-key limits count it, and keys take turns")
     .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
     .option(
@@ -68,6 +80,13 @@ export function registerEnqueue(program: Command, run: Run): void {
       if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
       if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
         throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
+      if (flags.onDuplicate !== undefined) {
+        if (!ON_DUPLICATE_MODES.includes(flags.onDuplicate as OnDuplicate)) {
+          throw new CliError(`--on-duplicate must be one of ${ON_DUPLICATE_MODES.join(", ")} (got ${JSON.stringify(flags.onDuplicate)})`);
+        }
+        if (flags.uniqueKey === undefined)
+          throw new CliError("--on-duplicate needs --unique-key (it says what to do when an unfinished job holds the key)");
+      }
       const options: EnqueueOptions = {
         ...(flags.queue !== undefined && { queue: flags.queue }),
         ...(flags.priority !== undefined && { priority: flags.priority }),
@@ -75,6 +94,7 @@ export function registerEnqueue(program: Command, run: Run): void {
         ...(flags.runAt !== undefined && { runAt: flags.runAt }),
         ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
         ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
+        ...(flags.onDuplicate !== undefined && { onDuplicate: flags.onDuplicate as OnDuplicate }),
         ...(flags.key !== undefined && { key: flags.key }),
         ...(flags.lease !== undefined && { leaseMs: flags.lease }),
         ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),
@@ -88,14 +108,21 @@ export function registerEnqueue(program: Command, run: Run): void {
             : {};
       const lh = await cli.operations();
       const job = await lh.enqueue(task, payload, options);
-      cli.result(job, () =>
-        job.created
-          ? `enqueued job ${job.id} (${task})`
-          : `job ${job.id} with unique key ${JSON.stringify(flags.uniqueKey)} is unfinished; not enqueued again`,
-      );
+      cli.result(job, () => describeEnqueued(job, task, flags));
       printWarnings(cli, job.warnings);
     }),
   );
+}
+
+function describeEnqueued(job: EnqueuedJob, task: string, flags: EnqueueFlags): string {
+  const key = JSON.stringify(flags.uniqueKey);
+  const cancelled = job.cancelled !== undefined ? `; cancel requested for running job ${job.cancelled}, which held unique key ${key}` : "";
+  if (job.created) return `enqueued job ${job.id} (${task})${cancelled}`;
+  if (job.replaced) {
+    const what = flags.onDuplicate === "replace_payload" ? "payload" : "payload and run time";
+    return `job ${job.id} with unique key ${key} is unfinished; its ${what} replaced${cancelled}`;
+  }
+  return `job ${job.id} with unique key ${key} is unfinished; not enqueued again`;
 }
 
 async function enqueueLines(cli: Cli, task: string, options: EnqueueOptions, file: string): Promise<void> {
