@@ -373,9 +373,49 @@ test("HTTP: onDuplicate in POST /v1/jobs and /v1/jobs/batch; answers say replace
   const before = await count(lh);
   const unknown = await api(base, "POST", "/v1/jobs", { task: "t", uniqueKey: "h", onDuplicate: "cancel" });
   assert.deepEqual([unknown.status, unknown.json.error.code], [400, "invalid_input"]);
-  assert.match(unknown.json.error.message, /job 0: onDuplicate must be one of "keep", "replace", "replace_payload", "cancel_running" \(got "cancel"\)/);
+  assert.match(
+    unknown.json.error.message,
+    /job 0: onDuplicate must be one of "keep", "replace", "replace_payload", "cancel_running" \(got "cancel"\)/,
+  );
   const keyless = await api(base, "POST", "/v1/jobs/batch", { jobs: [{ task: "t", onDuplicate: "replace" }] });
   assert.deepEqual([keyless.status, keyless.json.error.code], [400, "invalid_input"]);
   assert.match(keyless.json.error.message, /job 0: onDuplicate "replace" needs a uniqueKey/);
+  assert.equal(await count(lh), before, "nothing written");
+});
+
+test("SQL: leasehold.enqueue(task, payload, options) takes onDuplicate; bad input raises 22023 naming it", async (t) => {
+  const lh = await freshLeasehold(t);
+  const sql = async (payload: unknown, options: unknown) =>
+    (await lh.pool.query<{ id: string }>("SELECT enqueue('t', $1::jsonb, $2::jsonb)::text AS id", [JSON.stringify(payload), JSON.stringify(options)]))
+      .rows[0]!.id;
+  const id = await sql({ v: 1 }, { uniqueKey: "s", runAt: inMinutes(5).toISOString() });
+  assert.equal(await sql({ v: 2 }, { uniqueKey: "s", runAt: inMinutes(6).toISOString() }), id, "keep");
+  assert.deepEqual((await row(lh, id))!.payload, { v: 1 });
+  assert.equal(await sql({ v: 3 }, { uniqueKey: "s", runAt: inMinutes(7).toISOString(), onDuplicate: "replace" }), id);
+  assert.deepEqual([(await row(lh, id))!.payload, (await row(lh, id))!.run_at.getTime()], [{ v: 3 }, inMinutes(7).getTime()]);
+  assert.equal(await sql({ v: 4 }, { uniqueKey: "s", runAt: inMinutes(8).toISOString(), onDuplicate: "replace_payload" }), id);
+  assert.deepEqual([(await row(lh, id))!.payload, (await row(lh, id))!.run_at.getTime()], [{ v: 4 }, inMinutes(7).getTime()]);
+
+  for (const [mode, cancels] of [
+    ["replace", false],
+    ["cancel_running", true],
+  ] as const) {
+    const [holder] = (await lh.pool.query<{ id: string }>("SELECT id::text FROM jobs WHERE unique_key = 's'")).rows;
+    await lh.pool.query("UPDATE jobs SET state = 'running', lease_until = now() + interval '1 hour', locked_by = 'w', attempt = 1 WHERE id = $1", [
+      holder!.id,
+    ]);
+    const made = await sql({ v: mode }, { uniqueKey: "s", onDuplicate: mode });
+    assert.notEqual(made, holder!.id, mode);
+    const old = await row(lh, holder!.id);
+    assert.deepEqual([old!.state, old!.unique_key, old!.cancel_requested], ["running", null, cancels], mode);
+    assert.deepEqual([(await row(lh, made))!.payload, (await row(lh, made))!.unique_key], [{ v: mode }, "s"], mode);
+  }
+
+  const before = await count(lh);
+  await assert.rejects(sql({}, { uniqueKey: "s", onDuplicate: "replce" }), {
+    code: "22023",
+    message: /onDuplicate must be one of "keep", "replace", "replace_payload", "cancel_running" \(got "replce"\)/,
+  });
+  await assert.rejects(sql({}, { onDuplicate: "replace" }), { code: "22023", message: /onDuplicate "replace" needs a uniqueKey/ });
   assert.equal(await count(lh), before, "nothing written");
 });
