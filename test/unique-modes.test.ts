@@ -7,7 +7,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { Leasehold } from "../packages/leasehold/src/client.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
-import { freshLeasehold, eventually, rawClient, recordEvents, waitForEvent } from "./helpers/db.js";
+import { Leasehold as LeaseholdClient } from "../packages/leasehold/src/client.js";
+import { databaseUrl, freshLeasehold, eventually, rawClient, recordEvents, silent, waitForEvent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { api, startServe, TOKEN } from "./helpers/server.js";
 
@@ -204,6 +205,35 @@ test("a batch with the same key several times: one job per key, each input job a
   assert.deepEqual([holder!.unique_key, holder!.cancel_requested], [null, true]);
   const b = await row(lh, made);
   assert.deepEqual([b!.payload, b!.run_at.getTime(), b!.unique_key], [{ v: 8 }, inMinutes(3).getTime(), "b"]);
+});
+
+test("racing clients replacing the same key: one job, everyone answered with it; past a running holder, one new job", async (t) => {
+  const lh = await freshLeasehold(t);
+  const clients = await Promise.all(
+    Array.from({ length: 8 }, () => LeaseholdClient.connect({ databaseUrl: databaseUrl(), schema: lh.schema, logger: silent, migrate: false })),
+  );
+  t.after(() => Promise.all(clients.map((c) => c.close())).then(() => {}));
+  for (let round = 0; round < 5; round++) {
+    const key = `race-${round}`;
+    const answers = await Promise.all(clients.map((c, i) => c.enqueue("t", { i }, { uniqueKey: key, onDuplicate: "replace", delayMs: 60_000 })));
+    assert.equal(new Set(answers.map((a) => a.id)).size, 1, `round ${round}: one job`);
+    assert.equal(answers.filter((a) => a.created).length, 1);
+    assert.equal(answers.filter((a) => a.replaced).length, 7);
+    const { payload } = (await row(lh, answers[0]!.id))!;
+    assert.ok(typeof (payload as { i: number }).i === "number");
+
+    // The job is running now: the racers cancel it once, and make one new job between them.
+    await lh.pool.query("UPDATE jobs SET state = 'running', lease_until = now() + interval '1 hour', locked_by = 'w', attempt = 1 WHERE id = $1", [
+      answers[0]!.id,
+    ]);
+    const past = await Promise.all(clients.map((c, i) => c.enqueue("t", { i }, { uniqueKey: key, onDuplicate: "cancel_running" })));
+    const made = past.filter((a) => a.created);
+    assert.equal(made.length, 1, `round ${round}: one new job`);
+    assert.deepEqual(bare(made[0]!), { id: made[0]!.id, created: true, cancelled: answers[0]!.id });
+    assert.ok(past.every((a) => a.id === made[0]!.id && (a.created || a.replaced)));
+    assert.equal((await row(lh, answers[0]!.id))!.cancel_requested, true);
+  }
+  assert.equal(await count(lh), 10);
 });
 
 test("bad input is refused with an error that names it, and nothing is written", async (t) => {

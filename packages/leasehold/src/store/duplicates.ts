@@ -199,7 +199,8 @@ export async function enqueueReplacing(
       [byPayload, st.replacePayload],
     ] as const) {
       if (groupsOfMode.length === 0) continue;
-      const rows = await run(db, st_, upsertValues(groupsOfMode.map((g) => rowOf(g, jobs))));
+      // In key order: two batches that share keys lock their holders in the same order.
+      const rows = await run(db, st_, upsertValues(groupsOfMode.map((g) => rowOf(g, jobs)).sort(byKey)));
       for (const r of rows) groups.get(r.unique_key)!.answer = { id: r.id, inserted: r.inserted };
     }
     pending = pending.filter((g) => g.answer === undefined);
@@ -242,6 +243,8 @@ function rowOf(g: KeyGroup, jobs: NormalizedJob[]): NormalizedJob {
   const time = g.timeFrom ?? maker;
   return { ...maker, payloadJson: g.payloadFrom.payloadJson, runAt: time.runAt, delayMs: time.delayMs };
 }
+
+const byKey = (a: NormalizedJob, b: NormalizedJob) => (a.uniqueKey! < b.uniqueKey! ? -1 : a.uniqueKey! > b.uniqueKey! ? 1 : 0);
 
 function upsertValues(rows: NormalizedJob[]): unknown[] {
   return [
