@@ -8,7 +8,8 @@ import assert from "node:assert/strict";
 import type { Leasehold } from "../packages/leasehold/src/client.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import { Leasehold as LeaseholdClient } from "../packages/leasehold/src/client.js";
-import { databaseUrl, freshLeasehold, eventually, rawClient, recordEvents, silent, waitForEvent } from "./helpers/db.js";
+import { databaseUrl, freshLeasehold, eventually, rawClient, recordEvents, silent, uniqueSchema, waitForEvent } from "./helpers/db.js";
+import { Registry } from "prom-client";
 import { runCli } from "./helpers/cli.js";
 import { api, startServe, TOKEN } from "./helpers/server.js";
 
@@ -448,4 +449,29 @@ test("SQL: leasehold.enqueue(task, payload, options) takes onDuplicate; bad inpu
   });
   await assert.rejects(sql({}, { onDuplicate: "replace" }), { code: "22023", message: /onDuplicate "replace" needs a uniqueKey/ });
   assert.equal(await count(lh), before, "nothing written");
+});
+
+test("a client publishing its own doorbells (NATS): a job made by a replacing enqueue owes its doorbell at once, also after an earlier chunk", async (t) => {
+  const natsUrl = process.env.LEASEHOLD_TEST_NATS_URL;
+  if (!natsUrl) return t.skip("no nats-server (LEASEHOLD_TEST_NATS_URL)");
+  const schema = uniqueSchema("um");
+  const lh = await LeaseholdClient.connect({ databaseUrl: databaseUrl(), schema, logger: silent, metricsRegistry: new Registry(), nats: natsUrl });
+  t.after(async () => {
+    await lh.pool.query(`DROP SCHEMA ${schema} CASCADE`).catch(() => {});
+    await lh.close();
+  });
+  await lh.pool.query("UPDATE dispatch_settings SET active_until = now() + interval '1 hour'");
+  // 5,000 plain jobs fill the first chunk (whose doorbells the client publishes itself); the
+  // replacing job comes in the second chunk of the same transaction.
+  const jobs = await lh.enqueueMany([
+    ...Array.from({ length: 5_000 }, (_, i) => ({ task: "plain", payload: { i } })),
+    { task: "t", uniqueKey: "n", onDuplicate: "replace" as const },
+  ]);
+  const last = jobs.at(-1)!;
+  assert.equal(last.created, true);
+  const { rows } = await lh.pool.query<{ late: boolean }>(
+    "SELECT publish_at > now() + interval '1 second' AS late FROM dispatch_outbox WHERE job_id = $1",
+    [last.id],
+  );
+  assert.deepEqual(rows, [{ late: false }], "owed at once, for the dispatchers (not held back as if the client published it)");
 });

@@ -13,6 +13,8 @@ import { enqueueReplacing, hasReplaceModes, replacingIndexes } from "./duplicate
  *
  * The text is built for a table name so that enqueue can run on a caller's own client, whose
  * search_path need not include Leasehold's schema: there the table is schema-qualified.
+ *
+ * Keys enqueued with an `onDuplicate` replace mode go through store/duplicates.ts instead.
  */
 const insertJobsText = (jobs: string, onConflict: string, publishing = "", returning = "") => `
 INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
@@ -67,6 +69,8 @@ const INSERT_KEYED_JOBS_PUBLISHING = statement(
   insertJobsText("jobs", ON_KEY_CONFLICT, PUBLISHING, ", run_at <= now() AS due"),
   INSERTED_DUE,
 );
+
+const NOT_PUBLISHING = statement("enqueueJobs (not publishing)", "SELECT set_config('leasehold.publishing_ms', '0', true)", { set_config: "text" });
 
 interface EnqueueStatements {
   insert: typeof INSERT_JOBS;
@@ -192,6 +196,9 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
 async function enqueueWithReplaceModes(db: Queryable, jobs: NormalizedJob[], schema?: string, publishingMs?: number): Promise<InsertedJob[]> {
   const keyedQueues = [...new Set(jobs.filter((j) => j.flowKey != null).map((j) => j.queue))];
   if (keyedQueues.length > 0) await run(db, statementsFor(schema).markKeyed, [keyedQueues]);
+  // An earlier chunk of this transaction may have said it publishes its jobs itself; these it
+  // does not: their doorbells are due at once, for the dispatchers.
+  if (publishingMs !== undefined && schema === undefined) await run(db, NOT_PUBLISHING);
   const replacing = replacingIndexes(jobs);
   const others = jobs.map((_, i) => i).filter((i) => !replacing.has(i));
   const answers = await enqueueReplacing(db, jobs, [...replacing], schema, MAX_KEY_ROUNDS);
