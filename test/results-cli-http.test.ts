@@ -7,11 +7,14 @@
  */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import type { FastifyInstance } from "fastify";
 import { createServer } from "../packages/cli/src/server/app.js";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { eventually, freshLeasehold } from "./helpers/db.js";
-import { isOneLineError, runCli } from "./helpers/cli.js";
+import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import { api as apiAt, TOKEN } from "./helpers/server.js";
 
 const WORKER_TOKEN = "worker-token-0123456789abcdef";
@@ -186,4 +189,30 @@ test("through a server (--server, no database): jobs show and jobs wait behave t
   assert.match(late.stderr, new RegExp(`job ${slow} did not finish within 500 ms`));
   const unknown = await cli("jobs", "wait", "987654321", "--timeout", "1s");
   assert.equal(unknown.code, 3, unknown.stderr);
+});
+
+test("worker --max-result-bytes: a handler's result over it ends its job dead; one within it is kept", async () => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-tasks-"));
+  const tasksFile = path.join(dir, "tasks.mjs");
+  fs.writeFileSync(tasksFile, `export default { small: () => ({ ok: 1 }), large: () => ({ blob: "z".repeat(100) }) };\n`);
+  const [small, large] = await lh.enqueueMany([
+    { task: "small", queue: "cliw" },
+    { task: "large", queue: "cliw", maxAttempts: 5 },
+  ]);
+  const bad = await runCli(["worker", "--tasks", tasksFile, "--max-result-bytes", "0"], { schema: lh.schema });
+  assert.equal(bad.code, 2, bad.stderr);
+  assert.ok(isOneLineError(bad.stderr), bad.stderr);
+  const worker = await startCli(["worker", "--tasks", tasksFile, "--queues", "cliw", "--max-result-bytes", "50", "--no-retention"], {
+    schema: lh.schema,
+    ready: /running small, large/,
+  });
+  try {
+    assert.deepEqual((await lh.waitFor(small!.id, { timeoutMs: 15_000 })).result, { ok: 1 });
+    const dead = await lh.waitFor(large!.id, { timeoutMs: 15_000 });
+    assert.deepEqual([dead.state, dead.attempt], ["dead", 1]);
+    assert.match(dead.lastError!, /result is 111 bytes, over maxResultBytes \(50\)/);
+  } finally {
+    assert.equal((await worker.stop("SIGTERM")).code, 0);
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
 });
