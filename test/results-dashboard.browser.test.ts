@@ -30,7 +30,7 @@ before(async () => {
   browser = await launchChromium();
   page = await (await browser.newContext({ viewport: { width: 1280, height: 860 } })).newPage();
   await page.goto(`${base}/#token=${encodeURIComponent(TOKEN)}`);
-  await page.waitForSelector('[data-table="processes"]');
+  await page.waitForSelector("h2 >> text=Queues");
 });
 
 after(async () => {
