@@ -116,8 +116,9 @@ export async function supersedeJobs(db: Queryable, p: { workerId: string; jobs: 
  * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's
  * own writes and this statement commit together or not at all. Fenced like any completion,
  * and also refused when a cancel was requested: the caller then rolls everything back, so a
- * cancelled job leaves none of its writes. $4 is the attempt's result (JSON) or null. The text names the schema, because the caller's
- * connection runs with its own search_path (where its tables are).
+ * cancelled job leaves none of its writes. $4 is the attempt's result (JSON) or null. The
+ * text names the schema, because the caller's connection runs with its own search_path
+ * (where its tables are).
  */
 const completeWithinText = (s: string) => `
 WITH done AS (
