@@ -216,3 +216,26 @@ test("worker --max-result-bytes: a handler's result over it ends its job dead; o
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test("50 HTTP waits share the server's one waiting session; past --max-long-polls a wait answers at once", async () => {
+  const { id } = await lh.enqueue("many");
+  const waits = Array.from({ length: 50 }, () => api("GET", `/v1/jobs/${id}/wait?timeoutMs=20000`));
+  await eventually(async () => (await lh.pool.query("SELECT watched FROM jobs WHERE id = $1", [id])).rows[0].watched, "marked");
+  const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM pg_stat_activity WHERE query = $1", [`LISTEN "leasehold:${lh.schema}:ended"`]);
+  assert.equal(rows[0].n, 1, "one session for every wait");
+  await finish("many", { result: "all of them" });
+  for (const w of await Promise.all(waits)) assert.deepEqual([w.json.finished, w.json.job.result], [true, "all of them"]);
+
+  const capped = createServer({ leasehold: lh, token: TOKEN, limits: { maxLongPolls: 0 } });
+  await capped.listen({ host: "127.0.0.1", port: 0 });
+  try {
+    const { id: slow } = await lh.enqueue("never");
+    const at = `http://127.0.0.1:${(capped.server.address() as { port: number }).port}`;
+    const r = await apiAt(at, "GET", `/v1/jobs/${slow}/wait?timeoutMs=30000`);
+    assert.deepEqual([r.status, r.json.finished, r.json.job.state], [200, false, "waiting"]);
+    const { rows: marked } = await lh.pool.query("SELECT watched FROM jobs WHERE id = $1", [slow]);
+    assert.equal(marked[0].watched, false, "answered as it was, without waiting for it");
+  } finally {
+    await capped.close();
+  }
+});
