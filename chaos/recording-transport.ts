@@ -52,12 +52,13 @@ export class RecordingTransport implements WorkerTransport {
       (r) => [...r.renewed.keys()],
     );
   }
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+  complete(p: { workerId: string; jobs: store.Completion[] }): Promise<Map<string, "succeeded" | "cancelled" | "dead">> {
     return this.record(
       "complete",
       p.jobs,
       () => this.inner.complete(p),
-      (r) => [...r.keys()],
+      // a "dead" answer is a success the far end refused (its result), not an accepted completion
+      (r) => [...r].filter(([, state]) => state !== "dead").map(([id]) => id),
     );
   }
   /** ctx.transaction's completion: logged as a completion, accepted if it committed. */

@@ -34,6 +34,8 @@ import { TypedLeasehold } from "./tasks/client.js";
 import type { AnyTask } from "./tasks/define.js";
 import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
 import type { TracingOptions } from "./otel/options.js";
+import { JobWaiters, type WaitOptions } from "./waiters.js";
+import type { JobRelations } from "./store/admin.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -319,11 +321,33 @@ export class Leasehold {
     for (const [queue, n] of perQueue) this.metrics.jobsEnqueued.inc({ queue: this.metrics.queueLabel(queue) }, n);
   }
 
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+  /**
+   * A job's record (with its result once it succeeded), its attempts, and its place in a flow:
+   * its parents and children with their states (see store.getJobRelations).
+   */
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
     checkJobId(id);
-    const [job, attempts] = await Promise.all([store.getJob(this.pool, id), store.getAttempts(this.pool, id)]);
+    const [job, attempts, relations] = await Promise.all([
+      store.getJob(this.pool, id),
+      store.getAttempts(this.pool, id),
+      store.getJobRelations(this.pool, id),
+    ]);
     if (!job) throw new JobNotFoundError(id);
-    return { job, attempts };
+    return { job, attempts, ...relations };
+  }
+
+  /** Waits for jobs on one shared LISTEN session, made on the first wait. */
+  private waiters?: JobWaiters;
+
+  /**
+   * Resolves with the job's record once it has finished: succeeded (with its `result`), dead
+   * or cancelled. Woken by the database's notification, on one connection this client shares
+   * between all its waits (none per wait, no polling). JobNotFoundError for an unknown id,
+   * WaitTimeoutError after `timeoutMs`, the signal's reason when `signal` aborts.
+   */
+  waitFor(id: string, options: WaitOptions = {}): Promise<JobRecord> {
+    this.waiters ??= new JobWaiters(this.pool, this.databaseUrl, this.schema, this.logger);
+    return this.waiters.waitFor(id, options);
   }
 
   /**
@@ -517,6 +541,7 @@ export class Leasehold {
   }
 
   async close(): Promise<void> {
+    await this.waiters?.close();
     await this.nats?.close();
     await this.pool.end();
     await this.embedded?.stop();

@@ -60,6 +60,16 @@ export class JobNotFoundError extends LeaseholdError {
   }
 }
 
+/** `waitFor` gave up: the job had not finished within the time given. Nothing was changed. */
+export class WaitTimeoutError extends LeaseholdError {
+  constructor(
+    readonly jobId: string,
+    readonly timeoutMs: number,
+  ) {
+    super("wait_timeout", `job ${jobId} did not finish within ${timeoutMs} ms`);
+  }
+}
+
 /** An operation that does not apply to the job in its current state (e.g. retrying a succeeded job). */
 export class JobStateError extends LeaseholdError {
   constructor(message: string) {

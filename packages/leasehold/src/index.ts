@@ -12,6 +12,8 @@
  */
 export { Leasehold } from "./client.js";
 export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./client.js";
+export type { WaitOptions } from "./waiters.js";
+export type { JobRelations } from "./store/admin.js";
 export type {
   LeaseholdHooks,
   EnqueueInfo,
@@ -39,7 +41,7 @@ export { PayloadValidationError } from "./tasks/validate.js";
 export type { PayloadIssue } from "./tasks/validate.js";
 export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
 export { JobAbortedError, PermanentJobError, RetrySupersededError, RateLimitedError } from "./worker/context.js";
-export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason } from "./worker/context.js";
+export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason, TransactionResult } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";
 export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";
 export type { RemoteTransportOptions } from "./worker/remote-transport.js";
@@ -52,6 +54,7 @@ export {
   DEFAULT_POLL_INTERVAL_MS,
   DEFAULT_SHUTDOWN_TIMEOUT_MS,
 } from "./worker/options.js";
+export { DEFAULT_MAX_RESULT_BYTES } from "./jobs/validate.js";
 export type { Watchdog, WatchdogOptions, ReapSummary, RecoverySummary } from "./maintenance/watchdog.js";
 export { DEFAULT_WATCHDOG_INTERVAL_MS } from "./maintenance/watchdog.js";
 export type { Retention, RetentionOptions } from "./maintenance/retention.js";

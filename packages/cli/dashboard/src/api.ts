@@ -233,6 +233,17 @@ export interface JobRecord {
   createdAt: string;
   startedAt: string | null;
   finishedAt: string | null;
+  /** What its handler returned (the attempt that succeeded); null when none. */
+  result?: unknown;
+}
+
+/** A job's parent or child in a flow. */
+export interface JobLink {
+  id: string;
+  ref: string | null;
+  task: string | null;
+  /** "unknown": forgotten by retention. */
+  state: string;
 }
 
 export interface AttemptRecord {
@@ -249,6 +260,10 @@ export interface JobDetail {
   job: JobRecord;
   attempts: AttemptRecord[];
   progressFraction: number | null;
+  parents?: JobLink[];
+  children?: JobLink[];
+  parentCount?: number;
+  childCount?: number;
 }
 
 export interface JobPage {

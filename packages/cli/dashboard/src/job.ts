@@ -2,10 +2,11 @@
  * One job (#/jobs/ID, a link to share): its record, payload, checkpoint, progress and last
  * error, shown as text; and its attempts on a timeline, from the audit trail: which worker held
  * each, when, and how it ended (succeeded, failed, lease expired, worker lost, stalled, timed
- * out, released, cancelled). Retry and cancel, each after a confirmation.
+ * out, released, cancelled). Its result once it succeeded, and its parents and children in a
+ * flow (links, with their states). Retry and cancel, each after a confirmation.
  */
-import type { AttemptRecord, JobDetail } from "./api.js";
-import { badge, button, h, jsonBlock, progressBar, replace, table } from "./dom.js";
+import type { AttemptRecord, JobDetail, JobLink } from "./api.js";
+import { badge, button, h, jobLink, jsonBlock, progressBar, replace, table } from "./dom.js";
 import { duration, time } from "./format.js";
 import { confirmChange, type View, type ViewContext } from "./view.js";
 
@@ -41,7 +42,10 @@ export function jobView(ctx: ViewContext): View {
   };
 }
 
-function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail): Node[] {
+function render(
+  ctx: ViewContext,
+  { job, attempts, progressFraction, parents = [], children = [], parentCount = 0, childCount = 0 }: JobDetail,
+): Node[] {
   const actions = h("div", { class: "actions" });
   if (!ctx.readOnly) {
     if (job.state === "dead" || job.state === "cancelled") {
@@ -107,12 +111,38 @@ function render(ctx: ViewContext, { job, attempts, progressFraction }: JobDetail
       job.lastError ? h("pre", { class: "error-text", "data-field": "last-error" }, job.lastError) : h("p", { class: "empty" }, "None."),
     ),
     block("Attempts", timeline(job.state === "running" ? [...attempts, current(job)] : attempts)),
+    ...(job.state === "succeeded" || (job.result !== undefined && job.result !== null)
+      ? [
+          block(
+            "Result",
+            job.result === null || job.result === undefined
+              ? h("p", { class: "empty", "data-field": "result" }, "None returned.")
+              : jsonBlock(job.result, { "data-field": "result" }),
+          ),
+        ]
+      : []),
+    ...(parentCount > 0 ? [block("Parents", links(parents, parentCount, "parents"))] : []),
+    ...(childCount > 0 ? [block("Children", links(children, childCount, "children"))] : []),
     block("Payload", jsonBlock(job.payload, { "data-field": "payload" })),
     block(
       "Checkpoint",
       job.checkpoint === null ? h("p", { class: "empty" }, "None saved.") : jsonBlock(job.checkpoint, { "data-field": "checkpoint" }),
     ),
   ];
+}
+
+/** A job's parents or children: each a link with its ref, task and state. */
+function links(list: JobLink[], total: number, what: string): Node {
+  return h(
+    "div",
+    {},
+    table(
+      ["Job", "Ref", "Task", "State"],
+      list.map((l) => [jobLink(l.id), l.ref ?? "–", l.task ?? "–", badge(l.state, l.state)]),
+      { "data-table": what },
+    ),
+    total > list.length && h("p", { class: "note" }, `The first ${list.length} of ${total}.`),
+  );
 }
 
 /** The attempt running now is the job row itself (its audit row is written when it ends). */

@@ -4,11 +4,12 @@
  *
  *   0 success · 1 unexpected error · 2 bad usage or input · 3 job (or queue) not found
  *   4 the job's state does not allow it · 5 database or server unreachable
+ *   `jobs wait` also: 6 the job ended dead or cancelled · 7 it did not finish within --timeout
  */
 import { LeaseholdError } from "leasehold/internal/errors";
 import { isConnectionError } from "leasehold/internal/worker/transport";
 
-export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, invalidState: 4, unavailable: 5 } as const;
+export const EXIT = { ok: 0, failure: 1, usage: 2, notFound: 3, invalidState: 4, unavailable: 5, jobFailed: 6, waitTimeout: 7 } as const;
 
 /** A failure the CLI itself detected, with its exit code. */
 export class CliError extends Error {
@@ -30,6 +31,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   invalid_state: EXIT.invalidState,
   name_in_use: EXIT.invalidState,
   server_unavailable: EXIT.unavailable,
+  wait_timeout: EXIT.waitTimeout,
   unauthorized: EXIT.usage,
   forbidden: EXIT.usage,
   not_found: EXIT.usage,

@@ -1,5 +1,6 @@
 /** Human-readable output: aligned tables and job details. */
-import type { AttemptRecord, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
+import type { AttemptRecord, JobLink, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
+import type { JobRelations } from "leasehold/internal/store/admin";
 import type { Stats } from "leasehold/internal/client";
 import { describeGap, type HandlerGap } from "leasehold/internal/maintenance/handler-gaps";
 
@@ -38,7 +39,7 @@ export function jobsTable(jobs: ListedJob[]): string {
   );
 }
 
-export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
+export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?: JobRelations): string {
   const iso = (d: Date | null) => (d ? `${d.toISOString()} (${ago(d)})` : "-");
   const fields: [string, string][] = [
     ["id", job.id],
@@ -60,6 +61,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
     ["progress", job.progress === null ? "-" : JSON.stringify(job.progress)],
     ["checkpoint", job.checkpoint === null ? "-" : JSON.stringify(job.checkpoint)],
     ["last error", short(job.lastError, 200) || "-"],
+    ["result", job.result === null ? "-" : JSON.stringify(job.result)],
   ];
   const width = Math.max(...fields.map(([k]) => k.length));
   const head = fields.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join("\n");
@@ -77,7 +79,20 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
             short(a.error),
           ]),
         );
-  return `${head}\n\nattempt history:\n${history}`;
+  return `${head}\n\nattempt history:\n${history}${relations ? flowText(relations) : ""}`;
+}
+
+/** A job's parents and children, when it has any. */
+function flowText(r: JobRelations): string {
+  const links = (what: string, list: JobLink[], total: number) =>
+    total === 0
+      ? ""
+      : `\n\n${what}${total > list.length ? ` (first ${list.length} of ${total})` : ""}:\n` +
+        table(
+          ["ID", "REF", "TASK", "STATE"],
+          list.map((l) => [l.id, l.ref ?? "-", l.task ?? "-", l.state]),
+        );
+  return links("parents", r.parents, r.parentCount) + links("children", r.children, r.childCount);
 }
 
 const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;

@@ -5,7 +5,9 @@
  */
 import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/client";
 import { checkJobId } from "leasehold/internal/jobs/ids";
-import { JobNotFoundError, JobStateError, ValidationError } from "leasehold/internal/errors";
+import { JobNotFoundError, JobStateError, ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
+import type { JobRelations } from "leasehold/internal/store/admin";
+import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
@@ -13,12 +15,25 @@ import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/r
 /** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
 export type JobOperations = Pick<
   Leasehold,
-  "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats" | "listQueues" | "pauseQueue" | "resumeQueue" | "setQueueLimits"
+  | "enqueue"
+  | "enqueueMany"
+  | "getJob"
+  | "waitFor"
+  | "listJobs"
+  | "cancel"
+  | "retry"
+  | "stats"
+  | "listQueues"
+  | "pauseQueue"
+  | "resumeQueue"
+  | "setQueueLimits"
 >;
 
 /** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
 export const REMOTE_ENQUEUE_BATCH = 1_000;
 const TIMEOUT_MS = 30_000;
+/** One long poll's wait at most (the server's cap, MAX_WAIT_MS). */
+const MAX_JOB_WAIT_MS = 60_000;
 
 type Wire<T> = { [K in keyof T]: T[K] extends Date ? string : T[K] extends Date | null ? string | null : T[K] };
 
@@ -49,13 +64,39 @@ export class RemoteOperations implements JobOperations {
     return out;
   }
 
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
     checkJobId(id);
-    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] }>("GET", `/v1/jobs/${id}`, undefined, id);
+    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] } & JobRelations>("GET", `/v1/jobs/${id}`, undefined, id);
     return {
       job: jobFromWire(r.job) as JobRecord,
       attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })),
+      parents: r.parents ?? [],
+      children: r.children ?? [],
+      parentCount: r.parentCount ?? 0,
+      childCount: r.childCount ?? 0,
     };
+  }
+
+  /**
+   * As `Leasehold.waitFor`, over the server's long poll: each request waits at most the
+   * server's cap, and is made again until the job finishes or `timeoutMs` has passed.
+   */
+  async waitFor(id: string, options: WaitOptions = {}): Promise<JobRecord> {
+    checkJobId(id);
+    const deadline = options.timeoutMs === undefined ? Infinity : Date.now() + options.timeoutMs;
+    for (;;) {
+      const left = deadline - Date.now();
+      const wait = Math.max(0, Math.min(MAX_JOB_WAIT_MS, left));
+      const r = await this.call<{ finished: boolean; job: Wire<JobRecord> }>(
+        "GET",
+        `/v1/jobs/${id}/wait?timeoutMs=${Math.floor(wait)}`,
+        undefined,
+        id,
+        wait + TIMEOUT_MS,
+      );
+      if (r.finished) return jobFromWire(r.job) as JobRecord;
+      if (Date.now() >= deadline) throw new WaitTimeoutError(id, options.timeoutMs!);
+    }
   }
 
   /** As `Leasehold.listJobs`: follows the server's pages (each at most a few MiB) up to `limit` jobs. */
@@ -116,7 +157,7 @@ export class RemoteOperations implements JobOperations {
     return this.call<T>("GET", path);
   }
 
-  private async call<T>(method: "GET" | "POST" | "PATCH", path: string, body?: unknown, jobId?: string): Promise<T> {
+  private async call<T>(method: "GET" | "POST" | "PATCH", path: string, body?: unknown, jobId?: string, timeoutMs = TIMEOUT_MS): Promise<T> {
     let response: Response;
     let text: string;
     try {
@@ -124,7 +165,7 @@ export class RemoteOperations implements JobOperations {
         method,
         headers: { authorization: `Bearer ${this.token}`, ...(body !== undefined && { "content-type": "application/json" }) },
         body: body === undefined ? undefined : JSON.stringify(body),
-        signal: AbortSignal.timeout(TIMEOUT_MS),
+        signal: AbortSignal.timeout(timeoutMs),
       });
       text = await response.text();
     } catch (err) {

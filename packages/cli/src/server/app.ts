@@ -20,7 +20,7 @@ import { ClaimWaiter } from "./claim-waiter.js";
 import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { DASHBOARD_MODES, registerDashboard, type DashboardMode } from "./dashboard.js";
-import { registerJobRoutes } from "./job-routes.js";
+import { JobWaits, registerJobRoutes } from "./job-routes.js";
 import { registerMonitorRoutes } from "./monitor-routes.js";
 import { registerQueueRoutes } from "./queue-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
@@ -144,8 +144,10 @@ export function createServer(options: ServerOptions): FastifyInstance {
         .send(errorBody("read_only", "this server is read-only (--dashboard read-only): it changes nothing for the operator token"));
     }
   });
+  const jobWaits = new JobWaits(limits.maxLongPolls);
   app.addHook("preClose", async () => {
     cancels.close();
+    jobWaits.close();
     await waiter.close();
     // Requests still open after a grace period (a client that went silent) are cut: their
     // clients treat that as an ambiguous answer and retry, which the fence makes safe.
@@ -160,8 +162,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
   app.register(async (api) => {
     registerClaimRoute(api, lh, waiter, receipts, limits);
     registerCancelRoute(api, { leasehold: lh, waiter, cancels, receipts, metrics });
-    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits });
-    registerJobRoutes(api, lh);
+    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
+    registerJobRoutes(api, lh, jobWaits);
     registerQueueRoutes(api, lh);
     registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });
     if (dashboard !== "off") registerDashboard(api, dashboard);

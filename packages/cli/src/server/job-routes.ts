@@ -1,13 +1,14 @@
 /** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, stats; and the schedules, read-only. */
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
-import { ValidationError } from "leasehold/internal/errors";
+import type { IncomingMessage } from "node:http";
+import { ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
 import { progressFraction } from "leasehold/internal/jobs/progress";
 import type { JobHeaders, JobState, NewJob } from "leasehold/internal/jobs/types";
 import type { JobFilter, TimeField } from "leasehold/internal/store/index";
 import { MAX_LIST_RESPONSE_BYTES } from "./limits.js";
 import { listPage } from "./list-page.js";
-import { routes } from "./schemas.js";
+import { MAX_WAIT_MS, routes } from "./schemas.js";
 
 const DEFAULT_LIST_LIMIT = 50;
 
@@ -61,7 +62,39 @@ const TRACEPARENT = /^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$/;
 /** A longer tracestate is dropped (W3C lets a hop do so; 512 is what every hop must carry), so it never fills the job's headers. */
 const MAX_TRACESTATE = 512;
 
-export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
+/**
+ * The job waits open on this server: at most `max` at once (beyond, a wait answers at once
+ * with the job as it is), each ended when its client goes away or the server closes. They
+ * share the client's one LISTEN session: a wait costs no connection.
+ */
+export class JobWaits {
+  private readonly open = new Set<AbortController>();
+  private closed = false;
+
+  constructor(private readonly max: number) {}
+
+  start(req: IncomingMessage): { signal: AbortSignal; end: () => void } | undefined {
+    if (this.closed || this.open.size >= this.max) return undefined;
+    const controller = new AbortController();
+    this.open.add(controller);
+    const gone = () => controller.abort(new Error("the client went away"));
+    req.socket.once("close", gone);
+    return {
+      signal: controller.signal,
+      end: () => {
+        req.socket.off("close", gone);
+        this.open.delete(controller);
+      },
+    };
+  }
+
+  close(): void {
+    this.closed = true;
+    for (const c of this.open) c.abort(new Error("the server is closing"));
+  }
+}
+
+export function registerJobRoutes(app: FastifyInstance, lh: Leasehold, waits: JobWaits): void {
   app.post<{ Body: WireJob }>("/v1/jobs", { schema: routes.enqueue }, async (request, reply) => {
     const { task, payload, ...options } = withRequestTrace(fromWire(request.body, "job"), request);
     const job = await lh.enqueue(task, payload, options);
@@ -90,8 +123,26 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold): void {
   );
 
   app.get<{ Params: { id: string } }>("/v1/jobs/:id", { schema: routes.getJob }, async (request) => {
-    const { job, attempts } = await lh.getJob(request.params.id);
-    return { job, attempts, progressFraction: progressFraction(job.progress) };
+    const { job, attempts, ...relations } = await lh.getJob(request.params.id);
+    return { job, attempts, progressFraction: progressFraction(job.progress), ...relations };
+  });
+
+  // A long poll: answered when the job finishes, or at the timeout (200, finished false, the
+  // job as it is then), so a client asks again; a closing server answers its waits at once.
+  app.get<{ Params: { id: string }; Querystring: { timeoutMs?: string } }>("/v1/jobs/:id/wait", { schema: routes.waitJob }, async (request) => {
+    const { id } = request.params;
+    const timeoutMs = Math.min(Number(request.query.timeoutMs ?? MAX_WAIT_MS), MAX_WAIT_MS);
+    const waited = waits.start(request.raw);
+    try {
+      if (waited) return { finished: true, job: await lh.waitFor(id, { timeoutMs, signal: waited.signal }) };
+    } catch (err) {
+      if (!(err instanceof WaitTimeoutError) && !waited?.signal.aborted) throw err;
+    } finally {
+      waited?.end();
+    }
+    // Timed out, over the cap on waits, or the server is closing: the job as it is now.
+    const { job } = await lh.getJob(id);
+    return { finished: job.finishedAt !== null, job };
   });
 
   app.post<{ Params: { id: string } }>("/v1/jobs/:id/cancel", { schema: routes.cancel }, async (request) => ({

@@ -6,6 +6,7 @@
  */
 import type http from "node:http";
 import { ConfigError, ValidationError } from "leasehold/internal/errors";
+import { DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_LIMIT } from "leasehold/internal/jobs/validate";
 import { MAX_WAIT_MS } from "./schemas.js";
 
 /** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
@@ -60,6 +61,8 @@ export interface ServerLimits extends LeaseBounds {
   keepAliveTimeoutMs: number;
   maxConnections: number;
   maxLongPolls: number;
+  /** The largest result a remote worker may report (serialised); a larger one ends its job dead. */
+  maxResultBytes: number;
 }
 
 export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
@@ -71,6 +74,7 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
     maxLongPolls: given.maxLongPolls ?? DEFAULT_MAX_LONG_POLLS,
     minLeaseMs: given.minLeaseMs ?? DEFAULT_MIN_LEASE_MS,
     maxLeaseMs: given.maxLeaseMs ?? DEFAULT_MAX_LEASE_MS,
+    maxResultBytes: given.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES,
   };
   const check = (name: keyof ServerLimits, min: number, max: number) => {
     const v = limits[name];
@@ -83,6 +87,7 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
   check("maxLongPolls", 0, 1_000_000);
   check("minLeaseMs", 1_000, 86_400_000);
   check("maxLeaseMs", limits.minLeaseMs, 86_400_000);
+  check("maxResultBytes", 1, MAX_RESULT_BYTES_LIMIT);
   return limits;
 }
 

@@ -152,8 +152,20 @@ export const jobRecordSchema = {
     createdAt: { type: "string", format: "date-time" },
     startedAt: TIME,
     finishedAt: TIME,
+    result: { description: "what its handler returned, kept with the attempt that succeeded; null when none (lists: with payload=true)" },
   },
 };
+
+/** A job's parent or child in a flow. */
+const JOB_LINK = {
+  type: "object",
+  properties: {
+    id: JOB_ID,
+    ref: { type: ["string", "null"], description: "the child's name for the parent (null for a parent named by id)" },
+    task: { type: ["string", "null"] },
+    state: { type: "string", description: "its state; unknown: forgotten by retention" },
+  },
+} as const;
 
 export const attemptRecordSchema = {
   type: "object",
@@ -464,7 +476,30 @@ export const routes = {
     ...secured,
     tags: ["worker"],
     summary: "Report attempts that succeeded (fenced: a stale attempt is refused)",
-    body: object({ workerId: WORKER_ID, jobs: { type: "array", items: ATTEMPT_REF, minItems: 1, maxItems: MAX_BATCH } }, ["workerId", "jobs"]),
+    body: object(
+      {
+        workerId: WORKER_ID,
+        jobs: {
+          type: "array",
+          items: object(
+            {
+              id: JOB_ID,
+              attempt: ATTEMPT,
+              receipt: RECEIPT,
+              result: {
+                description:
+                  "what the handler returned (any JSON; absent or null: none), stored as the job's result. One the server cannot " +
+                  "store or larger than its --max-result-bytes ends the attempt failed without retries: applied with state dead",
+              },
+            },
+            ["id", "attempt"],
+          ),
+          minItems: 1,
+          maxItems: MAX_BATCH,
+        },
+      },
+      ["workerId", "jobs"],
+    ),
     response: { 200: reportResult, ...errors(...COMMON_ERRORS, 409) },
   },
   fail: {
@@ -746,8 +781,27 @@ export const routes = {
           job: jobRecordSchema,
           attempts: { type: "array", items: attemptRecordSchema },
           progressFraction: PROGRESS_FRACTION,
+          parents: { type: "array", items: JOB_LINK, description: "the jobs this one waits or waited for (lowest ids first, at most 1,000)" },
+          children: { type: "array", items: JOB_LINK, description: "the jobs waiting or that waited for this one (lowest ids first, at most 1,000)" },
+          parentCount: { type: "integer" },
+          childCount: { type: "integer" },
         },
       },
+      ...errors(400, 401, 403, 404, 503),
+    },
+  },
+  waitJob: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Wait for a job to finish (a long poll)",
+    description:
+      "Answers once the job has finished (succeeded, dead or cancelled) with finished true and its record (with its result), or " +
+      `after timeoutMs (at most ${MAX_WAIT_MS}, the default) with finished false and the job as it is then: ask again to wait longer. ` +
+      "Woken by the database's notification; waits beyond the server's --max-long-polls answer at once.",
+    params: idParams,
+    querystring: object({ timeoutMs: { type: "string", pattern: "^[0-9]{1,9}$", description: `ms to wait, at most ${MAX_WAIT_MS}` } }),
+    response: {
+      200: { type: "object", properties: { finished: { type: "boolean" }, job: jobRecordSchema } },
       ...errors(400, 401, 403, 404, 503),
     },
   },

@@ -10,7 +10,7 @@
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
 import { WorkerNameInUseError, type LostLeaseReason } from "leasehold/internal/errors";
-import { sanitizeText } from "leasehold/internal/jobs/validate";
+import { sanitizeText, serializeResult } from "leasehold/internal/jobs/validate";
 import * as store from "leasehold/internal/store/index";
 import { DEFAULT_BACKOFF } from "leasehold/internal/worker/backoff";
 import { renewBeats } from "./beats.js";
@@ -25,6 +25,8 @@ interface Deps {
   receipts: Receipts;
   metrics: ServerMetrics;
   leases: LeaseBounds;
+  /** The largest result a remote worker may report (its own cap may be larger). */
+  maxResultBytes: number;
 }
 
 /** A remote worker's failure: its task's retry policy rides along (the delay is computed in SQL). */
@@ -54,7 +56,7 @@ type RefusedKind = store.RefusedKind;
 /** Route config: the worker token may use these routes too. */
 const worker = { scope: "worker" } as const;
 
-export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, leases }: Deps): void {
+export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, leases, maxResultBytes }: Deps): void {
   const pool = lh.pool;
   /** Attempts with a valid receipt; the others are counted and answered as refused. */
   const checked = <T extends ReceiptRef>(kind: Kind, items: T[], workerId: string) => {
@@ -122,13 +124,33 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     },
   );
 
-  app.post<{ Body: { workerId: string; jobs: ReceiptRef[] } }>(
+  app.post<{ Body: { workerId: string; jobs: (ReceiptRef & { result?: unknown })[] } }>(
     "/v1/worker/succeed",
     { schema: routes.succeed, config: worker },
     async (request, reply) => {
       const { workerId, jobs } = request.body;
       const { valid, invalid } = checked("complete", jobs, workerId);
-      const applied = await store.completeJobs(pool, { workerId, jobs: valid.map(ref) });
+      // Each result is checked here as the worker checks it (a client may be another
+      // runtime, or run with a larger cap): a bad one ends its attempt failed, without retries.
+      const completions: store.Completion[] = [];
+      const refused: store.Failure[] = [];
+      for (const j of valid) {
+        const json = serializeResult(j.result, maxResultBytes);
+        if (typeof json === "object") {
+          refused.push({
+            id: j.id,
+            attempt: j.attempt,
+            error: `the handler's result was refused by the server: ${json.problem}`,
+            backoff: DEFAULT_BACKOFF,
+            giveUp: true,
+          });
+        } else completions.push(json === undefined ? ref(j) : { ...ref(j), resultJson: json });
+      }
+      const [completed, failed] = await Promise.all([
+        store.completeJobs(pool, { workerId, jobs: completions }),
+        store.failJobs(pool, { workerId, failures: refused }),
+      ]);
+      const applied = new Map<string, string>([...completed, ...failed]);
       return answerReport(reply, "complete", workerId, valid, invalid, applied, lh);
     },
   );

@@ -157,10 +157,26 @@ export interface JobRecord {
   createdAt: Date;
   startedAt: Date | null;
   finishedAt: Date | null;
+  /**
+   * What its handler returned, stored with the attempt that succeeded (null: none, not
+   * finished, or not succeeded). Forgotten with the job by retention.
+   */
+  result: JsonValue | null;
 }
 
-/** A job as lists return it: like JobRecord, but the payload only when asked for. */
-export type ListedJob = Omit<JobRecord, "payload"> & { payload?: JsonValue };
+/** A job as lists return it: like JobRecord, but the payload and result only when asked for. */
+export type ListedJob = Omit<JobRecord, "payload" | "result"> & { payload?: JsonValue; result?: JsonValue | null };
+
+/** A job's parent or child in a flow (see `Leasehold.getJob`). */
+export interface JobLink {
+  id: string;
+  /** The child's name for the parent (the ref in its graph); null for a parent named by id. */
+  ref: string | null;
+  /** Null when retention has forgotten the job. */
+  task: string | null;
+  /** "unknown": forgotten by retention. */
+  state: JobState | "blocked" | "unknown";
+}
 
 export interface AttemptRecord {
   jobId: string;

@@ -203,16 +203,42 @@ export function integerIn(value: unknown, min: number, max: number, what: string
  * One bad value fails its own job or handler call, never a batch it would have joined.
  */
 export function serializePayload(payload: unknown, where = "payload", what = "payload"): string {
-  const problem = findNonJson(payload, what, new Set(), 0);
-  // A path 200 levels deep would bury the message: keep its head and its tail.
-  if (problem) {
-    const text = problem.length > 300 ? `${problem.slice(0, 100)}…${problem.slice(-150)}` : problem;
-    throw new ValidationError(where ? `${where}: ${text}` : text);
-  }
+  const problem = jsonProblem(payload, what);
+  if (problem) throw new ValidationError(where ? `${where}: ${problem}` : problem);
   const json = JSON.stringify(payload);
   if (Buffer.byteLength(json) > MAX_PAYLOAD_BYTES) {
     throw new ValidationError(`${where ? `${where}: ` : ""}${what} is larger than ${MAX_PAYLOAD_BYTES} bytes`);
   }
+  return json;
+}
+
+/** Why a value would not arrive unchanged as jsonb (see serializePayload), or undefined. */
+function jsonProblem(value: unknown, what: string): string | undefined {
+  const problem = findNonJson(value, what, new Set(), 0);
+  // A path 200 levels deep would bury the message: keep its head and its tail.
+  return problem && problem.length > 300 ? `${problem.slice(0, 100)}…${problem.slice(-150)}` : problem;
+}
+
+/** Default cap on a handler's result (worker option maxResultBytes; the server's too). */
+export const DEFAULT_MAX_RESULT_BYTES = 64 * 1024;
+/** The largest cap that may be set: a result is read with its job, and by every dependent's ctx.parents(). */
+export const MAX_RESULT_BYTES_LIMIT = 16 * 1024 * 1024;
+
+/**
+ * A handler's return value as the job's result: undefined and null store none; anything
+ * else must be JSON a payload could be (serializePayload's rules) and at most `maxBytes`
+ * serialised. Returns the JSON, undefined for none, or `{ problem }` naming what is wrong
+ * and the cap: the attempt then ends as failed without retries (the same code would return
+ * the same value again).
+ */
+export function serializeResult(value: unknown, maxBytes: number): string | undefined | { problem: string } {
+  if (value === undefined || value === null) return undefined;
+  const cap = `maxResultBytes (${maxBytes.toLocaleString("en-US")})`;
+  const problem = jsonProblem(value, "result");
+  if (problem) return { problem: `${problem}; a result must be JSON of at most ${cap} bytes` };
+  const json = JSON.stringify(value);
+  const bytes = Buffer.byteLength(json);
+  if (bytes > maxBytes) return { problem: `result is ${bytes.toLocaleString("en-US")} bytes, over ${cap}` };
   return json;
 }
 

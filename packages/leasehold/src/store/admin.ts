@@ -1,24 +1,25 @@
 /** Operators' statements: read jobs and their attempts, cancel, retry, counts. */
 import type { Queryable } from "./db.js";
 import { run, statement, type RowOf } from "./sql.js";
-import type { AttemptRecord, JobRecord, JobState, ListedJob } from "../jobs/types.js";
+import type { AttemptRecord, JobLink, JobRecord, JobState, ListedJob } from "../jobs/types.js";
 
 /** Every column of a job record but its id and payload (lists may leave the payload out). */
 const JOB_FIELDS = `queue, task, priority, state, attempt, spent_attempts, max_attempts,
        run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
        last_error, unique_key, flow_key, created_at, started_at, finished_at`;
-const JOB_COLUMNS = `id, payload, ${JOB_FIELDS}`;
+const JOB_COLUMNS = `id, payload, ${JOB_FIELDS}, result`;
 
-// One shape for unfinished and finished jobs: the columns the other table lacks are null.
+// One shape for unfinished and finished jobs: the columns the other table lacks are null
+// (an unfinished job has no result yet; a dead one keeps none).
 const ALL_JOBS = `(
   SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
          run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, progress, checkpoint,
-         last_error, unique_key, flow_key, created_at, started_at, NULL::timestamptz AS finished_at
+         last_error, unique_key, flow_key, created_at, started_at, NULL::timestamptz AS finished_at, NULL::jsonb AS result
     FROM jobs
   UNION ALL
   SELECT id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
          NULL, NULL, NULL, NULL, NULL, progress, checkpoint,
-         last_error, unique_key, NULL::text, created_at, started_at, finished_at
+         last_error, unique_key, NULL::text, created_at, started_at, finished_at, result
     FROM finished_jobs
 ) AS all_jobs`;
 
@@ -45,6 +46,7 @@ const JOB_ROW = {
   created_at: "timestamptz",
   started_at: "timestamptz?",
   finished_at: "timestamptz?",
+  result: "jsonb?",
 } as const;
 type JobRow = RowOf<typeof JOB_ROW>;
 
@@ -82,6 +84,7 @@ function toRecord(r: JobRow): JobRecord {
     createdAt: r.created_at,
     startedAt: r.started_at,
     finishedAt: r.finished_at,
+    result: r.result,
   };
 }
 
@@ -101,6 +104,77 @@ export async function getAttempts(db: Queryable, jobId: string): Promise<Attempt
     outcome: r.outcome as AttemptRecord["outcome"],
     error: r.error,
   }));
+}
+
+/** A job's parents or children listed at most this many each (a fan-out may have thousands). */
+export const MAX_LISTED_RELATIONS = 1_000;
+
+/**
+ * A job's parents (the jobs it waits for or waited for) and children (the jobs waiting for
+ * it), from job_dependencies, each with its state: "unknown" for a parent retention already
+ * forgot (an edge is forgotten with its child, so a listed child always exists). `ref` is the
+ * child's name for that parent (null for a parent named by id). Lowest ids first, at most
+ * MAX_LISTED_RELATIONS of each, with the full counts.
+ */
+const GET_JOB_RELATIONS = statement(
+  "getJobRelations",
+  `
+WITH edges AS (
+  SELECT 'parent' AS side, d.parent_id AS id, d.ref FROM job_dependencies AS d WHERE d.child_id = $1
+  UNION ALL
+  SELECT 'child', d.child_id, d.ref FROM job_dependencies AS d WHERE d.parent_id = $1
+), ranked AS (
+  SELECT e.*, row_number() OVER (PARTITION BY e.side ORDER BY e.id) AS n, count(*) OVER (PARTITION BY e.side)::int AS total FROM edges AS e
+)
+SELECT r.side, r.id, r.ref, r.total, coalesce(j.task, f.task) AS task, coalesce(j.state, f.state, 'unknown') AS state
+  FROM ranked AS r
+  LEFT JOIN jobs AS j ON j.id = r.id
+  LEFT JOIN LATERAL (SELECT x.task, x.state FROM finished_jobs AS x WHERE x.id = r.id AND j.id IS NULL LIMIT 1) AS f ON true
+ WHERE r.n <= $2
+ ORDER BY r.side DESC, r.id`,
+  { side: "text", id: "int8", ref: "text?", total: "int4", task: "text?", state: "text" },
+);
+
+export interface JobRelations {
+  parents: JobLink[];
+  children: JobLink[];
+  /** How many there are in all (the lists stop at MAX_LISTED_RELATIONS). */
+  parentCount: number;
+  childCount: number;
+}
+
+export async function getJobRelations(db: Queryable, id: string): Promise<JobRelations> {
+  const rows = await run(db, GET_JOB_RELATIONS, [id, MAX_LISTED_RELATIONS]);
+  const out: JobRelations = { parents: [], children: [], parentCount: 0, childCount: 0 };
+  for (const r of rows) {
+    const link: JobLink = { id: r.id, ref: r.ref, task: r.task, state: r.state as JobLink["state"] };
+    if (r.side === "parent") {
+      out.parents.push(link);
+      out.parentCount = r.total;
+    } else {
+      out.children.push(link);
+      out.childCount = r.total;
+    }
+  }
+  return out;
+}
+
+/**
+ * A waiter's mark: the job's end then sends a notification (migration 014). Only a row not
+ * yet marked is written; a finished job is not in `jobs`, and the caller reads it next.
+ */
+const WATCH_JOB = statement("watchJob", `UPDATE jobs SET watched = true WHERE id = $1 AND NOT watched`, {});
+
+export async function watchJob(db: Queryable, id: string): Promise<void> {
+  await run(db, WATCH_JOB, [id]);
+}
+
+/** Which of these jobs have finished (or are gone): what waiters re-check after a lost notification. */
+const UNFINISHED_OF = statement("unfinishedOf", `SELECT id FROM jobs WHERE id = ANY($1::bigint[])`, { id: "int8" });
+
+export async function unfinishedOf(db: Queryable, ids: string[]): Promise<Set<string>> {
+  if (ids.length === 0) return new Set();
+  return new Set((await run(db, UNFINISHED_OF, [ids])).map((r) => r.id));
 }
 
 /** Which of a job's times `from` and `to` bound: when it was created, or when it finished. */
@@ -150,19 +224,23 @@ export interface ListJobsFilter extends JobFilter {
 const LIST_JOBS = statement(
   "listJobs",
   `
-SELECT id, CASE WHEN $3::boolean THEN payload END AS payload, ${JOB_FIELDS} FROM ${ALL_JOBS}
+SELECT id, CASE WHEN $3::boolean THEN payload END AS payload, ${JOB_FIELDS},
+       CASE WHEN $3::boolean THEN result END AS result FROM ${ALL_JOBS}
  WHERE ${filterSql(4)}
    AND ($2::bigint IS NULL OR id < $2)
  ORDER BY id DESC
  LIMIT $1`,
-  { ...JOB_ROW, payload: "jsonb?" },
+  { ...JOB_ROW, payload: "jsonb?", result: "jsonb?" },
 );
 
 export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<ListedJob[]> {
   const rows = await run(db, LIST_JOBS, [f.limit, f.before ?? null, f.includePayload, ...filterValues(f)]);
   return rows.map((r) => {
     const record: ListedJob = toRecord(r);
-    if (!f.includePayload) delete record.payload;
+    if (!f.includePayload) {
+      delete record.payload;
+      delete record.result;
+    }
     return record;
   });
 }

@@ -14,6 +14,9 @@ import { run, statement } from "./sql.js";
  * unnest($1, $2) instead, once statistics made `locked_by` look rare the planner rescanned
  * the unnest for every row: 500 x 500 comparisons, ~70-180 ms per 500-job batch instead of
  * ~5 ms; the bare-SQL ceiling of `npm run bench` went from ~11,500 to ~25,000 jobs/s.
+ * Handlers' results come the same way, without a join: one jsonb object keyed by job id
+ * ($4 -> id, a lookup per row), null when no job in the batch has one, so a plain
+ * completion pays nothing. A cancel that won keeps no result: the success was refused.
  */
 const COMPLETE_JOBS = statement(
   "completeJobs",
@@ -27,10 +30,11 @@ WITH done AS (
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
+                           worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation, result)
   SELECT id, queue, task, payload, priority, final_state, attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         locked_by, final_state, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now()))
+         locked_by, final_state, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now())),
+         CASE WHEN final_state = 'succeeded' THEN $4::jsonb -> id::text END
     FROM done
 )
 SELECT id, final_state AS state FROM done`,
@@ -42,10 +46,25 @@ export interface AttemptRef {
   attempt: number;
 }
 
+/** A success to report: the attempt, and its handler's result as JSON (validated) if it has one. */
+export interface Completion extends AttemptRef {
+  resultJson?: string;
+}
+
+/**
+ * The batch's results as one JSON object keyed by job id, built from the JSON already made
+ * (nothing is parsed or serialised again); null when none has a result.
+ */
+export function resultsObject(jobs: Completion[]): string | null {
+  let parts: string[] | undefined;
+  for (const j of jobs) if (j.resultJson !== undefined) (parts ??= []).push(`${JSON.stringify(j.id)}:${j.resultJson}`);
+  return parts ? `{${parts.join(",")}}` : null;
+}
+
 /** Per job: "succeeded", "cancelled" (a cancel won), or absent from the map: stale. */
-export async function completeJobs(db: Queryable, p: { workerId: string; jobs: AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+export async function completeJobs(db: Queryable, p: { workerId: string; jobs: Completion[] }): Promise<Map<string, "succeeded" | "cancelled">> {
   if (p.jobs.length === 0) return new Map();
-  const rows = await run(db, COMPLETE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => `${j.id}:${j.attempt}`), p.workerId]);
+  const rows = await run(db, COMPLETE_JOBS, [p.jobs.map((j) => j.id), p.jobs.map((j) => `${j.id}:${j.attempt}`), p.workerId, resultsObject(p.jobs)]);
   return new Map(rows.map((r) => [r.id, r.state as "succeeded" | "cancelled"]));
 }
 
@@ -97,8 +116,9 @@ export async function supersedeJobs(db: Queryable, p: { workerId: string; jobs: 
  * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's
  * own writes and this statement commit together or not at all. Fenced like any completion,
  * and also refused when a cancel was requested: the caller then rolls everything back, so a
- * cancelled job leaves none of its writes. The text names the schema, because the caller's
- * connection runs with its own search_path (where its tables are).
+ * cancelled job leaves none of its writes. $4 is the attempt's result (JSON) or null. The
+ * text names the schema, because the caller's connection runs with its own search_path
+ * (where its tables are).
  */
 const completeWithinText = (s: string) => `
 WITH done AS (
@@ -108,10 +128,11 @@ WITH done AS (
 ), history AS (
   INSERT INTO ${s}job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                                lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-                               worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
+                               worker_id, outcome, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation, result)
   SELECT id, queue, task, payload, priority, 'succeeded', attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT ${s}history_generation(now()))
+         locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT ${s}history_generation(now())),
+         $4::jsonb
     FROM done
 )
 SELECT count(*)::int AS completed FROM done`;
@@ -120,9 +141,9 @@ const COMPLETE_WITHIN = statement("completeWithin", completeWithinText(""), { co
 const qualifiedCompleteWithin = new Map<string, typeof COMPLETE_WITHIN>();
 
 /** True if the attempt completed (pending the caller's commit); false: stale or cancelled. */
-export async function completeWithin(db: Queryable, schema: string, p: { workerId: string; job: AttemptRef }): Promise<boolean> {
+export async function completeWithin(db: Queryable, schema: string, p: { workerId: string; job: Completion }): Promise<boolean> {
   let st = qualifiedCompleteWithin.get(schema);
   if (!st) qualifiedCompleteWithin.set(schema, (st = { ...COMPLETE_WITHIN, text: completeWithinText(`${quoteIdent(schema)}.`) }));
-  const [row] = await run(db, st, [p.job.id, p.job.attempt, p.workerId]);
+  const [row] = await run(db, st, [p.job.id, p.job.attempt, p.workerId, p.job.resultJson ?? null]);
   return row!.completed === 1;
 }

@@ -21,8 +21,8 @@ export { claimJobs, claimJobsById } from "./claim.js";
 export type { ClaimParams, ClaimedJobs } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
-export { completeJobs, completeWithin, supersedeJobs } from "./finish.js";
-export type { AttemptRef, Supersession } from "./finish.js";
+export { completeJobs, completeWithin, supersedeJobs, resultsObject } from "./finish.js";
+export type { AttemptRef, Completion, Supersession } from "./finish.js";
 export {
   failJobs,
   reapExpiredLeases,
@@ -37,8 +37,19 @@ export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, 
 export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, workerNameHeldElsewhere, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement } from "./workers.js";
-export { getJob, getAttempts, listJobs, cancelJob, retryJob, queueStats } from "./admin.js";
-export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats } from "./admin.js";
+export {
+  getJob,
+  getAttempts,
+  getJobRelations,
+  watchJob,
+  unfinishedOf,
+  listJobs,
+  cancelJob,
+  retryJob,
+  queueStats,
+  MAX_LISTED_RELATIONS,
+} from "./admin.js";
+export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats, JobRelations } from "./admin.js";
 export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
 export { readyPairs } from "./ready.js";
 export { parseCancelNotice, cancelsRequested } from "./cancels.js";

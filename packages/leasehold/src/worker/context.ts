@@ -76,10 +76,17 @@ export interface JobContext {
    * `tx` is a connection with the server's default search_path (your tables, not
    * Leasehold's schema), from a small pool of the worker's own; pass `{ pool }` to use yours
    * (same database). Workers connected through `leasehold serve` cannot use it.
+   *
+   * The job finishes at this commit, so what the handler returns afterwards is not stored:
+   * pass `{ result }` (a value, or a function of what `work` returned) to store the job's
+   * result in the same transaction.
    */
-  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }): Promise<T>;
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool; result?: TransactionResult<T> }): Promise<T>;
   logger: Logger;
 }
+
+/** The result ctx.transaction stores with its completion: a value, or one made from what `work` returned. */
+export type TransactionResult<T> = ((value: T) => unknown) | JsonValue;
 
 export type Handler<P = any> = (payload: P, ctx: JobContext) => unknown;
 

@@ -54,6 +54,8 @@ export interface InFlight {
   permanent?: boolean;
   /** Set when ctx.fencedWrite was refused (a newer claim wrote first): it ends as superseded. */
   superseded?: string;
+  /** What the handler returned: the job's result if the attempt succeeds (checked when reported). */
+  returned?: unknown;
   /**
    * ctx.transaction: "committing" while its completion runs (a beat that then misses the job
    * is not a lost lease: the job is being finished), "committed" once it is finished.

@@ -47,7 +47,7 @@ class HookedTransport implements WorkerTransport {
   rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>> {
     return this.settle("rate_limit", p.jobs, () => this.inner.rateLimit(p));
   }
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+  complete(p: { workerId: string; jobs: store.Completion[] }): Promise<Map<string, "succeeded" | "cancelled" | "dead">> {
     return this.settle("complete", p.jobs, () => this.inner.complete(p));
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {

@@ -8,13 +8,13 @@ import { serializePayload } from "../jobs/validate.js";
 import { fencedWrite, type FencedWriteDb } from "../fencing.js";
 import type { AttemptOutcome, JobHeaders, JsonValue } from "../jobs/types.js";
 import type { Metrics } from "../metrics.js";
-import type { AbortReason, JobContext } from "./context.js";
+import type { AbortReason, JobContext, TransactionResult } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
 
 export interface ContextHost {
   logger: Logger;
   metrics: Metrics;
-  transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T>;
+  transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, result?: TransactionResult<T>): Promise<T>;
   /** The handler made progress (a progress or checkpoint call). */
   progressed(entry: InFlight): void;
   abort(entry: InFlight, reason: AbortReason): void;
@@ -116,8 +116,8 @@ class AttemptContext implements JobContext {
     return accepted;
   }
 
-  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options: { pool?: pg.Pool } = {}): Promise<T> {
-    return this.host.transaction(this.entry, work, options.pool);
+  transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options: { pool?: pg.Pool; result?: TransactionResult<T> } = {}): Promise<T> {
+    return this.host.transaction(this.entry, work, options.pool, options.result);
   }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.

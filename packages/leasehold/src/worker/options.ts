@@ -1,6 +1,6 @@
 /** Worker settings: defaults as named constants, validated at construction. */
 import { ConfigError } from "../errors.js";
-import { checkName, integerIn, limitOrNone, optionalLimit, suggest } from "../jobs/validate.js";
+import { checkName, DEFAULT_MAX_RESULT_BYTES, integerIn, limitOrNone, MAX_RESULT_BYTES_LIMIT, optionalLimit, suggest } from "../jobs/validate.js";
 import { DEFAULT_BACKOFF, type BackoffPolicy } from "./backoff.js";
 import type { Handler, TaskDefinition, TaskHandlers } from "./context.js";
 import { isDefinedTask } from "../tasks/define.js";
@@ -57,6 +57,8 @@ export interface WorkerSettings {
   livenessGraceMs: number | null;
   backoff: BackoffPolicy;
   tasks: Map<string, TaskSettings>;
+  /** A handler's result larger than this (serialised) fails its attempt without retries. */
+  maxResultBytes: number;
 }
 
 export interface WorkerSettingsInput {
@@ -76,6 +78,8 @@ export interface WorkerSettingsInput {
   progressTimeoutMs?: number;
   /** Default DEFAULT_MAX_RUN_MS (15 minutes); `null`: no limit for tasks that set none. */
   maxRunMs?: number | null;
+  /** The largest result (a handler's return value, as JSON) kept; default 65,536 bytes. */
+  maxResultBytes?: number;
 }
 
 const KEYS = [
@@ -92,6 +96,7 @@ const KEYS = [
   "backoff",
   "progressTimeoutMs",
   "maxRunMs",
+  "maxResultBytes",
 ];
 const TASK_KEYS = new Set(["handler", "backoff", "progressTimeoutMs", "maxRunMs"]);
 
@@ -161,6 +166,7 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
       livenessGraceMs,
       backoff,
       tasks,
+      maxResultBytes: integerIn(input.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES, 1, MAX_RESULT_BYTES_LIMIT, "maxResultBytes"),
     };
   });
 }

@@ -233,8 +233,10 @@ export class RemoteTransport implements WorkerTransport {
     return result;
   }
 
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
-    return this.report("/v1/worker/succeed", { workerId: p.workerId, jobs: p.jobs.map((j) => this.withReceipt(j)) }, p.jobs);
+  /** A success carries its result; the server checks it against its own cap and may end the job dead ("dead"). */
+  complete(p: { workerId: string; jobs: store.Completion[] }): Promise<Map<string, "succeeded" | "cancelled" | "dead">> {
+    const jobs = p.jobs.map((j) => ({ ...this.withReceipt(j), ...(j.resultJson !== undefined && { result: JSON.parse(j.resultJson) as unknown }) }));
+    return this.report("/v1/worker/succeed", { workerId: p.workerId, jobs }, p.jobs);
   }
 
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {

@@ -1,6 +1,6 @@
 /** Reports how an attempt ended (success, failure, a limit, superseded) and turns the answer into its outcome. */
 import { StaleLeaseError } from "../errors.js";
-import { sanitizeText } from "../jobs/validate.js";
+import { sanitizeText, serializeResult } from "../jobs/validate.js";
 import type { Failure } from "../store/index.js";
 import { JobAbortedError, PermanentJobError, RateLimitedError, RetrySupersededError, type AbortReason } from "./context.js";
 import { checkRetryIn } from "../jobs/flow-limits.js";
@@ -37,9 +37,20 @@ export async function reportEnd(
   // state would otherwise miss what the handler reported.
   if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
   let outcome: ReportOutcome;
-  const rateLimited = err instanceof RateLimitedError && !limit ? validRateLimit(err) : undefined;
+  // The return value is the job's result: one that cannot be stored fails the attempt for
+  // good (the same code would return the same value again), naming the problem and the cap.
+  let resultJson: string | undefined;
+  let badResult: string | undefined;
   if (err === undefined) {
-    outcome = await worker.reporter.succeed({ id: job.id, attempt: job.attempt });
+    const checked = serializeResult(entry.returned, worker.settings.maxResultBytes);
+    if (typeof checked === "object") badResult = `the handler's result was refused: ${checked.problem}`;
+    else resultJson = checked;
+  }
+  const rateLimited = err instanceof RateLimitedError && !limit ? validRateLimit(err) : undefined;
+  if (err === undefined && badResult === undefined) {
+    outcome = await worker.reporter.succeed(
+      resultJson === undefined ? { id: job.id, attempt: job.attempt } : { id: job.id, attempt: job.attempt, resultJson },
+    );
   } else if (rateLimited) {
     outcome = await worker.reporter.rateLimit({
       id: job.id,
@@ -61,16 +72,17 @@ export async function reportEnd(
       // A cancelled attempt ends with what happened, not with whatever its handler threw on the
       // way out (an abort error's stack says nothing to the person who cancelled it).
       error:
+        badResult ??
         limitMessage ??
         (entry.abortedWith instanceof JobAbortedError && entry.abortedWith.reason === "cancelled" ? entry.abortedWith.message : describeError(err)),
       backoff: worker.settings.tasks.get(job.task)?.backoff ?? worker.settings.backoff,
-      giveUp: err instanceof PermanentJobError || entry.permanent === true,
+      giveUp: badResult !== undefined || err instanceof PermanentJobError || entry.permanent === true,
       outcome: limit ?? "failed",
     };
     outcome = await worker.reporter.fail(failure);
     if (!(err instanceof JobAbortedError)) worker.logger.warn({ jobId: job.id, attempt: job.attempt, err: failure.error }, "job failed");
   }
-  return answered(worker, entry, outcome, err === undefined ? "complete" : "fail");
+  return answered(worker, entry, outcome, err === undefined && badResult === undefined ? "complete" : "fail");
 }
 
 /** Turns the reporter's answer into the attempt's outcome: counted, and a refusal recorded. */

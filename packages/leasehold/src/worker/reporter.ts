@@ -8,7 +8,7 @@
  * row says whether the first try landed ("succeeded by my attempt" is success); anything
  * else is a stale lease: an ambiguous commit is not a stale report.
  */
-import type { AttemptRef, EndState, Failure, LostLease, RateLimited, Supersession } from "../store/index.js";
+import type { AttemptRef, Completion, EndState, Failure, LostLease, RateLimited, Supersession } from "../store/index.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { Outage } from "./outage.js";
 import { isConnectionError, type WorkerTransport } from "./transport.js";
@@ -35,7 +35,7 @@ export const MAX_REPORTS_IN_FLIGHT = 2;
 const MIN_EXTRA_BATCH = 100;
 
 export class Reporter {
-  private successes: Pending<AttemptRef>[] = [];
+  private successes: Pending<Completion>[] = [];
   private failures: Pending<Failure>[] = [];
   private supersessions: Pending<Supersession>[] = [];
   private rateLimits: Pending<RateLimited & { message: string }>[] = [];
@@ -50,7 +50,8 @@ export class Reporter {
     private readonly outage?: Outage,
   ) {}
 
-  succeed(ref: AttemptRef): Promise<ReportOutcome> {
+  /** A success, with the handler's result (validated JSON) if it has one. */
+  succeed(ref: Completion): Promise<ReportOutcome> {
     return new Promise((resolve) => {
       this.successes.push({ item: ref, resolve });
       this.kick();

@@ -77,7 +77,11 @@ export interface WorkerTransport {
    */
   rateLimit(p: { workerId: string; jobs: store.RateLimited[]; message?: string }): Promise<Map<string, store.EndState>>;
   heartbeat(p: store.HeartbeatParams): Promise<store.BeatResult>;
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">>;
+  /**
+   * Successes, each with its result (JSON, already validated) if it has one. A transport whose
+   * far end validates results again may end a refused one as dead (giveUp) and answer "dead".
+   */
+  complete(p: { workerId: string; jobs: store.Completion[] }): Promise<Map<string, "succeeded" | "cancelled" | "dead">>;
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>>;
   /**
    * Attempts whose `ctx.fencedWrite` a newer claim overtook: each job finishes (outcome
@@ -120,6 +124,8 @@ export interface CompleteWithinParams<T> {
   workerId: string;
   job: store.AttemptRef;
   work: (tx: pg.PoolClient) => Promise<T>;
+  /** The result to store with the completion (JSON), made from what `work` returned; may throw to roll back. */
+  result?: (value: T) => string | undefined;
   /** Connections for the transaction: the user's own pool, or (default) one with the server's default search_path. */
   pool?: pg.Pool;
   committing: () => void;
@@ -207,8 +213,9 @@ export class DatabaseTransport implements WorkerTransport {
       let value: T;
       try {
         value = await p.work(client);
+        const resultJson = p.result?.(value);
         p.committing();
-        if (!(await store.completeWithin(client, this.schema, { workerId: p.workerId, job: p.job }))) {
+        if (!(await store.completeWithin(client, this.schema, { workerId: p.workerId, job: { ...p.job, resultJson } }))) {
           await client.query("ROLLBACK");
           return { completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) };
         }
@@ -317,7 +324,7 @@ export class DatabaseTransport implements WorkerTransport {
       return result;
     }
   }
-  complete(p: { workerId: string; jobs: store.AttemptRef[] }): Promise<Map<string, "succeeded" | "cancelled">> {
+  complete(p: { workerId: string; jobs: store.Completion[] }): Promise<Map<string, "succeeded" | "cancelled">> {
     return store.completeJobs(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
   fail(p: { workerId: string; failures: store.Failure[] }): Promise<Map<string, store.EndState>> {

@@ -17,7 +17,8 @@ import type pg from "pg";
 import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
-import { JobAbortedError, PermanentJobError, type AbortReason } from "./context.js";
+import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
+import { serializeResult } from "../jobs/validate.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
 import { FlowView } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
@@ -523,7 +524,10 @@ export class Worker extends WorkerEmitter {
       return around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
     };
     run().then(
-      () => this.handlerEnded(entry, undefined),
+      (value) => {
+        entry.returned = value;
+        this.handlerEnded(entry, undefined);
+      },
       (err: unknown) => this.handlerEnded(entry, err ?? new Error("handler threw a nullish value")),
     );
   }
@@ -557,7 +561,7 @@ export class Worker extends WorkerEmitter {
    * transaction. Committed, the job is finished (nothing is reported when the handler
    * returns); refused, everything is rolled back and the handler gets a StaleLeaseError.
    */
-  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<T> {
+  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, resultOption?: TransactionResult<T>): Promise<T> {
     const { job } = entry;
     if (!this.transport.completeWithin) {
       // Retrying cannot help (every attempt runs on this same kind of worker): the attempt
@@ -580,6 +584,7 @@ export class Worker extends WorkerEmitter {
         job: { id: job.id, attempt: job.attempt },
         work,
         pool,
+        ...(resultOption !== undefined && { result: (value: T) => this.transactionResult(entry, resultOption, value) }),
         committing: () => (entry.within = "committing"),
       });
     } catch (err) {
@@ -604,6 +609,20 @@ export class Worker extends WorkerEmitter {
     clearTimeout(entry.limitTimer);
     this.forget(entry); // finished: no more beats, and a late beat's miss is not a loss
     return result.value;
+  }
+
+  /**
+   * The result ctx.transaction stores with its completion (`{ result }`: a value, or a function
+   * of what `work` returned), as JSON. A bad one rolls the transaction back and ends the
+   * attempt without retries, as a bad return value does.
+   */
+  private transactionResult<T>(entry: InFlight, result: TransactionResult<T>, value: T): string | undefined {
+    const json = serializeResult(typeof result === "function" ? (result as (v: T) => unknown)(value) : result, this.settings.maxResultBytes);
+    if (typeof json === "object") {
+      entry.permanent = true;
+      throw new PermanentJobError(`ctx.transaction's result was refused: ${json.problem}`);
+    }
+    return json;
   }
 
   /**

@@ -2,9 +2,9 @@
 import type { Command } from "commander";
 import { JOB_STATES } from "leasehold/internal/jobs/types";
 import type { Run } from "../context.js";
-import { CliError } from "../errors.js";
+import { CliError, EXIT } from "../errors.js";
 import { jobDetails, jobsTable, statsText } from "../format.js";
-import { int } from "../parse.js";
+import { duration, int } from "../parse.js";
 import { registerWatch } from "./watch.js";
 
 export function registerJobCommands(program: Command, run: Run): void {
@@ -32,12 +32,31 @@ export function registerJobCommands(program: Command, run: Run): void {
 
   jobs
     .command("show <id>")
-    .description("a job's record and its attempt history")
+    .description("a job's record (with its result), its attempt history, its parents and children")
     .action(
       run(async (cli, id: string) => {
         const lh = await cli.operations();
-        const { job, attempts } = await lh.getJob(id);
-        cli.result({ job, attempts }, () => jobDetails(job, attempts));
+        const { job, attempts, ...relations } = await lh.getJob(id);
+        cli.result({ job, attempts, ...relations }, () => jobDetails(job, attempts, relations));
+      }),
+    );
+
+  jobs
+    .command("wait <id>")
+    .description(
+      "wait until a job finishes and print its record (with its result). Exit 0: succeeded; 6: dead or cancelled; " +
+        "7: not finished within --timeout; 3: no such job",
+    )
+    .option("--timeout <duration>", "give up after this long, e.g. 30s or 5m (default: wait as long as it takes)", duration("--timeout"))
+    .action(
+      run(async (cli, id: string, opts: { timeout?: number }) => {
+        const lh = await cli.operations();
+        const job = await lh.waitFor(id, { timeoutMs: opts.timeout });
+        cli.result(
+          job,
+          () => `job ${id} ${job.state}` + (job.state === "succeeded" ? `; result: ${JSON.stringify(job.result)}` : `: ${job.lastError ?? "-"}`),
+        );
+        if (job.state !== "succeeded") process.exitCode = EXIT.jobFailed;
       }),
     );
 

@@ -6,6 +6,7 @@ import { checkToken } from "../../server/auth.js";
 import { DEFAULT_SAMPLE_INTERVAL_MS, ThroughputSampler } from "leasehold/internal/maintenance/throughput";
 import { DASHBOARD_MODES, type DashboardMode } from "../../server/dashboard-mode.js";
 import { DEFAULT_MAX_LEASE_MS, DEFAULT_MIN_LEASE_MS } from "../../server/limits.js";
+import { MAX_RESULT_BYTES_LIMIT } from "leasehold/internal/jobs/validate";
 import type { Cli, Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { int } from "../parse.js";
@@ -44,6 +45,11 @@ export function registerServe(program: Command, run: Run): void {
       "the dashboard at / : on, read-only (the operator token may only read: for wide audiences) or off",
       dashboardMode,
       "on" as DashboardMode,
+    )
+    .option(
+      "--max-result-bytes <bytes>",
+      "largest result (a handler's return value, as JSON) a remote worker may report; a larger one ends its job dead (default 65536)",
+      int("--max-result-bytes", 1, MAX_RESULT_BYTES_LIMIT),
     )
     .option("--no-watchdog", "do not run a watchdog (recovery) in this process")
     .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
@@ -96,6 +102,7 @@ interface ServeOptions {
   maxLongPolls?: number;
   minLease?: number;
   maxLease?: number;
+  maxResultBytes?: number;
   watchdog: boolean;
   watchdogInterval?: number;
   /** Default "on". */
@@ -130,6 +137,7 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
       maxLongPolls: opts.maxLongPolls,
       minLeaseMs: opts.minLease,
       maxLeaseMs: opts.maxLease,
+      maxResultBytes: opts.maxResultBytes,
     },
   });
   const watchdog = opts.watchdog ? lh.watchdog({ intervalMs: opts.watchdogInterval }).start() : undefined;

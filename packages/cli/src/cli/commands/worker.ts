@@ -18,6 +18,7 @@ import {
 } from "../process-services.js";
 import { loadTasks } from "../tasks.js";
 import { untilSignal } from "../signals.js";
+import { MAX_RESULT_BYTES_LIMIT } from "leasehold/internal/jobs/validate";
 
 interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
   nats?: string;
@@ -28,6 +29,7 @@ interface WorkerFlags extends MetricsFlags, RetentionFlags, SchedulerFlags {
   waitForName?: boolean;
   lease?: number;
   maxRun?: number | "none";
+  maxResultBytes?: number;
   heartbeatInterval?: number;
   livenessGrace?: number;
   liveness: boolean;
@@ -55,6 +57,11 @@ export function registerWorker(program: Command, run: Run): void {
       "--max-run <duration|none>",
       "maximum run time of tasks that set none, e.g. 1h; none: no limit (default 15m; a task's or job's own wins)",
       limitOrNone("--max-run"),
+    )
+    .option(
+      "--max-result-bytes <bytes>",
+      "largest result (a handler's return value, as JSON) kept; a larger one ends its job dead (default 65536)",
+      int("--max-result-bytes", 1, MAX_RESULT_BYTES_LIMIT),
     )
     .option(
       "--heartbeat-interval <ms>",
@@ -92,6 +99,7 @@ export function registerWorker(program: Command, run: Run): void {
         ...(opts.waitForName && { waitForName: true }),
         ...(opts.lease !== undefined && { leaseMs: opts.lease }),
         ...(opts.maxRun !== undefined && { maxRunMs: noneAsNull(opts.maxRun) }),
+        ...(opts.maxResultBytes !== undefined && { maxResultBytes: opts.maxResultBytes }),
         ...(opts.heartbeatInterval !== undefined && { heartbeatMs: opts.heartbeatInterval }),
         ...(opts.pollInterval !== undefined && { pollIntervalMs: opts.pollInterval }),
         ...(opts.livenessGrace !== undefined && { livenessGraceMs: opts.livenessGrace }),
