@@ -130,8 +130,12 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
   ended_ids  bigint[];
+  parent_ids bigint[];
+  any_failed boolean;
   doomed_ids bigint[];
   woke       bigint;
+  -- every blocked descendant of the ended parents is locked (see below)
+  all_locked boolean := false;
 BEGIN
   PERFORM set_config('leasehold.settling', 'on', true);
   LOOP
@@ -139,13 +143,37 @@ BEGIN
     EXIT WHEN ended_ids IS NULL;
     PERFORM set_config('leasehold.ended_parents', '', true);
 
-    -- Lock the children in id order before changing any: no deadlock between two statements
-    -- that end parents of the same children.
-    PERFORM 1 FROM jobs AS c
-     WHERE c.state = 'blocked'
-       AND c.id IN (SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id IN (SELECT abs(e) FROM unnest(ended_ids) AS e))
-     ORDER BY c.id
-       FOR UPDATE OF c;
+    SELECT array_agg(abs(e.id)), bool_or(e.id < 0 OR EXISTS (SELECT 1 FROM dead_jobs AS x WHERE x.id = e.id))
+      INTO parent_ids, any_failed
+      FROM unnest(ended_ids) AS e(id);
+
+    -- Lock before changing any, in id order: no deadlock between two transactions that end
+    -- parents of the same children. When every parent succeeded, only the children change.
+    -- When one failed, the cancel may cascade to any depth; a round that locked only children
+    -- would take its grandchildren's locks later, after a second cascade crossing this one
+    -- (pA -> x2 -> y1 -> x1 <- pA, pB -> y1) took them: every blocked descendant is locked
+    -- now, in one ordered pass, and the later rounds touch only rows already locked.
+    IF all_locked THEN
+      NULL;
+    ELSIF any_failed THEN
+      PERFORM 1 FROM jobs AS c
+       WHERE c.state = 'blocked'
+         AND c.id IN (WITH RECURSIVE below(id) AS (
+                        SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id = ANY(parent_ids)
+                        UNION
+                        SELECT d.child_id FROM job_dependencies AS d JOIN below AS b ON d.parent_id = b.id
+                      )
+                      SELECT b.id FROM below AS b)
+       ORDER BY c.id
+         FOR UPDATE OF c;
+      all_locked := true;
+    ELSE
+      PERFORM 1 FROM jobs AS c
+       WHERE c.state = 'blocked'
+         AND c.id IN (SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id = ANY(parent_ids))
+       ORDER BY c.id
+         FOR UPDATE OF c;
+    END IF;
 
     WITH ended AS (
       -- How each parent ended: noted as cancelled (a negative id), else dead if it is in the
