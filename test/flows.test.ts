@@ -14,6 +14,8 @@ import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { Registry } from "prom-client";
 import { databaseUrl, eventually, freshLeasehold, silent } from "./helpers/db.js";
 import { auditTrail } from "./helpers/flow.js";
+import { createTestQueue } from "../packages/leasehold/src/testkit/index.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -481,4 +483,65 @@ test("bad graphs are refused whole, naming the problem; nothing is written", asy
   await assert.rejects(lh.enqueueBatch({ jobs: [], onComplete: { task: "bad name!" } }), /onComplete: task must be/);
   await assert.rejects(lh.enqueueBatch({ jobs: [] } as never), /batch: onComplete must be a job/);
   assert.equal(await checksum(lh), before);
+});
+
+test("the test kit's drain runs a flow through (a child released into another queue too) and reports a job blocked by a parent it cannot run", async (t) => {
+  const q = await createTestQueue({ logger: silent, handlers: { a: () => {}, b: () => {}, c: () => {} } });
+  t.after(() => q.close());
+  const { jobs } = await q.lh.enqueueFlow([
+    { ref: "a", task: "a" },
+    { ref: "b", task: "b", queue: "later", dependsOn: ["a"] },
+    { ref: "c", task: "c", dependsOn: ["b"] },
+    { ref: "orphan-parent", task: "unhandled" },
+    { ref: "stuck", task: "c", dependsOn: ["orphan-parent", "a"] },
+  ]);
+  const result = await q.drain();
+  assert.deepEqual(
+    result.ran.map((r) => r.id),
+    [jobs.a, jobs.b, jobs.c],
+  );
+  assert.deepEqual(
+    result.left.map((l) => [l.id, l.why, l.waitingFor]),
+    [
+      [jobs["orphan-parent"], "no_handler", undefined],
+      [jobs.stuck, "blocked", [jobs["orphan-parent"]]],
+    ],
+  );
+});
+
+test("retention forgets a dependent job's edges with it (history and dead letter); a child outliving its parent reads it as unknown", async (t) => {
+  const lh = await freshLeasehold(t);
+  // parent → kept (cancelled, recent), and parent → old (cancelled, past retention), and a dead child past dead retention.
+  const { jobs } = await lh.enqueueFlow([
+    { ref: "parent", task: "p" },
+    { ref: "old", task: "c", dependsOn: ["parent"] },
+    { ref: "kept", task: "c", dependsOn: ["parent"], onParentFailure: "run" },
+  ]);
+  const { id: deadParent } = await lh.enqueue("p", {});
+  const { jobs: deadFlow } = await lh.enqueueFlow([{ ref: "deadChild", task: "c", dependsOn: [{ id: deadParent }] }]);
+  await lh.cancel(jobs.parent!); // old: cancelled; kept: released
+  await lh.cancel(deadParent); // deadChild: cancelled, then moved to the dead letter below
+  await lh.pool.query(
+    `WITH gone AS (DELETE FROM job_history WHERE id = $1 RETURNING *)
+     INSERT INTO dead_jobs (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms, created_at, finished_at)
+     SELECT id, queue, task, payload, priority, 'dead', attempt, spent_attempts, max_attempts, lease_ms, created_at, now() - interval '9 days' FROM gone`,
+    [deadFlow.deadChild],
+  );
+  const edges = async () =>
+    (await lh.pool.query<{ child: string }>("SELECT child_id::text AS child FROM job_dependencies ORDER BY child_id")).rows.map((r) => r.child);
+  assert.deepEqual(await edges(), [jobs.old, jobs.kept, deadFlow.deadChild]);
+  const retention = lh.retention({ retainMs: 24 * 3600_000, retainDeadMs: 7 * 24 * 3600_000 });
+  // old and the parent finished two days ago, in that time's generation.
+  await lh.pool.query(
+    `UPDATE job_history SET finished_at = now() - interval '2 days', generation = history_generation(now() - interval '2 days')
+      WHERE id = ANY($1::bigint[])`,
+    [[jobs.old, jobs.parent]],
+  );
+  assert.ok((await retention.runOnce()) >= 2);
+  assert.deepEqual(await edges(), [jobs.kept], "the edges of the forgotten children are gone; the kept child's stays");
+  const parents = await store.parentsOf(lh.pool, jobs.kept!);
+  assert.deepEqual(
+    parents.map((p) => [p.id, p.state]),
+    [[jobs.parent, "unknown"]],
+  );
 });

@@ -80,7 +80,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[]): string {
   return `${head}\n\nattempt history:\n${history}`;
 }
 
-const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;
+const STATES = ["waiting", "running", "succeeded", "dead", "cancelled", "blocked"] as const;
 
 export function statsText(stats: Stats): string {
   const byQueue = new Map<string, Record<string, number>>();

@@ -7,13 +7,26 @@ import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/clien
 import { checkJobId } from "leasehold/internal/jobs/ids";
 import { JobNotFoundError, JobStateError, ValidationError } from "leasehold/internal/errors";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
+import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
 import type { QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
 /** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
 export type JobOperations = Pick<
   Leasehold,
-  "enqueue" | "enqueueMany" | "getJob" | "listJobs" | "cancel" | "retry" | "stats" | "listQueues" | "pauseQueue" | "resumeQueue" | "setQueueLimits"
+  | "enqueue"
+  | "enqueueMany"
+  | "enqueueFlow"
+  | "enqueueBatch"
+  | "getJob"
+  | "listJobs"
+  | "cancel"
+  | "retry"
+  | "stats"
+  | "listQueues"
+  | "pauseQueue"
+  | "resumeQueue"
+  | "setQueueLimits"
 >;
 
 /** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
@@ -47,6 +60,15 @@ export class RemoteOperations implements JobOperations {
       out.push(...created);
     }
     return out;
+  }
+
+  /** One request, one transaction on the server: the whole graph or nothing. */
+  async enqueueFlow(nodes: FlowNode[]): Promise<{ jobs: Record<string, string> }> {
+    return this.call<{ jobs: Record<string, string> }>("POST", "/v1/flows", { nodes });
+  }
+
+  async enqueueBatch(batch: BatchInput): Promise<{ callbackId: string; jobIds: string[] }> {
+    return this.call<{ callbackId: string; jobIds: string[] }>("POST", "/v1/batches", batch);
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] }> {
