@@ -371,10 +371,12 @@ test("an empty batch's callback is enqueued ready at once", async (t) => {
 });
 
 test("a flow on the caller's own client: gone with a rollback, there with a commit; existing parents are locked until then", async (t) => {
-  const lh = await freshLeasehold(t);
+  // The application's connection ends first: a transaction it left open (a failing run) would
+  // otherwise hold up the schema's drop.
   const app = new pg.Client({ connectionString: databaseUrl() });
   await app.connect();
   t.after(() => app.end());
+  const lh = await freshLeasehold(t);
   const { id: parent } = await lh.enqueue("p", {}, { queue: "manual" });
   await app.query("BEGIN");
   const { jobs } = await lh.enqueueFlow(
