@@ -5,6 +5,9 @@
  * bad input included: refused whole, named, and nothing written.
  */
 import { after, before, test } from "node:test";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import assert from "node:assert/strict";
 import type { FastifyInstance } from "fastify";
 import { createServer } from "../packages/cli/src/server/app.js";
@@ -51,7 +54,7 @@ const cli = (args: string[], input?: string, env?: Record<string, string>) => ru
 const viaServer = () => ({ LEASEHOLD_SERVER_URL: base, LEASEHOLD_TOKEN: TOKEN });
 const stateOf = async (id: string) => (await lh.getJob(id)).job.state;
 
-test("leasehold flows enqueue: a graph from a file or stdin, on the database and through a server; jobs list --state blocked", async () => {
+test("leasehold flows enqueue: a graph from stdin, on the database and through a server; jobs list --state blocked", async () => {
   const graph = [
     { ref: "fetch", task: "cli.fetch", payload: { url: "x" }, queue: "cli-held" },
     { ref: "parse", task: "cli.parse", dependsOn: ["fetch"], queue: "cli-held" },
@@ -127,9 +130,12 @@ test("bad graphs through the CLI (database and server): one line naming the prob
   assert.equal(await checksum(), before);
 });
 
-test("leasehold batches enqueue: members and a callback that waits for them all", async () => {
-  const r = await cli(
-    ["--json", "batches", "enqueue", "-"],
+test("leasehold batches enqueue (from a file): members and a callback that waits for them all", async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-batch-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const file = path.join(dir, "batch.json");
+  fs.writeFileSync(
+    file,
     JSON.stringify({
       jobs: [
         { task: "cli.member", queue: "cli-batch" },
@@ -138,12 +144,16 @@ test("leasehold batches enqueue: members and a callback that waits for them all"
       onComplete: { task: "cli.done", queue: "cli-batch", payload: { n: 2 } },
     }),
   );
+  const r = await cli(["--json", "batches", "enqueue", file]);
   assert.equal(r.code, 0, r.stderr);
   const { callbackId, jobIds } = JSON.parse(r.stdout);
   assert.equal(jobIds.length, 2);
   assert.equal(await stateOf(callbackId), "blocked");
   for (const id of jobIds) await lh.cancel(id);
   assert.equal(await stateOf(callbackId), "waiting", "released once every member ended, cancelled or not");
+  const remote = await cli(["batches", "enqueue", file], undefined, viaServer());
+  assert.equal(remote.code, 0, remote.stderr);
+  assert.match(remote.stdout, /enqueued a batch of 2 jobs; its callback is job \d+/);
 });
 
 test("POST /v1/flows and /v1/batches: operators only; the graph's errors are 400 naming them, nothing written", async () => {

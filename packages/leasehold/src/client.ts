@@ -398,8 +398,9 @@ export class Leasehold {
   }
 
   /**
-   * Cancels a job: a waiting one ends now; a running one has its handler aborted at the
-   * next heartbeat and its late report refused. Returns which happened.
+   * Cancels a job: a waiting or blocked one ends now (a blocked one's dependents are settled
+   * as for any failed parent); a running one has its handler aborted at the next heartbeat
+   * and its late report refused. Returns which happened.
    */
   async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
     checkJobId(id);

@@ -43,7 +43,7 @@ export function registerJobCommands(program: Command, run: Run): void {
 
   jobs
     .command("cancel <id>")
-    .description("cancel a job: a waiting one ends now, a running one is aborted at its next heartbeat")
+    .description("cancel a job: a waiting or blocked one ends now, a running one is aborted at its next heartbeat")
     .action(
       run(async (cli, id: string) => {
         const lh = await cli.operations();
