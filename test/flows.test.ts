@@ -16,6 +16,7 @@ import { databaseUrl, eventually, freshLeasehold, silent } from "./helpers/db.js
 import { auditTrail } from "./helpers/flow.js";
 import { createTestQueue } from "../packages/leasehold/src/testkit/index.js";
 import * as store from "../packages/leasehold/src/store/index.js";
+import { CANCEL_TARGET } from "../packages/leasehold/src/store/admin.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -546,4 +547,47 @@ test("retention forgets a dependent job's edges with it (history and dead letter
     parents.map((p) => [p.id, p.state]),
     [[jobs.parent, "unknown"]],
   );
+});
+
+test("two cancel cascades that cross wait for each other instead of deadlocking (migration 015)", async (t) => {
+  const lh = await freshLeasehold(t);
+  // pA's cascade reaches x1 through x2 and y1; pB's reaches x1 through y1.
+  const { jobs } = await lh.enqueueFlow([
+    { ref: "pA", task: "t" },
+    { ref: "pB", task: "t" },
+    { ref: "x2", task: "t", dependsOn: ["pA"] },
+    { ref: "y1", task: "t", dependsOn: ["x2", "pB"] },
+    { ref: "x1", task: "t", dependsOn: ["pA", "y1"] },
+  ]);
+  // Released in this test, not after it: the client's close waits for its connections.
+  const [c1, c2] = await Promise.all([lh.pool.connect(), lh.pool.connect()]);
+  try {
+    const cancel = (c: pg.PoolClient, id: string) =>
+      c.query(
+        `WITH target AS (SELECT id, state FROM jobs WHERE id = $1 FOR UPDATE), ${CANCEL_TARGET}
+       SELECT 'cancelled' AS result FROM ended`,
+        [id],
+      );
+    // The second cascade has begun: it holds y1, the child of pB (as its first round does).
+    await c2.query("BEGIN");
+    await c2.query("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", [jobs.y1]);
+    await c1.query("BEGIN");
+    const first = cancel(c1, jobs.pA!).then(
+      () => "ok",
+      (err: { code?: string }) => err.code,
+    );
+    await new Promise((r) => setTimeout(r, 300));
+    const second = await cancel(c2, jobs.pB!).then(
+      () => "ok",
+      (err: { code?: string }) => err.code,
+    );
+    await c2.query(second === "ok" ? "COMMIT" : "ROLLBACK");
+    const firstResult = await first;
+    await c1.query(firstResult === "ok" ? "COMMIT" : "ROLLBACK");
+    assert.deepEqual([firstResult, second], ["ok", "ok"], "neither cancel was aborted (40P01: deadlock detected)");
+  } finally {
+    c1.release();
+    c2.release();
+  }
+  for (const ref of ["pA", "pB", "x2", "y1", "x1"]) assert.equal(await stateOf(lh, jobs[ref]!), "cancelled", ref);
 });
