@@ -31,6 +31,7 @@ import { Worker, type WorkerOptions } from "./worker/worker.js";
 import type { DispatchFactory, NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
 import { loadOptional } from "./optional.js";
 import { TypedLeasehold } from "./tasks/client.js";
+import { prepareBatch, prepareFlow, type BatchInput, type FlowNode, type PreparedNode } from "./jobs/flow-graph.js";
 import type { AnyTask } from "./tasks/define.js";
 import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
 import type { TracingOptions } from "./otel/options.js";
@@ -294,6 +295,47 @@ export class Leasehold {
   }
 
   /**
+   * Enqueues a graph of jobs in one transaction (docs/flows.md#dependencies): each node waits
+   * ('blocked', which no claim takes) until every parent in `dependsOn` has succeeded, and is
+   * released in the transaction of its last parent's success. Refused whole, nothing written,
+   * for a cycle, an unknown or duplicate ref, a finished or unknown parent id, a graph over
+   * 25,000 nodes or 100,000 edges, or any node an enqueue would refuse. Returns ref → job id.
+   * With `db`, on your client inside your transaction.
+   */
+  async enqueueFlow(nodes: FlowNode[], target: EnqueueTarget = {}): Promise<{ jobs: Record<string, string> }> {
+    const prepared = prepareFlow(nodes);
+    const ids = await this.writeFlow(prepared, target);
+    return { jobs: Object.fromEntries(prepared.map((n, i) => [n.ref, ids[i]!])) };
+  }
+
+  /**
+   * Enqueues a batch (docs/flows.md#batches): its jobs, and `onComplete`, a job released once
+   * every member has ended (succeeded, dead or cancelled); it reads the counts with
+   * `ctx.dependencies()` and the members with `ctx.parents()`. One transaction.
+   */
+  async enqueueBatch(batch: BatchInput, target: EnqueueTarget = {}): Promise<{ callbackId: string; jobIds: string[] }> {
+    const prepared = prepareBatch(batch);
+    const ids = await this.writeFlow(prepared, target);
+    return { callbackId: ids[ids.length - 1]!, jobIds: ids.slice(0, -1) };
+  }
+
+  private async writeFlow(nodes: PreparedNode[], target: EnqueueTarget): Promise<string[]> {
+    const jobs = nodes.map((n) => n.job);
+    if (this.knownTasks.mode === "refuse") await this.knownTasks.check(jobs, (i) => `node ${JSON.stringify(nodes[i]!.ref)}`);
+    let ids: string[];
+    if (target.db !== undefined) {
+      if (typeof (target.db as { query?: unknown })?.query !== "function") {
+        throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
+      }
+      ids = await allOrNothing(target.db, () => store.insertFlow(target.db!, nodes, this.schema));
+    } else {
+      ids = await store.withTransaction(this.pool, (client) => store.insertFlow(client, nodes));
+    }
+    this.countEnqueued(jobs);
+    return ids;
+  }
+
+  /**
    * Publishes the doorbells of jobs just enqueued and due, then marks them published. Never
    * throws: a publish that fails leaves them owed, and the workers' dispatchers publish them.
    */
@@ -385,9 +427,10 @@ export class Leasehold {
   }
 
   /**
-   * Cancels a job: a waiting one ends now; a running one has its handler aborted at once (a
-   * notification to the worker holding it; its next heartbeat at the latest), and its late
-   * report ends it as cancelled. Returns which happened.
+   * Cancels a job: a waiting or blocked one ends now (a blocked one's dependents are settled
+   * as for any failed parent); a running one has its handler aborted at once (a notification
+   * to the worker holding it; its next heartbeat at the latest), and its late report ends it as
+   * cancelled. Returns which happened.
    */
   async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
     checkJobId(id);

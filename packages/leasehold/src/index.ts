@@ -65,4 +65,7 @@ export { fencedWrite, fencedWriteSql } from "./fencing.js";
 export type { FencedWrite, FencedWriteDb } from "./fencing.js";
 export type { Scheduler, SchedulerOptions } from "./maintenance/scheduler.js";
 export type { ScheduleDefinition } from "./jobs/schedule.js";
+export type { FlowNode, BatchInput, OnParentFailure } from "./jobs/flow-graph.js";
+export { MAX_FLOW_NODES, MAX_FLOW_EDGES } from "./jobs/flow-graph.js";
+export type { ParentRecord, DependencyCounts } from "./store/dependencies.js";
 export type { ScheduleRecord, ScheduleJobOptions } from "./store/schedules.js";

@@ -72,12 +72,13 @@ export class Api {
 
 // What the routes answer (dates are ISO strings, durations milliseconds by the database's clock).
 
-export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+export type JobState = "blocked" | "waiting" | "running" | "succeeded" | "dead" | "cancelled";
 
 export interface QueueOverview {
   queue: string;
   waiting: number;
   scheduled: number;
+  blocked: number;
   running: number;
   expired: number;
   dead: number;

@@ -55,8 +55,13 @@ function render(
         }),
       );
     }
-    if ((job.state === "waiting" || job.state === "running") && !job.cancelRequestedAt) {
-      const detail = job.state === "waiting" ? "It ends now, without running." : "Its handler is aborted now.";
+    if ((job.state === "waiting" || job.state === "blocked" || job.state === "running") && !job.cancelRequestedAt) {
+      const detail =
+        job.state === "running"
+          ? "Its handler is aborted now."
+          : job.state === "blocked"
+            ? "It ends now, without running; the jobs that depend on it are cancelled too (or run, if they run on failure)."
+            : "It ends now, without running.";
       actions.append(
         button("Cancel", () => void act(ctx, "cancel", job.id, `Cancel job ${job.id}?`, detail), { class: "danger", "data-action": "cancel" }),
       );

@@ -117,7 +117,7 @@ export function overviewView(ctx: ViewContext): View {
 
   const render = (o: Overview) => {
     last = o;
-    const sum = (k: "waiting" | "scheduled" | "running" | "expired" | "dead") => o.queues.reduce((n, q) => n + q[k], 0);
+    const sum = (k: "waiting" | "scheduled" | "blocked" | "running" | "expired" | "dead") => o.queues.reduce((n, q) => n + q[k], 0);
     const workers = o.processes.filter((p) => p.kind === "worker");
     const watchdogs = o.processes.filter((p) => p.kind === "watchdog" && isLive(p));
     const lost = workers.filter((p) => p.lost);
@@ -147,6 +147,7 @@ export function overviewView(ctx: ViewContext): View {
       cards,
       card("waiting", sum("waiting"), "#/jobs?state=waiting"),
       card("scheduled", sum("scheduled"), "#/jobs?state=waiting"),
+      card("blocked", sum("blocked"), "#/jobs?state=blocked", "waiting for parents"),
       card("running", sum("running"), "#/running", sum("expired") > 0 ? `${sum("expired")} expired` : undefined),
       card("dead", sum("dead"), "#/jobs?state=dead"),
       card("workers", workers.filter(isLive).length, undefined, lost.length > 0 ? `${lost.length} lost` : undefined),
@@ -158,7 +159,7 @@ export function overviewView(ctx: ViewContext): View {
     const rows: QueueOverview[] = [...o.queues];
     for (const f of flow.values()) {
       if (!o.queues.some((r) => r.queue === f.name))
-        rows.push({ queue: f.name, waiting: 0, scheduled: 0, running: 0, expired: 0, dead: 0, oldestWaitingMs: null });
+        rows.push({ queue: f.name, waiting: 0, scheduled: 0, blocked: 0, running: 0, expired: 0, dead: 0, oldestWaitingMs: null });
     }
     rows.sort((a, b) => (a.queue < b.queue ? -1 : a.queue > b.queue ? 1 : 0));
     replace(
@@ -166,11 +167,12 @@ export function overviewView(ctx: ViewContext): View {
       rows.length === 0
         ? h("p", { class: "empty" }, "No unfinished or dead jobs, and no queue settings.")
         : table(
-            ["Queue", "Waiting", "Scheduled", "Running", "Dead", "Oldest waiting", "Flow control", ...(ctx.readOnly ? [] : [""])],
+            ["Queue", "Waiting", "Scheduled", "Blocked", "Running", "Dead", "Oldest waiting", "Flow control", ...(ctx.readOnly ? [] : [""])],
             rows.map((r) => [
               link(`#/jobs?queue=${q(r.queue)}`, r.queue),
               link(`#/jobs?queue=${q(r.queue)}&state=waiting`, count(r.waiting)),
               count(r.scheduled),
+              r.blocked > 0 ? link(`#/jobs?queue=${q(r.queue)}&state=blocked`, count(r.blocked)) : "0",
               h("span", {}, count(r.running), r.expired > 0 && h("span", { class: "bad" }, ` (${r.expired} expired)`)),
               r.dead > 0 ? link(`#/jobs?queue=${q(r.queue)}&state=dead`, count(r.dead)) : "0",
               r.oldestWaitingMs === null ? "–" : duration(r.oldestWaitingMs),

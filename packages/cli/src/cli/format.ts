@@ -95,7 +95,7 @@ function flowText(r: JobRelations): string {
   return links("parents", r.parents, r.parentCount) + links("children", r.children, r.childCount);
 }
 
-const STATES = ["waiting", "running", "succeeded", "dead", "cancelled"] as const;
+const STATES = ["waiting", "running", "succeeded", "dead", "cancelled", "blocked"] as const;
 
 export function statsText(stats: Stats): string {
   const byQueue = new Map<string, Record<string, number>>();

@@ -9,6 +9,7 @@ import { JobNotFoundError, JobStateError, ValidationError, WaitTimeoutError } fr
 import type { JobRelations } from "leasehold/internal/store/admin";
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
+import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
 import type { QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
@@ -17,6 +18,8 @@ export type JobOperations = Pick<
   Leasehold,
   | "enqueue"
   | "enqueueMany"
+  | "enqueueFlow"
+  | "enqueueBatch"
   | "getJob"
   | "waitFor"
   | "listJobs"
@@ -62,6 +65,15 @@ export class RemoteOperations implements JobOperations {
       out.push(...created);
     }
     return out;
+  }
+
+  /** One request, one transaction on the server: the whole graph or nothing. */
+  async enqueueFlow(nodes: FlowNode[]): Promise<{ jobs: Record<string, string> }> {
+    return this.call<{ jobs: Record<string, string> }>("POST", "/v1/flows", { nodes });
+  }
+
+  async enqueueBatch(batch: BatchInput): Promise<{ callbackId: string; jobIds: string[] }> {
+    return this.call<{ callbackId: string; jobIds: string[] }>("POST", "/v1/batches", batch);
   }
 
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {

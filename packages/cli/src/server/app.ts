@@ -21,6 +21,7 @@ import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { DASHBOARD_MODES, registerDashboard, type DashboardMode } from "./dashboard.js";
 import { JobWaits, registerJobRoutes } from "./job-routes.js";
+import { registerFlowRoutes } from "./flow-routes.js";
 import { registerMonitorRoutes } from "./monitor-routes.js";
 import { registerQueueRoutes } from "./queue-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
@@ -164,6 +165,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerCancelRoute(api, { leasehold: lh, waiter, cancels, receipts, metrics });
     registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
     registerJobRoutes(api, lh, jobWaits);
+    registerFlowRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
     registerQueueRoutes(api, lh);
     registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });
     if (dashboard !== "off") registerDashboard(api, dashboard);

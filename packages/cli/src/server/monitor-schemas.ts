@@ -19,6 +19,7 @@ const queueOverview = {
     queue: NAME,
     waiting: { ...COUNT, description: "ready to run now" },
     scheduled: { ...COUNT, description: "waiting for a later time: delayed, or backing off before a retry" },
+    blocked: { ...COUNT, description: "waiting for their parents to end (docs/flows.md)" },
     running: COUNT,
     expired: { ...COUNT, description: "running with a lease that ran out, not yet reaped by a watchdog" },
     dead: COUNT,

@@ -6,7 +6,7 @@
 export const NAME = { type: "string", pattern: "^[A-Za-z0-9_.:\\-/]{1,128}$" } as const;
 export const JOB_ID = { type: "string", pattern: "^[1-9][0-9]{0,18}$", description: "job id (a PostgreSQL bigint, as a string)" } as const;
 const ATTEMPT = { type: "integer", minimum: 1, maximum: 2147483647, description: "the fencing token of the claim" } as const;
-const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
+export const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
 const LEASE_MS = { type: "integer", minimum: 1000, maximum: 86400000 } as const;
 const LIMIT_MS = { type: "integer", minimum: 1000, maximum: 604800000 } as const;
 const NULLABLE_LIMIT = { type: ["integer", "null"], minimum: 1000, maximum: 604800000 } as const;
@@ -52,7 +52,7 @@ const RECEIPT = {
   maxLength: 128,
   description: "the receipt the claim returned for this attempt; without it the attempt is refused",
 } as const;
-const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
+export const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
 /** An attempt refused before the database was asked, and why. */
 const INVALID_ITEM = {
   type: "object",
@@ -135,7 +135,7 @@ export const jobRecordSchema = {
     task: NAME,
     payload: { description: "lists leave it out unless asked for" },
     priority: { type: "integer" },
-    state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
+    state: { type: "string", enum: ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"] },
     attempt: { type: "integer" },
     spentAttempts: { type: "integer" },
     maxAttempts: { type: "integer" },
@@ -283,7 +283,7 @@ export const PROGRESS_FRACTION = { type: ["number", "null"], minimum: 0, maximum
 
 /** What a job list or a bulk action selects (query strings carry everything as text). */
 export const JOB_FILTER = {
-  state: { type: "string", enum: ["waiting", "running", "succeeded", "dead", "cancelled"] },
+  state: { type: "string", enum: ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"] },
   queue: NAME,
   task: NAME,
   from: { type: "string", format: "date-time", description: "only jobs whose time (see `time`) is at or after this" },

@@ -2,9 +2,12 @@
 
 export type JsonValue = null | boolean | number | string | JsonValue[] | { [key: string]: JsonValue };
 
-/** Unfinished jobs live in `jobs`; finished ones in `job_history`, dead ones in `dead_jobs`. */
-export type JobState = "waiting" | "running" | "succeeded" | "dead" | "cancelled";
-export const JOB_STATES: readonly JobState[] = ["waiting", "running", "succeeded", "dead", "cancelled"];
+/**
+ * Unfinished jobs live in `jobs`; finished ones in `job_history`, dead ones in `dead_jobs`.
+ * A blocked job waits for its parents (docs/flows.md): no claim takes it until they have ended.
+ */
+export type JobState = "blocked" | "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+export const JOB_STATES: readonly JobState[] = ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"];
 
 /**
  * How an attempt ended: its handler returned (succeeded) or threw (failed); its lease ran out

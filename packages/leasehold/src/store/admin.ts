@@ -246,8 +246,9 @@ export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<Listed
 }
 
 /**
- * Cancel: a waiting job ends at once (to history as cancelled); a running job is marked,
- * its handler is aborted at once (migration 014's trigger notifies the worker holding it), and its
+ * Cancel: a waiting or blocked job ends at once (to history as cancelled; a blocked job's own
+ * dependents are then settled by the triggers of migration 014); a running job is marked, its
+ * handler is aborted at once (migration 014's trigger notifies the worker holding it), and its
  * late report ends it as cancelled.
  * This tail cancels the jobs of a CTE `target(id, state)` (locked by its caller); one job's
  * cancel and a bulk cancel share it.
@@ -255,7 +256,7 @@ export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<Listed
 export const CANCEL_TARGET = `
 ended AS (
   DELETE FROM jobs AS j USING target AS t
-   WHERE j.id = t.id AND t.state = 'waiting'
+   WHERE j.id = t.id AND t.state IN ('waiting', 'blocked')
   RETURNING j.*
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,

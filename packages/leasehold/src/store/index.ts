@@ -92,3 +92,5 @@ export {
 } from "./dispatch.js";
 export type { Doorbell } from "./dispatch.js";
 export type { InsertedJob } from "./enqueue.js";
+export { insertFlow, parentsOf, dependencyCounts } from "./dependencies.js";
+export type { ParentRecord, DependencyCounts } from "./dependencies.js";

@@ -17,19 +17,20 @@ import { run, statement } from "./sql.js";
 const QUEUE_OVERVIEW = statement(
   "queueOverview",
   `
-SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, sum(running)::int AS running,
+SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, sum(blocked)::int AS blocked, sum(running)::int AS running,
        sum(expired)::int AS expired, sum(dead)::int AS dead, max(oldest_waiting_ms)::float8 AS oldest_waiting_ms
   FROM (
     SELECT queue,
            count(*) FILTER (WHERE state = 'waiting' AND run_at <= now()) AS waiting,
            count(*) FILTER (WHERE state = 'waiting' AND run_at > now()) AS scheduled,
+           count(*) FILTER (WHERE state = 'blocked') AS blocked,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'running' AND lease_until < now()) AS expired,
            0 AS dead,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now())) * 1000 AS oldest_waiting_ms
       FROM jobs GROUP BY queue
     UNION ALL
-    SELECT queue, 0, 0, 0, 0, count(*), NULL FROM dead_jobs GROUP BY queue
+    SELECT queue, 0, 0, 0, 0, 0, count(*), NULL FROM dead_jobs GROUP BY queue
   ) AS q
  GROUP BY queue
  ORDER BY queue`,
@@ -37,6 +38,7 @@ SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, su
     queue: "text",
     waiting: "int4",
     scheduled: "int4",
+    blocked: "int4",
     running: "int4",
     expired: "int4",
     dead: "int4",
@@ -48,6 +50,8 @@ export interface QueueOverview {
   queue: string;
   waiting: number;
   scheduled: number;
+  /** Waiting for their parents (docs/flows.md): no claim takes them until those have ended. */
+  blocked: number;
   running: number;
   /** Running jobs whose lease ran out, not yet reaped. */
   expired: number;

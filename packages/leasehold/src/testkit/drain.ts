@@ -8,6 +8,11 @@
  * ahead (a delay, a retry's backoff) wait, unless `advanceClock` moves the queue's clock to
  * them. Each round reads the queue's state from the database, so what counts as "ready" is
  * exactly what a claim would take.
+ *
+ * Dependent jobs (docs/flows.md) need nothing of their own: a parent's success releases its
+ * blocked children in the same transaction, so they are ready (and found by this round or the
+ * next) as soon as it is reported. A blocked job whose parents cannot run is reported in `left`
+ * with the unfinished parents it waits for.
  */
 import type pg from "pg";
 import type { Handler, JobContext, JobOutcome, JsonValue, Leasehold, TaskDefinition, TaskHandlers, Worker } from "../index.js";
@@ -46,15 +51,18 @@ export interface DrainedJob {
 }
 
 /**
- * A waiting job the drain left: not due yet, no handler registered for its task, outside `queues`,
- * or due but held back by its queue's flow control (paused, or a limit the drain cannot wait out).
+ * An unfinished job the drain left: not due yet, no handler registered for its task, outside
+ * `queues`, due but held back by its queue's flow control (paused, or a limit the drain cannot
+ * wait out), or blocked: waiting for parents that were left too.
  */
 export interface LeftJob {
   id: string;
   task: string;
   queue: string;
   runAt: Date;
-  why: "not_due" | "no_handler" | "other_queue" | "flow_control";
+  why: "not_due" | "no_handler" | "other_queue" | "flow_control" | "blocked";
+  /** A blocked job's parents that have not ended (each is itself in `left`, or running elsewhere). */
+  waitingFor?: string[];
 }
 
 export interface DrainResult {
@@ -62,7 +70,7 @@ export interface DrainResult {
   ran: DrainedJob[];
   /** The attempts among `ran` that did not succeed (failed and will retry, dead, cancelled, ...). */
   failed: DrainedJob[];
-  /** Waiting jobs left behind (at most 100), oldest first. */
+  /** Waiting and blocked jobs left behind (at most 100), oldest first. */
   left: LeftJob[];
 }
 
@@ -95,8 +103,11 @@ SELECT min(run_at) AS at FROM jobs
 
 const LEFT = `
 SELECT id::text, task, queue, run_at, run_at > now() AS later,
-       EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())) AS held
-  FROM jobs WHERE state = 'waiting' ORDER BY run_at, id LIMIT $1`;
+       EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())) AS held,
+       CASE WHEN state = 'blocked' THEN ARRAY(
+         SELECT d.parent_id::text FROM job_dependencies AS d JOIN jobs AS p ON p.id = d.parent_id
+          WHERE d.child_id = jobs.id ORDER BY d.parent_id) END AS waiting_for
+  FROM jobs WHERE state IN ('waiting', 'blocked') ORDER BY run_at, id LIMIT $1`;
 
 export interface DrainHost {
   lh: Leasehold;
@@ -137,14 +148,27 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
   }
   const handled = new Set(tasks);
   const left = (
-    await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean; held: boolean }>(LEFT, [LEFT_SHOWN])
-  ).rows.map((r): LeftJob => ({
-    id: r.id,
-    task: r.task,
-    queue: r.queue,
-    runAt: r.run_at,
-    why: !handled.has(r.task) ? "no_handler" : queues && !queues.includes(r.queue) ? "other_queue" : !r.later && r.held ? "flow_control" : "not_due",
-  }));
+    await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean; held: boolean; waiting_for: string[] | null }>(
+      LEFT,
+      [LEFT_SHOWN],
+    )
+  ).rows.map((r): LeftJob =>
+    r.waiting_for !== null
+      ? { id: r.id, task: r.task, queue: r.queue, runAt: r.run_at, why: "blocked", waitingFor: r.waiting_for }
+      : {
+          id: r.id,
+          task: r.task,
+          queue: r.queue,
+          runAt: r.run_at,
+          why: !handled.has(r.task)
+            ? "no_handler"
+            : queues && !queues.includes(r.queue)
+              ? "other_queue"
+              : !r.later && r.held
+                ? "flow_control"
+                : "not_due",
+        },
+  );
   return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded"), left };
 }
 

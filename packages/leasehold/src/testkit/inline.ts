@@ -21,6 +21,8 @@ import {
   type JobHeaders,
   type JsonValue,
   type TaskDefinition,
+  type ParentRecord,
+  type DependencyCounts,
 } from "../index.js";
 
 export interface InlineOptions {
@@ -43,6 +45,8 @@ export interface InlineOptions {
    * is one (`"cancelled"`, `"lease_expired"`, ...) or a JobAbortedError; otherwise `"cancelled"`.
    */
   signal?: AbortSignal;
+  /** What `ctx.parents()` returns (and `ctx.dependencies()` counts); default none. */
+  parents?: ParentRecord[];
   /** The pool `ctx.transaction` uses when the handler passes none; default: the test database's. */
   pool?: pg.Pool;
 }
@@ -135,6 +139,16 @@ class InlineContext implements JobContext {
   }
   get lastError(): string | null {
     return this.options.lastError ?? null;
+  }
+  async parents(): Promise<ParentRecord[]> {
+    return (this.options.parents ?? []).map((p) => ({ ...p }));
+  }
+  async dependencies(): Promise<DependencyCounts> {
+    const parents = this.options.parents ?? [];
+    const count = (state: ParentRecord["state"]) => parents.filter((p) => p.state === state).length;
+    const dead = count("dead");
+    const cancelled = count("cancelled");
+    return { total: parents.length, succeeded: parents.length - dead - cancelled, dead, cancelled };
   }
   get previousCheckpoint(): JsonValue | null {
     return this.options.previousCheckpoint ?? null;

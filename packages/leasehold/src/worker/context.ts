@@ -14,6 +14,7 @@ import type { LostLeaseReason } from "../errors.js";
 import { LeaseholdError } from "../errors.js";
 import type { BackoffPolicy } from "./backoff.js";
 import type { FencedWriteDb } from "../fencing.js";
+import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 
 export interface JobContext {
   jobId: string;
@@ -82,6 +83,17 @@ export interface JobContext {
    * result in the same transaction.
    */
   transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool; result?: TransactionResult<T> }): Promise<T>;
+  /**
+   * This job's parents (enqueued with `dependsOn`, or a batch's members for its callback) and
+   * how each ended: state, result (its handler's return value) and error. A parent forgotten
+   * by retention reads as state "unknown". A job without parents: [].
+   */
+  parents(): Promise<ParentRecord[]>;
+  /**
+   * How this job's parents ended, counted: `{ total, succeeded, dead, cancelled }` (a batch
+   * callback's counts). A job without parents: all 0.
+   */
+  dependencies(): Promise<DependencyCounts>;
   logger: Logger;
 }
 

@@ -25,6 +25,8 @@ class HookedTransport implements WorkerTransport {
     if (!inner.completeWithin) this.completeWithin = undefined;
     if (!inner.interrupt) this.interrupt = undefined;
     if (!inner.recordRefusals) this.recordRefusals = undefined;
+    if (!inner.parents) this.parents = undefined;
+    if (!inner.dependencies) this.dependencies = undefined;
   }
 
   private settle<M extends Map<string, string>>(kind: SettleBatch["kind"], jobs: store.AttemptRef[], write: () => Promise<M>): Promise<M> {
@@ -77,6 +79,12 @@ class HookedTransport implements WorkerTransport {
   }
   interrupt?(): void {
     this.inner.interrupt!();
+  }
+  parents?(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]> {
+    return this.inner.parents!(p);
+  }
+  dependencies?(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
+    return this.inner.dependencies!(p);
   }
   recordRefusals?(refusals: store.StaleRefusal[]): Promise<void> {
     return this.inner.recordRefusals!(refusals);

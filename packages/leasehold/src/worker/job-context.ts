@@ -10,6 +10,7 @@ import type { AttemptOutcome, JobHeaders, JsonValue } from "../jobs/types.js";
 import type { Metrics } from "../metrics.js";
 import type { AbortReason, JobContext, TransactionResult } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
+import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 
 export interface ContextHost {
   logger: Logger;
@@ -18,6 +19,8 @@ export interface ContextHost {
   /** The handler made progress (a progress or checkpoint call). */
   progressed(entry: InFlight): void;
   abort(entry: InFlight, reason: AbortReason): void;
+  parents(entry: InFlight): Promise<ParentRecord[]>;
+  dependencies(entry: InFlight): Promise<DependencyCounts>;
 }
 
 /**
@@ -118,6 +121,14 @@ class AttemptContext implements JobContext {
 
   transaction<T>(work: (tx: pg.PoolClient) => Promise<T>, options: { pool?: pg.Pool; result?: TransactionResult<T> } = {}): Promise<T> {
     return this.host.transaction(this.entry, work, options.pool, options.result);
+  }
+
+  parents(): Promise<ParentRecord[]> {
+    return this.host.parents(this.entry);
+  }
+
+  dependencies(): Promise<DependencyCounts> {
+    return this.host.dependencies(this.entry);
   }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.

@@ -370,6 +370,26 @@ export class RemoteTransport implements WorkerTransport {
     }
   }
 
+  /** ctx.parents() of a job this worker runs: the server checks the attempt's receipt. */
+  async parents(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]> {
+    const res = await this.post<{ parents: store.ParentRecord[] }>(
+      "/v1/worker/parents",
+      { workerId: p.workerId, job: this.withReceipt(p.job) },
+      this.timeoutMs,
+    );
+    return res.body.parents;
+  }
+
+  /** ctx.dependencies() of a job this worker runs. */
+  async dependencies(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
+    const res = await this.post<store.DependencyCounts>(
+      "/v1/worker/dependencies",
+      { workerId: p.workerId, job: this.withReceipt(p.job) },
+      this.timeoutMs,
+    );
+    return res.body;
+  }
+
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
   async check(): Promise<void> {
     await this.request("GET", "/v1/worker/check", undefined, this.timeoutMs);

@@ -103,6 +103,13 @@ export interface WorkerTransport {
    * transactions). `committing` is called just before the completion runs.
    */
   completeWithin?<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>>;
+  /**
+   * ctx.parents(): the parents of a job this worker holds, and how each ended (results
+   * included). A transport without it cannot serve dependent jobs' reads.
+   */
+  parents?(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]>;
+  /** ctx.dependencies(): how the parents of a job this worker holds ended, counted. */
+  dependencies?(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
   /**
@@ -344,5 +351,11 @@ export class DatabaseTransport implements WorkerTransport {
   }
   recordRefusals(refusals: store.StaleRefusal[]): Promise<void> {
     return store.recordStaleRefusals(this.pool, refusals, "database");
+  }
+  parents(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]> {
+    return store.parentsOf(this.pool, p.job.id);
+  }
+  dependencies(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
+    return store.dependencyCounts(this.pool, p.job.id);
   }
 }

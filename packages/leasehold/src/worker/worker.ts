@@ -22,6 +22,7 @@ import { serializeResult } from "../jobs/validate.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
 import { FlowView } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
+import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
@@ -554,6 +555,20 @@ export class Worker extends WorkerEmitter {
   /** @internal */
   abort(entry: InFlight, reason: AbortReason): void {
     this.abortJob(entry, reason);
+  }
+
+  /** @internal ctx.parents */
+  parents(entry: InFlight): Promise<ParentRecord[]> {
+    if (!this.transport.parents) return Promise.reject(new ConfigError("ctx.parents: this worker's transport cannot read a job's parents"));
+    return this.transport.parents({ workerId: this.id, job: { id: entry.job.id, attempt: entry.job.attempt } });
+  }
+
+  /** @internal ctx.dependencies */
+  dependencies(entry: InFlight): Promise<DependencyCounts> {
+    if (!this.transport.dependencies) {
+      return Promise.reject(new ConfigError("ctx.dependencies: this worker's transport cannot read a job's parents"));
+    }
+    return this.transport.dependencies({ workerId: this.id, job: { id: entry.job.id, attempt: entry.job.attempt } });
   }
 
   /**

@@ -62,7 +62,7 @@ export function registerJobCommands(program: Command, run: Run): void {
 
   jobs
     .command("cancel <id>")
-    .description("cancel a job: a waiting one ends now, a running one has its handler aborted at once")
+    .description("cancel a job: a waiting or blocked one ends now, a running one has its handler aborted at once")
     .action(
       run(async (cli, id: string) => {
         const lh = await cli.operations();

@@ -1,0 +1,254 @@
+/**
+ * Dependencies between jobs (docs/flows.md): a graph of new jobs written in one transaction
+ * with a few set-based statements, whatever its size, and what a dependent job reads of its
+ * parents. Releasing and cancelling dependents is the database's own work (the triggers of
+ * migration 014): nothing here runs when a parent ends.
+ *
+ * Every statement is built for a table prefix, so that a flow can be enqueued on a caller's
+ * own client, whose search_path need not include Leasehold's schema.
+ */
+import { quoteIdent, type Queryable } from "./db.js";
+import { run, statement, type Statement } from "./sql.js";
+import { ValidationError } from "../errors.js";
+import type { PreparedNode } from "../jobs/flow-graph.js";
+import type { JsonValue } from "../jobs/types.js";
+
+/**
+ * The existing jobs a graph names as parents, locked (in id order, as the triggers lock
+ * children) until the graph commits: none can end before its new dependents and their edges
+ * are in place, so none ends without settling them. Those not yet marked get has_dependents.
+ * A parent missing here has finished (or never was): the graph is refused.
+ */
+const lockParentsText = (s: string) => `
+WITH locked AS (
+  SELECT id, has_dependents FROM ${s}jobs WHERE id = ANY($1::bigint[]) ORDER BY id FOR UPDATE
+), marked AS (
+  UPDATE ${s}jobs AS j SET has_dependents = true FROM locked AS l WHERE j.id = l.id AND NOT l.has_dependents
+)
+SELECT id FROM locked`;
+
+/** How the parents that are not unfinished ended, to say so in the error. */
+const finishedText = (s: string) => `
+SELECT id, state FROM ${s}finished_jobs WHERE id = ANY($1::bigint[])`;
+
+/**
+ * Ids for the new jobs, from the jobs' own identity sequence, so edges can name them before the
+ * insert. The table is a parameter ($2, its name as the caller's client must spell it).
+ */
+const ALLOCATE_IDS_TEXT = `
+SELECT nextval(seq.name)::int8 AS id
+  FROM (SELECT pg_get_serial_sequence($2, 'id')::regclass AS name) AS seq, generate_series(1, $1::int)`;
+
+/**
+ * The whole graph's jobs in one INSERT: roots 'waiting' (the insert trigger wakes workers for
+ * them as for any enqueue), the others 'blocked' with the count of their parents.
+ */
+const insertJobsText = (s: string) => `
+INSERT INTO ${s}jobs (id, queue, task, payload, priority, run_at, max_attempts, lease_ms, progress_timeout_ms,
+                      max_run_ms, max_run_unlimited, headers, flow_key, state, parents_pending, on_parent_failure,
+                      has_dependents)
+SELECT id, queue, task, payload, priority,
+       coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
+       max_attempts, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key,
+       CASE WHEN parents > 0 THEN 'blocked' ELSE 'waiting' END,
+       nullif(parents, 0), CASE WHEN parents > 0 THEN on_parent_failure END, has_dependents
+  FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[],
+              $8::int[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[], $14::text[], $15::int[],
+              $16::text[], $17::bool[])
+       AS j(id, queue, task, payload, priority, run_at, delay_ms, max_attempts, lease_ms, progress_timeout_ms,
+            max_run_ms, max_run_unlimited, headers, flow_key, parents, on_parent_failure, has_dependents)`;
+
+const insertEdgesText = (s: string) => `
+INSERT INTO ${s}job_dependencies (child_id, parent_id, ref)
+SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[])`;
+
+/** Keyed jobs make their queue a flow-controlled one, before they are inserted (as enqueue does). */
+const markKeyedText = (s: string) => `
+INSERT INTO ${s}queues AS qs (name, keyed)
+SELECT DISTINCT q.name, true FROM unnest($1::text[]) AS q(name)
+ WHERE NOT EXISTS (SELECT 1 FROM ${s}queues AS k WHERE k.name = q.name AND k.keyed)
+ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now()`;
+
+const LOCK_PARENTS = statement("enqueueFlow (lock parents)", lockParentsText(""), { id: "int8" });
+const FINISHED_PARENTS = statement("enqueueFlow (finished parents)", finishedText(""), { id: "int8", state: "text" });
+const ALLOCATE_IDS = statement("enqueueFlow (ids)", ALLOCATE_IDS_TEXT, { id: "int8" });
+const INSERT_FLOW_JOBS = statement("enqueueFlow (jobs)", insertJobsText(""), {});
+const INSERT_EDGES = statement("enqueueFlow (edges)", insertEdgesText(""), {});
+const MARK_KEYED = statement("enqueueFlow (keyed queues)", markKeyedText(""), {});
+
+interface FlowStatements {
+  lockParents: typeof LOCK_PARENTS;
+  finishedParents: typeof FINISHED_PARENTS;
+  allocateIds: typeof ALLOCATE_IDS;
+  insertJobs: typeof INSERT_FLOW_JOBS;
+  insertEdges: typeof INSERT_EDGES;
+  markKeyed: typeof MARK_KEYED;
+  /** The jobs table's name for pg_get_serial_sequence. */
+  jobsTable: string;
+}
+
+const UNQUALIFIED: FlowStatements = {
+  lockParents: LOCK_PARENTS,
+  finishedParents: FINISHED_PARENTS,
+  allocateIds: ALLOCATE_IDS,
+  insertJobs: INSERT_FLOW_JOBS,
+  insertEdges: INSERT_EDGES,
+  markKeyed: MARK_KEYED,
+  jobsTable: "jobs",
+};
+const qualified = new Map<string, FlowStatements>();
+
+function statementsFor(schema: string | undefined): FlowStatements {
+  if (schema === undefined) return UNQUALIFIED;
+  let s = qualified.get(schema);
+  if (!s) {
+    const p = `${quoteIdent(schema)}.`;
+    const as = <C extends Statement>(st: C, text: string): C => ({ ...st, text });
+    s = {
+      lockParents: as(LOCK_PARENTS, lockParentsText(p)),
+      finishedParents: as(FINISHED_PARENTS, finishedText(p)),
+      allocateIds: ALLOCATE_IDS,
+      insertJobs: as(INSERT_FLOW_JOBS, insertJobsText(p)),
+      insertEdges: as(INSERT_EDGES, insertEdgesText(p)),
+      markKeyed: as(MARK_KEYED, markKeyedText(p)),
+      jobsTable: `${p}jobs`,
+    };
+    qualified.set(schema, s);
+  }
+  return s;
+}
+
+/**
+ * Writes a checked graph; returns the new jobs' ids in node order. Must run inside a
+ * transaction (the caller's, or one of its own): its statements stand or fall together, and
+ * the parents' locks must hold until the commit. `schema`: qualify the tables (a caller's
+ * client); leave it out on Leasehold's own connections.
+ */
+export async function insertFlow(db: Queryable, nodes: PreparedNode[], schema?: string): Promise<string[]> {
+  if (nodes.length === 0) return [];
+  const st = statementsFor(schema);
+
+  const existing = [...new Set(nodes.flatMap((n) => n.parentIds))];
+  if (existing.length > 0) {
+    const locked = new Set((await run(db, st.lockParents, [existing])).map((r) => r.id));
+    const gone = existing.filter((id) => !locked.has(id));
+    if (gone.length > 0) {
+      const finished = new Map((await run(db, st.finishedParents, [gone])).map((r) => [r.id, r.state]));
+      const id = gone[0]!;
+      const node = nodes.find((n) => n.parentIds.includes(id))!;
+      const state = finished.get(id);
+      throw new ValidationError(
+        state === undefined
+          ? `node ${JSON.stringify(node.ref)}: dependsOn names no job ${id} (no such job, or forgotten by retention)`
+          : `node ${JSON.stringify(node.ref)}: dependsOn names job ${id}, which has already ended (${state}); a parent must be an unfinished job`,
+      );
+    }
+  }
+
+  const ids = (await run(db, st.allocateIds, [nodes.length, st.jobsTable])).map((r) => r.id);
+  const keyedQueues = [...new Set(nodes.filter((n) => n.job.flowKey != null).map((n) => n.job.queue))];
+  if (keyedQueues.length > 0) await run(db, st.markKeyed, [keyedQueues]);
+
+  const jobs = nodes.map((n) => n.job);
+  await run(db, st.insertJobs, [
+    ids,
+    jobs.map((j) => j.queue),
+    jobs.map((j) => j.task),
+    jobs.map((j) => j.payloadJson),
+    jobs.map((j) => j.priority),
+    jobs.map((j) => j.runAt),
+    jobs.map((j) => j.delayMs),
+    jobs.map((j) => j.maxAttempts),
+    jobs.map((j) => j.leaseMs),
+    jobs.map((j) => j.progressTimeoutMs),
+    jobs.map((j) => j.maxRunMs),
+    jobs.map((j) => j.maxRunUnlimited),
+    jobs.map((j) => j.headersJson ?? null),
+    jobs.map((j) => j.flowKey ?? null),
+    nodes.map((n) => n.parents.length + n.parentIds.length),
+    nodes.map((n) => n.onParentFailure),
+    nodes.map((n) => n.hasDependents),
+  ]);
+
+  const child: string[] = [];
+  const parent: string[] = [];
+  const ref: (string | null)[] = [];
+  nodes.forEach((n, i) => {
+    for (const p of n.parents) {
+      child.push(ids[i]!);
+      parent.push(ids[p]!);
+      ref.push(nodes[p]!.ref);
+    }
+    for (const id of n.parentIds) {
+      child.push(ids[i]!);
+      parent.push(id);
+      ref.push(null);
+    }
+  });
+  if (child.length > 0) await run(db, st.insertEdges, [child, parent, ref]);
+  return ids;
+}
+
+/** A parent as its dependent reads it (ctx.parents). */
+export interface ParentRecord {
+  id: string;
+  /** The dependent's name for it in the graph; null for a parent named by id. */
+  ref: string | null;
+  /** Null when retention has forgotten it. */
+  task: string | null;
+  state: "succeeded" | "dead" | "cancelled" | "unknown";
+  result: JsonValue | null;
+  /** Why it ended dead or cancelled; null when it succeeded. */
+  error: string | null;
+}
+
+/**
+ * A job's parents and how each ended. A parent still unfinished (it cannot be, once its
+ * dependent runs) or forgotten by retention reads as "unknown".
+ */
+const PARENTS_OF = statement(
+  "parentsOf",
+  `
+SELECT d.parent_id AS id, d.ref, f.task, coalesce(f.state, 'unknown') AS state, f.result,
+       CASE WHEN f.state IN ('dead', 'cancelled') THEN f.last_error END AS error
+  FROM job_dependencies AS d
+  LEFT JOIN finished_jobs AS f ON f.id = d.parent_id
+ WHERE d.child_id = $1
+ ORDER BY d.parent_id`,
+  { id: "int8", ref: "text?", task: "text?", state: "text", result: "jsonb?", error: "text?" },
+);
+
+export async function parentsOf(db: Queryable, jobId: string): Promise<ParentRecord[]> {
+  const rows = await run(db, PARENTS_OF, [jobId]);
+  return rows.map((r) => ({ ...r, state: r.state as ParentRecord["state"] }));
+}
+
+/** How a job's parents ended, as the triggers counted them (ctx.dependencies: a batch callback's counts). */
+export interface DependencyCounts {
+  total: number;
+  succeeded: number;
+  dead: number;
+  cancelled: number;
+}
+
+/**
+ * The counters the triggers kept on the job's row, and its edges for the total. A job no
+ * longer in `jobs` (it has ended) has no counters: its parents' states are counted instead.
+ */
+const DEPENDENCY_COUNTS = statement(
+  "dependencyCounts",
+  `
+SELECT (SELECT count(*) FROM job_dependencies WHERE child_id = $1)::int AS total,
+       coalesce((SELECT j.parents_dead FROM jobs AS j WHERE j.id = $1),
+                (SELECT count(*) FROM job_dependencies AS d JOIN dead_jobs AS x ON x.id = d.parent_id WHERE d.child_id = $1))::int AS dead,
+       coalesce((SELECT j.parents_cancelled FROM jobs AS j WHERE j.id = $1),
+                (SELECT count(*) FROM job_dependencies AS d JOIN job_history AS h ON h.id = d.parent_id
+                  WHERE d.child_id = $1 AND h.state = 'cancelled'))::int AS cancelled`,
+  { total: "int4", dead: "int4", cancelled: "int4" },
+);
+
+export async function dependencyCounts(db: Queryable, jobId: string): Promise<DependencyCounts> {
+  const [r] = await run(db, DEPENDENCY_COUNTS, [jobId]);
+  const { total, dead, cancelled } = r!;
+  return { total, succeeded: Math.max(0, total - dead - cancelled), dead, cancelled };
+}
