@@ -297,16 +297,27 @@ test("ctx.parents reads a parent's stored result; a parent forgotten by retentio
   const { id: parent } = await lh.enqueue("p", {}, { queue: "manual" });
   const { id: gone } = await lh.enqueue("p", {}, { queue: "manual" });
   const { jobs } = await lh.enqueueFlow([{ ref: "child", task: "child", dependsOn: [{ id: parent }, { id: gone }] }]);
-  // The parent succeeds with a result, written as a completion writes it: out of jobs, into history, in one statement.
-  const finish = `
+  // The parent succeeds with a result, written as a claim and a completion write it: running
+  // under a lease, then out of jobs and into history in one statement (a waiting job that
+  // leaves jobs can only have been cancelled).
+  const claim = `
+    WITH claimed AS (
+      UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_until = now() + interval '1 minute',
+                      locked_by = 'test-worker', started_at = now()
+       WHERE id = $1
+    )
+    SELECT 1`;
+  const complete = `
     WITH done AS (DELETE FROM jobs WHERE id = $1 RETURNING *)
     INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts, lease_ms,
                              created_at, generation, result)
     SELECT id, queue, task, payload, priority, 'succeeded', attempt, spent_attempts, max_attempts, lease_ms,
            created_at, history_generation(now()), $2::jsonb FROM done`;
-  await lh.pool.query(finish, [parent, JSON.stringify({ total: 42, items: ["a"] })]);
+  await lh.pool.query(claim, [parent]);
+  await lh.pool.query(complete, [parent, JSON.stringify({ total: 42, items: ["a"] })]);
   assert.equal(await stateOf(lh, jobs.child!), "blocked");
-  await lh.pool.query(finish, [gone, "null"]);
+  await lh.pool.query(claim, [gone]);
+  await lh.pool.query(complete, [gone, "null"]);
   assert.equal(await stateOf(lh, jobs.child!), "waiting");
   await lh.pool.query("DELETE FROM job_history WHERE id = $1", [gone]); // as retention would
   let parents: ParentRecord[] = [];
