@@ -168,6 +168,10 @@ test("a result from another attempt or worker, on a job that did not succeed, or
   assert.deepEqual(invariantsOf(older), ["results belong to the attempt that succeeded"]);
   assert.match(checkGraphs(older).violations[0]!.detail, /names attempt 1 by w1; attempt 2 by w2 ended succeeded/);
 
+  // The same worker ran the older attempt: the attempt number alone tells them apart.
+  const sameWorker = change(clean(), "3", { result: { seq: 3, attempt: 1, worker: "w2" } });
+  assert.deepEqual(invariantsOf(sameWorker), ["results belong to the attempt that succeeded"]);
+
   const otherWorker = change(clean(), "3", { result: { seq: 3, attempt: 2, worker: "w1" } });
   assert.deepEqual(invariantsOf(otherWorker), ["results belong to the attempt that succeeded"]);
 
