@@ -8,6 +8,7 @@
  *   npm run bench -- --only crash --systems leasehold --kills 40
  *   npm run bench -- --jobs 100000 --steady-jobs 1000000 --pin-seconds 300
  *   npm run bench -- --only flow-cost --systems leasehold,pg-boss --flow-concurrency 10
+ *   npm run bench -- --only graph-fan-out,graph-fan-in,graph-chain --systems leasehold,pg-boss --runs 1
  */
 import os from "node:os";
 import path from "node:path";
@@ -25,6 +26,7 @@ import { crashWorkload } from "./workloads/crash.js";
 import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
 import { leaseholdCancelWorkload, pgbossCancelWorkload } from "./workloads/cancel.js";
+import { graphRows } from "./workloads/graph.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
@@ -237,6 +239,24 @@ const WORKLOADS: Workload[] = [
             : [],
       ),
   },
+  {
+    id: "graph-fan-out",
+    title: "10a. Jobs that build on jobs: fan-out, one parent → --graph-size children (10,000), enqueued as one graph",
+    repeated: true,
+    rows: graphRows("fan-out"),
+  },
+  {
+    id: "graph-fan-in",
+    title: "10b. Jobs that build on jobs: fan-in, --graph-size parents (10,000) → one child, enqueued as one graph",
+    repeated: true,
+    rows: graphRows("fan-in"),
+  },
+  {
+    id: "graph-chain",
+    title: "10c. Jobs that build on jobs: a chain of --graph-chain jobs (1,000), each the previous one's child, enqueued as one graph",
+    repeated: true,
+    rows: graphRows("chain"),
+  },
 ];
 
 /** graphile-worker's local queue must hold at least its concurrency; sizes tried for its best. */
@@ -277,6 +297,10 @@ const program = new Command("bench")
   .option("--rate-seconds <n>", "seconds the rate workload measures", int, 60)
   .option("--rate-processes <n>", "worker processes in the rate workload", int, 4)
   .option("--cancels <n>", "running jobs cancelled one at a time in the cancel-latency workload", int, 100)
+  .option("--graph-size <n>", "children of the fan-out, parents of the fan-in", int, 10_000)
+  .option("--graph-chain <n>", "jobs in the chain", int, 1_000)
+  .option("--graph-pgboss-chain <n>", "steps of pg-boss's chain (one per flow pass: its time is scaled to --graph-chain)", int, 20)
+  .option("--graph-concurrency <list>", "handler concurrencies of the graph workloads", "10,50")
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
@@ -312,6 +336,12 @@ const options: BenchOptions = {
   rateSeconds: o.rateSeconds,
   rateProcesses: o.rateProcesses,
   cancels: o.cancels,
+  graphSize: o.graphSize,
+  graphChain: o.graphChain,
+  graphPgbossChain: o.graphPgbossChain,
+  graphConcurrency: String(o.graphConcurrency)
+    .split(",")
+    .map((v) => int(v.trim())),
 };
 
 const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {

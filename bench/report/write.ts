@@ -133,6 +133,19 @@ COLUMNS["flow-rate"] = [
   ["quietestFixedSecond", "quietest fixed second", 0],
 ];
 
+const GRAPH_COLUMNS: Column[] = [
+  ["jobs", "jobs", 0],
+  ["seconds", "enqueue → last done, s", 2],
+  ["jobsPerSecond", "jobs/s", 0],
+  ["enqueueMs", "enqueue call, ms", 0],
+  ["stepP50Ms", "step p50 ms", 1],
+  ["stepP99Ms", "step p99 ms", 1],
+];
+COLUMNS["graph-fan-out"] = GRAPH_COLUMNS;
+COLUMNS["graph-fan-in"] = GRAPH_COLUMNS;
+COLUMNS["graph-chain"] = [...GRAPH_COLUMNS, ["fullChainSeconds", "full chain, s (pg-boss: scaled)", 1]];
+const GRAPH_WORKLOADS = ["graph-fan-out", "graph-fan-in", "graph-chain"];
+
 /** Workloads where Leasehold is compared to each peer, and which way is better. */
 const RATIOS: Record<string, { key: string; higherIsBetter: boolean }> = {
   enqueue: { key: "jobsPerSecond", higherIsBetter: true },
@@ -195,8 +208,24 @@ function share(w: WorkloadResult | undefined, label: string): number | undefined
   return v === undefined || b === undefined ? undefined : v / b;
 }
 
+/** Graphs: Leasehold's jobs/s against each pg-boss row at the same handler concurrency. */
+function graphRatioLines(w: WorkloadResult): string[] {
+  const concurrencyOf = (label: string) => / c=(\d+)/.exec(label)?.[1];
+  const out: string[] = [];
+  for (const lh of w.rows.filter((r) => r.system === "leasehold")) {
+    const v = lh.median.jobsPerSecond;
+    if (v === undefined) continue;
+    for (const peer of w.rows.filter((r) => r.system === "pg-boss" && concurrencyOf(r.label) === concurrencyOf(lh.label))) {
+      const p = peer.median.jobsPerSecond;
+      if (p !== undefined) out.push(`- ${lh.label} vs ${peer.label}: **${fmt(v / p, 1)}x** the jobs/s`);
+    }
+  }
+  return out;
+}
+
 function ratioLines(w: WorkloadResult): string[] {
   if (w.id === "sweep") return sweepRatioLines(w);
+  if (GRAPH_WORKLOADS.includes(w.id)) return graphRatioLines(w);
   if (w.rows.some((r) => r.compareTo !== undefined)) return shareLines(w);
   const spec = RATIOS[w.id];
   const lh = w.rows.find((r) => r.system === "leasehold")?.median[spec?.key ?? ""];
@@ -314,6 +343,22 @@ export function targets(results: BenchResults): Target[] {
       value: `${fmt(rate.worstWindowStarts, 0)} starts (${fmt(rate.worstWindowOverPct, 1)}%)`,
       met: rate.worstWindowOverPct <= 10,
     });
+  for (const id of GRAPH_WORKLOADS) {
+    const g = w(id);
+    for (const lh of g?.rows.filter((r) => r.system === "leasehold") ?? []) {
+      const c = / c=(\d+)/.exec(lh.label)?.[1];
+      const v = lh.median.jobsPerSecond;
+      const peers = g!.rows.filter((r) => r.system === "pg-boss" && r.label.startsWith(`pg-boss c=${c} `));
+      if (v === undefined || peers.length === 0) continue;
+      const best = Math.max(...peers.map((r) => r.median.jobsPerSecond ?? 0));
+      out.push({ name: `${id.slice(6)} ≥ 2x pg-boss's flow() at its best interval, c=${c}`, value: `${fmt(v / best, 1)}x`, met: v >= 2 * best });
+    }
+  }
+  for (const lh of w("graph-chain")?.rows.filter((r) => r.system === "leasehold") ?? []) {
+    const p50 = lh.median.stepP50Ms;
+    if (p50 !== undefined)
+      out.push({ name: `chain step (parent's end → child's start) p50 < 5 ms, ${lh.label.slice(10)}`, value: `${fmt(p50, 1)} ms`, met: p50 < 5 });
+  }
   const steady = m("steady", "leasehold", "endToStart");
   if (steady !== undefined)
     out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
@@ -353,6 +398,7 @@ export function markdown(results: BenchResults): string {
       `${results.options.steadyJobs.toLocaleString("en-US")} jobs in the steady state, ${results.options.pressureRate} jobs/s with a ${results.options.pinSeconds} s pinned snapshot. ` +
       `Flow control: ${results.options.flowJobs?.toLocaleString("en-US")} jobs per drain at handler concurrency ${results.options.flowConcurrency?.join(" and ")}, keyed over ${results.options.flowKeys?.toLocaleString("en-US")} keys; ` +
       `rate ${results.options.rateLimit}/s for ${results.options.rateSeconds} s with ${results.options.rateProcesses} processes. ` +
+      `Graphs: ${results.options.graphSize?.toLocaleString("en-US")} wide, a chain of ${results.options.graphChain?.toLocaleString("en-US")} (pg-boss: ${results.options.graphPgbossChain} steps, scaled) at handler concurrency ${results.options.graphConcurrency?.join(" and ")}. ` +
       `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate): one run.`,
     "",
     "## Targets (Leasehold, with heartbeats, fencing and the audit trail on)",

@@ -25,7 +25,7 @@ function queueOptions(profile: Profile) {
   };
 }
 
-function boss(url: string, profile: Profile, worker: boolean): PgBoss {
+function boss(url: string, profile: Profile, worker: boolean, flowIntervalSeconds?: number): PgBoss {
   const b = new PgBoss({
     connectionString: url,
     schema: SCHEMA,
@@ -41,6 +41,8 @@ function boss(url: string, profile: Profile, worker: boolean): PgBoss {
       ? { superviseIntervalSeconds: SUPERVISE_SECONDS, monitorIntervalSeconds: SUPERVISE_SECONDS }
       : {}),
     ...(profile === "steady" ? { superviseIntervalSeconds: 2, monitorIntervalSeconds: 2, maintenanceIntervalSeconds: 2 } : {}),
+    // Flows (graph workloads): its background pass releases dependents this often; unset, its default (5 s).
+    ...(flowIntervalSeconds !== undefined ? { flowIntervalSeconds } : {}),
   });
   b.on("error", () => {});
   return b;
@@ -96,7 +98,7 @@ export const pgboss: BenchSystem = {
   },
 
   async startWorker(url, spec, run) {
-    const b = boss(url, spec.profile, true);
+    const b = boss(url, spec.profile, true, spec.flowIntervalSeconds);
     await b.start();
     const base =
       spec.profile === "recovery"
@@ -109,7 +111,10 @@ export const pgboss: BenchSystem = {
               { ...THROUGHPUT, batchSize: spec.concurrency }
             : THROUGHPUT;
     // Per-group limits (flow workloads): counted in the database by every fetch, across processes.
-    const options = spec.groupConcurrency === undefined ? base : { ...base, groupConcurrency: spec.groupConcurrency };
+    const grouped = spec.groupConcurrency === undefined ? base : { ...base, groupConcurrency: spec.groupConcurrency };
+    // Flows: a dependent released by the flow pass sends no NOTIFY, so a worker finds it by its
+    // fallback poll (30 s by default with LISTEN/NOTIFY on): poll as often as pg-boss allows.
+    const options = spec.flowIntervalSeconds === undefined ? grouped : { ...grouped, notifyPollingIntervalSeconds: 0.5 };
     await b.work<Payload>(QUEUE, options, async (jobs) => {
       await Promise.all(jobs.map((job) => run(job.data, job.signal)));
     });

@@ -37,6 +37,11 @@ export interface WorkerSpec {
    * its workers start (bench/workloads/flow.ts).
    */
   groupConcurrency?: number;
+  /**
+   * pg-boss only: its `flowIntervalSeconds` constructor option, how often its background pass
+   * releases the dependents of completed flow jobs (default 5 s, at least 1 s).
+   */
+  flowIntervalSeconds?: number;
 }
 
 export interface Producer {

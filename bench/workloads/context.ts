@@ -41,6 +41,11 @@ export interface BenchOptions {
   rateProcesses: number;
   /** Cancel-to-abort latency: jobs cancelled one at a time while running (pg-boss with a heartbeat: at most 20). */
   cancels: number;
+  /** Jobs that build on jobs: fan-out/fan-in width, chain length (pg-boss: its steps), handler concurrencies. */
+  graphSize: number;
+  graphChain: number;
+  graphPgbossChain: number;
+  graphConcurrency: number[];
 }
 
 export interface BenchContext {
