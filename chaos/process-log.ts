@@ -50,11 +50,11 @@ export class ProcessLog {
  * AbortSignal fired and why, and when it settled. Reading ctx.signal makes the signal (the
  * worker makes it lazily), which changes nothing for the handler.
  */
-export function withTimeline<P>(
-  handler: (payload: P, ctx: JobContext) => Promise<void>,
+export function withTimeline<P, R>(
+  handler: (payload: P, ctx: JobContext) => Promise<R>,
   log: ProcessLog,
   workerId: () => string,
-): (payload: P, ctx: JobContext) => Promise<void> {
+): (payload: P, ctx: JobContext) => Promise<R> {
   return async (payload, ctx) => {
     const at = { w: workerId(), job: ctx.jobId, attempt: ctx.attempt };
     log.write({ ev: "start", t: Date.now(), ...at });
@@ -62,13 +62,15 @@ export function withTimeline<P>(
     const aborted = () => log.write({ ev: "abort", t: Date.now(), ...at, reason: abortReason(signal.reason) });
     if (signal.aborted) aborted();
     else signal.addEventListener("abort", aborted, { once: true });
+    let result: R;
     try {
-      await handler(payload, ctx);
+      result = await handler(payload, ctx);
     } catch (err) {
       log.write({ ev: "settled", t: Date.now(), ...at, ok: false, error: String((err as Error)?.message ?? err) });
       throw err;
     }
     log.write({ ev: "settled", t: Date.now(), ...at, ok: true });
+    return result;
   };
 }
 

@@ -3,12 +3,12 @@
  * at 1.5x the drain rate when the burst fault asks, and whatever is left at the end.
  * Enqueues survive restarts and terminated connections: a failed batch is sent again, and
  * each job's unique key ("chaos-<seq>") keeps a batch that did land from landing twice while
- * its jobs are unfinished.
+ * its jobs are unfinished. A share of the jobs go as graphs and batches (workload.ts makeUnits).
  */
 import type pg from "pg";
 import type { Leasehold } from "../packages/leasehold/src/index.js";
 import type { ChaosOptions } from "./config.js";
-import { makeJob } from "./workload.js";
+import { makeUnits, type Unit } from "./workload.js";
 
 const TICK_MS = 100;
 const BATCH = 200;
@@ -110,11 +110,22 @@ export class Producer {
   private steadySent = 0;
 
   private async send(n: number): Promise<void> {
-    const jobs = Array.from({ length: n }, (_, i) => makeJob(this.next + i, this.random, this.options.leaseMs, this.options.maxAttempts));
+    for (const unit of makeUnits(this.next, n, this.random, this.options.leaseMs, this.options.maxAttempts)) {
+      await this.sendUnit(unit);
+      this.next += unit.kind === "jobs" ? unit.jobs.length : unit.kind === "flow" ? unit.nodes.length : unit.batch.jobs.length + 1;
+    }
+  }
+
+  /**
+   * One enqueue call, sent again until it lands. A graph or batch has no unique key: one that
+   * landed although its answer was lost lands twice (counted as producer duplicates).
+   */
+  private async sendUnit(unit: Unit): Promise<void> {
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
-        await this.lh.enqueueMany(jobs);
-        this.next += n;
+        if (unit.kind === "jobs") await this.lh.enqueueMany(unit.jobs);
+        else if (unit.kind === "flow") await this.lh.enqueueFlow(unit.nodes);
+        else await this.lh.enqueueBatch(unit.batch);
         return;
       } catch (err) {
         this.retries++;

@@ -4,11 +4,15 @@
  * some attempts fail and retry, a few jobs always fail (poison, they end dead), most write
  * a result downstream with a fenced write, half-way through their work, and most of the
  * others finish inside ctx.transaction, writing a row that commits with their completion.
+ * Every handler returns its result: its own attempt and worker, and (in graphs) what it read of
+ * its parents. A share of the jobs come as graphs (chains, fan-outs, fan-ins, diamonds; some
+ * nodes run whatever their parents' end) and as batches with a callback (chaos/graph-checks.ts).
  */
-import { fencedWrite, type FencedWriteDb, type JobContext, type NewJob } from "../packages/leasehold/src/index.js";
+import { fencedWrite, type FencedWriteDb, type JobContext, type Leasehold, type NewJob } from "../packages/leasehold/src/index.js";
 import { RESULTS_TABLE } from "./config.js";
 import type { ProcessLog } from "./process-log.js";
 import { PROBE_QUEUE, pickFlowQueue } from "./flow-queues.js";
+import type { ChaosJobResult, GraphRole } from "./graph-checks.js";
 
 export const TASK = "chaos";
 export const QUEUE = "chaos";
@@ -28,6 +32,8 @@ export interface ChaosPayload {
   honorsSignal: boolean;
   /** The job's flow-control key, also kept here: finished jobs keep their payload, not their key. */
   key?: string;
+  /** Its place in a graph or batch, also kept here: finished jobs keep no on_parent_failure. */
+  graph?: GraphRole;
 }
 
 /** The job for sequence number `seq`; `random` makes the mix. */
@@ -107,15 +113,19 @@ export function chaosHandler(
   faults: HandlerFaults = { hangNext: 0 },
   effectsTable?: string,
 ) {
-  return async (p: ChaosPayload, ctx: JobContext): Promise<void> => {
+  return async (p: ChaosPayload, ctx: JobContext): Promise<ChaosJobResult> => {
     // Its start, abort and settling are logged by the wrapper (withTimeline, process-log.ts).
     const w = workerId();
+    const result: ChaosJobResult = { seq: p.seq, attempt: ctx.attempt, worker: w };
     if (faults.hangNext > 0) {
       faults.hangNext--;
       log.write({ ev: "hang", t: Date.now(), w, job: ctx.jobId, attempt: ctx.attempt });
       // A socket that never answers: no progress, no end, deaf to the signal.
-      return new Promise<void>(() => {});
+      return new Promise<never>(() => {});
     }
+    // What the handler read of its parents goes into its result, for the checker to compare.
+    if (p.graph?.role === "callback") result.dependencies = await ctx.dependencies();
+    else if (p.graph) result.parents = (await ctx.parents()).map((x) => ({ id: x.id, state: x.state }));
     const signal = p.honorsSignal ? ctx.signal : undefined;
     const work = async (ms: number) => {
       for (let left = ms; left > 0; left -= PROGRESS_EVERY_MS) {
@@ -154,9 +164,10 @@ export function chaosHandler(
         await tx.query(`INSERT INTO ${effectsTable} (job_id, attempt, worker_id) VALUES ($1, $2, $3)`, [ctx.jobId, ctx.attempt, w]);
         if (failure) throw new Error(failure);
       });
-      return;
+      return result;
     }
     if (failure) throw new Error(failure);
+    return result;
   };
 }
 
@@ -167,4 +178,69 @@ function attemptFails(seq: number, attempt: number, rate: number): boolean {
   h = Math.imul(h, 0x45d9f3b) >>> 0;
   h = (h ^ (h >>> 16)) >>> 0;
   return h / 4294967296 < rate;
+}
+
+/** The share of the producer's batches of jobs sent as graphs and batches instead. */
+export const GRAPH_SHARE = 0.3;
+/** Poison (always failing, ends dead) among graph nodes and batch members: failed parents to cancel or run past. */
+const GRAPH_POISON = 0.06;
+/** Graph nodes that run whatever their parents' end (onParentFailure 'run'). */
+const RUN_ON_FAILURE = 0.3;
+
+type FlowNodes = Parameters<Leasehold["enqueueFlow"]>[0];
+type BatchInput = Parameters<Leasehold["enqueueBatch"]>[0];
+
+/** One enqueue call of the producer: plain jobs, a graph, or a batch with its callback. */
+export type Unit = { kind: "jobs"; jobs: NewJob[] } | { kind: "flow"; nodes: FlowNodes } | { kind: "batch"; batch: BatchInput };
+
+/** A graph node or batch member from the chaos job of `seq`: no unique key (a graph refuses one), its role in the payload. */
+function graphJob(seq: number, random: () => number, leaseMs: number, maxAttempts: number, graph: GraphRole): NewJob {
+  const { uniqueKey: _u, ...job } = makeJob(seq, random, leaseMs, maxAttempts);
+  const p = job.payload as ChaosPayload;
+  // A callback always ends succeeded, in time; nodes and members fail for good now and then.
+  const poison = graph.role !== "callback" && random() < GRAPH_POISON;
+  return { ...job, payload: { ...p, poison, graph }, maxAttempts: poison ? 3 : maxAttempts };
+}
+
+/**
+ * The jobs of seq `from` to `from + n - 1` as enqueue calls: mostly plain jobs; a share as graphs
+ * (a chain, a fan-out, a fan-in, a diamond) or batches, each taking the next few seqs.
+ */
+export function makeUnits(from: number, n: number, random: () => number, leaseMs: number, maxAttempts: number): Unit[] {
+  if (random() >= GRAPH_SHARE) return [{ kind: "jobs", jobs: Array.from({ length: n }, (_, i) => makeJob(from + i, random, leaseMs, maxAttempts)) }];
+  const units: Unit[] = [];
+  for (let seq = from; seq < from + n; ) {
+    const size = Math.min(from + n - seq, 3 + Math.floor(random() * 6));
+    const seqs = Array.from({ length: size }, (_, i) => seq + i);
+    seq += size;
+    const shape = size < 3 ? "chain" : (["chain", "fan-out", "fan-in", "diamond", "batch"] as const)[Math.floor(random() * 5)]!;
+    if (shape === "batch") {
+      const [callback, ...members] = seqs;
+      units.push({
+        kind: "batch",
+        batch: {
+          jobs: members.map((s) => graphJob(s, random, leaseMs, maxAttempts, { role: "member" })),
+          onComplete: graphJob(callback!, random, leaseMs, maxAttempts, { role: "callback", onParentFailure: "run" }),
+        },
+      });
+      continue;
+    }
+    const refs = seqs.map((s) => `s${s}`);
+    const parentsOf = (i: number): string[] => {
+      if (shape === "chain") return i === 0 ? [] : [refs[i - 1]!];
+      if (shape === "fan-out") return i === 0 ? [] : [refs[0]!];
+      if (shape === "fan-in") return i === size - 1 ? refs.slice(0, -1) : [];
+      // diamond: the first is everyone's root, the last waits for all in between
+      return i === 0 ? [] : i === size - 1 ? refs.slice(1, -1) : [refs[0]!];
+    };
+    units.push({
+      kind: "flow",
+      nodes: seqs.map((s, i) => {
+        const dependsOn = parentsOf(i);
+        const onParentFailure = dependsOn.length && random() < RUN_ON_FAILURE ? "run" : "cancel";
+        return { ref: refs[i]!, ...graphJob(s, random, leaseMs, maxAttempts, { role: "node", onParentFailure }), dependsOn, onParentFailure };
+      }),
+    });
+  }
+  return units;
 }
