@@ -13,6 +13,7 @@ import type { LogLine } from "./process-log.js";
 import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
 import { NEXT_START_MS, SLOT_BACK_MS, checkFlow, loadFlowAttempts, type FlowResult } from "./flow-checks.js";
 import { LIMITED_QUEUES } from "./flow-queues.js";
+import { checkGraphs, loadGraphAudit } from "./graph-checks.js";
 import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
 
 export interface Violation {
@@ -39,6 +40,8 @@ export interface HistoryRow {
   seq: number;
   write: boolean;
   tx: boolean;
+  /** A graph node, batch member or callback: a failed parent may cancel it (graph-checks.ts says whether rightly). */
+  graph: boolean;
 }
 
 export interface CheckInput {
@@ -101,6 +104,12 @@ export interface CheckResult {
     avoidableAround: Record<string, number>;
     timeline: OverlapResult["timeline"];
   };
+  /**
+   * Jobs that build on jobs (invariants 13-16, graph-checks.ts): the dependent jobs by end
+   * state, batches, jobs that ran past failed parents, stored results checked, and the step
+   * from a job's last parent's end to its first start (ms).
+   */
+  graphs: { dependents: Record<string, number>; batches: number; runOnFailure: number; results: number; step: Percentiles };
   /** Flow control (invariants 10-12, flow-checks.ts): each limit's peak, the pauses, the killed workers' slots. */
   flow: Omit<FlowResult, "probes"> & {
     probes: {
@@ -132,7 +141,7 @@ export async function loadRows(admin: pg.Pool) {
     admin.query<HistoryRow>(
       `SELECT id::text, state, attempt, spent_attempts AS spent, max_attempts AS max,
               (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write,
-              coalesce((payload->>'tx')::boolean, false) AS tx
+              coalesce((payload->>'tx')::boolean, false) AS tx, payload ? 'graph' AS graph
          FROM finished_jobs`,
     ),
     admin.query<AttemptRow>(
@@ -173,7 +182,9 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     if (h.seq < 0) probeJobs++;
     else finished[h.state] = (finished[h.state] ?? 0) + 1;
     seqs.set(h.seq, (seqs.get(h.seq) ?? 0) + 1);
-    if (!["succeeded", "dead"].includes(h.state)) add("one terminal state", `ended ${h.state}; the run cancels nothing`, h.id);
+    // The run cancels nothing itself; only a graph job's failed parent does (checked by invariant 14).
+    if (!["succeeded", "dead"].includes(h.state) && !(h.state === "cancelled" && h.graph))
+      add("one terminal state", `ended ${h.state}; the run cancels nothing`, h.id);
   }
   const missing = [...Array(input.jobs).keys()].filter((s) => !seqs.has(s));
   if (missing.length) add("no job lost or stuck", `${missing.length} enqueued jobs never finished, e.g. seq ${missing.slice(0, 10).join(", ")}`);
@@ -192,6 +203,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       add("every attempt's audit row closed", `audit rows for attempts [${numbers}], expected [${expected}]`, h.id);
       continue;
     }
+    if (list.length === 0) continue; // a graph job cancelled while blocked: never claimed
     const last = list[list.length - 1]!;
     const lastOk = h.state === "succeeded" ? last.outcome === "succeeded" : SPENDING.includes(last.outcome);
     if (!lastOk) add("one terminal state", `job ${h.state} but its last attempt ${last.attempt} ended ${last.outcome}`, h.id);
@@ -395,6 +407,10 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   const flow = checkFlow(await loadFlowAttempts(input.admin, [...flowQueues]), input.faults);
   violations.push(...flow.violations);
 
+  // 13-16. Jobs that build on jobs: dependencies, releases, batch callbacks, results.
+  const graphs = checkGraphs(await loadGraphAudit(input.admin));
+  violations.push(...graphs.violations);
+
   // 7. Workers survive what they can survive.
   for (const e of input.unexpectedExits) {
     if (e.duringStartup) continue;
@@ -423,6 +439,13 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       unavoidable: { frozen: split.counts.frozen, killed: split.counts.killed },
       avoidableAround,
       timeline: split.timeline,
+    },
+    graphs: {
+      dependents: graphs.result.dependents,
+      batches: graphs.result.batches,
+      runOnFailure: graphs.result.runOnFailure,
+      results: graphs.result.results,
+      step: percentiles(graphs.result.stepMs),
     },
     flow: {
       ...flow.result,

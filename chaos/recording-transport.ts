@@ -110,6 +110,15 @@ export class RecordingTransport implements WorkerTransport {
       (r) => [...r.keys()],
     );
   }
+  /** ctx.parents() and ctx.dependencies(): reads, passed through unlogged. */
+  parents(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]> {
+    if (!this.inner.parents) throw new Error("the wrapped transport cannot read a job's parents");
+    return this.inner.parents(p);
+  }
+  dependencies(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
+    if (!this.inner.dependencies) throw new Error("the wrapped transport cannot read a job's parents");
+    return this.inner.dependencies(p);
+  }
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
     return this.inner.describeLost(attempts);
   }

@@ -30,6 +30,7 @@ export interface ChaosReport {
   hangs: CheckResult["hangs"];
   overlaps: CheckResult["overlaps"];
   flow: CheckResult["flow"];
+  graphs: CheckResult["graphs"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
   /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
   nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
@@ -75,6 +76,7 @@ export function buildReport(p: {
     hangs: p.check.hangs,
     overlaps: p.check.overlaps,
     flow: p.check.flow,
+    graphs: p.check.graphs,
     pressure: p.pressure,
     ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
@@ -95,7 +97,7 @@ export function toMarkdown(r: ChaosReport): string {
     "",
     "| measure | value |",
     "|---|---|",
-    `| jobs succeeded / dead | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} |`,
+    `| jobs succeeded / dead / cancelled (graph jobs after a failed parent) | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} / ${r.finished.cancelled ?? 0} |`,
     `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
     ...faultKindsFor(o.dispatch ?? "polling").map((k) => `| faults: ${k} | ${r.faults[k]} |`),
@@ -141,6 +143,7 @@ export function toMarkdown(r: ChaosReport): string {
       `after p50 ${ms(r.halfOpen.backAfter.p50)} / max ${ms(r.halfOpen.backAfter.max)}, while the faults lasted p50 ${ms(r.halfOpen.faultLasted.p50)} / max ${ms(r.halfOpen.faultLasted.max)}.`,
     "",
     ...flowLines(r.flow),
+    ...graphLines(r.graphs),
   ];
   if (r.violations.length) {
     lines.push("### Violations", "", "| invariant | job | detail |", "|---|---|---|");
@@ -170,6 +173,20 @@ function flowLines(f: ChaosReport["flow"]): string[] {
     `Killed while holding a limited queue's only slot (flow_kill, ${p.n}; ${p.probeJobs} probe jobs): the slot came back after p50 ${ms(p.slotBack.p50)} / max ${ms(p.slotBack.max)} ` +
       `(bound ${ms(p.bounds.slotBackMs)}), the job waiting for it started after p50 ${ms(p.nextStart.p50)} / max ${ms(p.nextStart.max)} (bound ${ms(p.bounds.nextStartMs)})` +
       `${p.notMeasured.length ? `; not measured: ${p.notMeasured.join(", ")}` : ""}.`,
+    "",
+  ];
+}
+
+/** Jobs that build on jobs: how the dependent jobs ended, the batches, the results checked, the step latency. */
+function graphLines(g: ChaosReport["graphs"] | undefined): string[] {
+  if (!g) return [];
+  const ended = Object.entries(g.dependents)
+    .map(([state, n]) => `${n} ${state}`)
+    .join(", ");
+  return [
+    `Jobs that build on jobs (invariants 13-16): dependent jobs ${ended || "none"} (${g.runOnFailure} run whatever their parents' end, batch callbacks among them); ` +
+      `${g.batches} batch callbacks; ${g.results} stored results checked against the attempt that succeeded. ` +
+      `A job's last parent's end to its first start: p50 ${ms(g.step.p50)} / p99 ${ms(g.step.p99)} / max ${ms(g.step.max)} (backlog and retry backoff included).`,
     "",
   ];
 }

@@ -209,7 +209,7 @@ function graphJob(seq: number, random: () => number, leaseMs: number, maxAttempt
 export function makeUnits(from: number, n: number, random: () => number, leaseMs: number, maxAttempts: number): Unit[] {
   if (random() >= GRAPH_SHARE) return [{ kind: "jobs", jobs: Array.from({ length: n }, (_, i) => makeJob(from + i, random, leaseMs, maxAttempts)) }];
   const units: Unit[] = [];
-  for (let seq = from; seq < from + n; ) {
+  for (let seq = from; seq < from + n;) {
     const size = Math.min(from + n - seq, 3 + Math.floor(random() * 6));
     const seqs = Array.from({ length: size }, (_, i) => seq + i);
     seq += size;
