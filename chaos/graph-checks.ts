@@ -16,8 +16,9 @@
  *     ended, and the counts its handler read (ctx.dependencies()) are the members' end states.
  * 16. **Results belong to the attempt that succeeded**: a stored result is a succeeded job's,
  *     and the attempt number and worker it names (the handler returns its own) are those of
- *     the attempt that succeeded. A succeeded graph node also saw its parents' end states
- *     through ctx.parents() as they are recorded.
+ *     the attempt that succeeded, and every succeeded job has one (every chaos handler returns
+ *     one). A succeeded graph node also saw its parents' end states through ctx.parents() as
+ *     they are recorded.
  */
 import type pg from "pg";
 
@@ -246,9 +247,10 @@ export function checkGraphs(audit: GraphAudit): { violations: GraphViolation[]; 
       }
     }
   }
+  // Every chaos handler returns a result (inside ctx.transaction, with its completion).
   for (const j of audit.jobs) {
-    if (j.state === "succeeded" && j.graph && (j.result === null || j.result === undefined)) {
-      add("results belong to the attempt that succeeded", "a graph job succeeded but no result was stored", j.id);
+    if (j.state === "succeeded" && (j.result === null || j.result === undefined)) {
+      add("results belong to the attempt that succeeded", "succeeded but no result was stored", j.id);
     }
   }
 

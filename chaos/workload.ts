@@ -160,10 +160,14 @@ export function chaosHandler(
     if (p.tx && effectsTable) {
       // The write comes first and the failure after it, inside the transaction: a failed
       // attempt's row must roll back with it.
-      await ctx.transaction(async (tx) => {
-        await tx.query(`INSERT INTO ${effectsTable} (job_id, attempt, worker_id) VALUES ($1, $2, $3)`, [ctx.jobId, ctx.attempt, w]);
-        if (failure) throw new Error(failure);
-      });
+      // The job ends at this commit: its result goes with it.
+      await ctx.transaction(
+        async (tx) => {
+          await tx.query(`INSERT INTO ${effectsTable} (job_id, attempt, worker_id) VALUES ($1, $2, $3)`, [ctx.jobId, ctx.attempt, w]);
+          if (failure) throw new Error(failure);
+        },
+        { result: { ...result } },
+      );
       return result;
     }
     if (failure) throw new Error(failure);
@@ -181,9 +185,9 @@ function attemptFails(seq: number, attempt: number, rate: number): boolean {
 }
 
 /** The share of the producer's batches of jobs sent as graphs and batches instead. */
-export const GRAPH_SHARE = 0.3;
+export const GRAPH_SHARE = 0.4;
 /** Poison (always failing, ends dead) among graph nodes and batch members: failed parents to cancel or run past. */
-const GRAPH_POISON = 0.06;
+const GRAPH_POISON = 0.08;
 /** Graph nodes that run whatever their parents' end (onParentFailure 'run'). */
 const RUN_ON_FAILURE = 0.3;
 
