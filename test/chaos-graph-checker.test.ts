@@ -6,7 +6,63 @@
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { checkGraphs, type GraphAttempt, type GraphAudit, type GraphJob } from "../chaos/graph-checks.js";
+import { checkGraphs, loadGraphAudit, type GraphAttempt, type GraphAudit, type GraphJob } from "../chaos/graph-checks.js";
+import type { JobContext } from "../packages/leasehold/src/index.js";
+import { freshLeasehold } from "./helpers/db.js";
+
+test("a real graph and batch run by a worker leave an audit trail the graph checker passes; tampered rows break it", async (t) => {
+  const lh = await freshLeasehold(t);
+  let workerId = "";
+  // The chaos handler's result in short: its attempt and worker, what it read of its parents.
+  const handler = async (p: { seq: number; poison?: boolean; callback?: boolean }, ctx: JobContext) => {
+    if (p.poison) throw new Error("poison");
+    const result = { seq: p.seq, attempt: ctx.attempt, worker: workerId };
+    if (p.callback) return { ...result, dependencies: await ctx.dependencies() };
+    return { ...result, parents: (await ctx.parents()).map((x) => ({ id: x.id, state: x.state })) };
+  };
+  const node = (seq: number, more: object = {}) => ({ task: "chaos", payload: { seq, graph: { role: "node" }, ...more }, maxAttempts: 1 });
+  const { jobs } = await lh.enqueueFlow([
+    { ref: "a", ...node(1) },
+    { ref: "b", ...node(2), dependsOn: ["a"] },
+    { ref: "c", ...node(3, { poison: true }) },
+    { ref: "d", ...node(4), dependsOn: ["c"] },
+    { ref: "e", ...node(5, { graph: { role: "node", onParentFailure: "run" } }), dependsOn: ["c", "a"], onParentFailure: "run" },
+  ]);
+  const member = (seq: number, poison = false) => ({ task: "chaos", payload: { seq, poison, graph: { role: "member" } }, maxAttempts: 1 });
+  const batch = await lh.enqueueBatch({
+    jobs: [member(6), member(7, true)],
+    onComplete: { task: "chaos", payload: { seq: 8, callback: true, graph: { role: "callback", onParentFailure: "run" } } },
+  });
+  const worker = lh.worker({ handlers: { chaos: handler }, concurrency: 4 });
+  workerId = worker.id;
+  await worker.start();
+  for (let i = 0; i < 500 && (await lh.pool.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs")).rows[0]!.n > 0; i++) {
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  await worker.stop();
+
+  const audit = await loadGraphAudit(lh.pool);
+  const clean = checkGraphs(audit);
+  assert.deepEqual(clean.violations, []);
+  assert.deepEqual(clean.result.dependents, { succeeded: 3, cancelled: 1 }); // b, e, the callback; d
+  assert.equal(clean.result.batches, 1);
+  assert.equal(clean.result.runOnFailure, 2);
+  assert.equal(clean.result.results, 5); // a, b, e, member 6, the callback
+
+  // b's start moved onto a's end; e's result names another attempt; the callback's counts miss the dead member.
+  await lh.pool.query("UPDATE job_history SET started_at = (SELECT finished_at FROM job_history WHERE id = $1) WHERE id = $2", [jobs.a, jobs.b]);
+  await lh.pool.query(`UPDATE job_history SET result = jsonb_set(result, '{attempt}', '2') WHERE id = $1`, [jobs.e]);
+  await lh.pool.query(`UPDATE job_history SET result = jsonb_set(result, '{dependencies,dead}', '0') WHERE id = $1`, [batch.callbackId]);
+  const broken = checkGraphs(await loadGraphAudit(lh.pool));
+  assert.deepEqual(
+    broken.violations.map((v) => [v.invariant, v.job]),
+    [
+      ["no job starts before its parents allow it", jobs.b],
+      ["every batch callback succeeds exactly once", batch.callbackId],
+      ["results belong to the attempt that succeeded", jobs.e],
+    ],
+  );
+});
 
 const MS = 1_000; // 1 ms in µs
 const T0 = Date.UTC(2026, 10, 26) * 1000;
