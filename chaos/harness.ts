@@ -221,6 +221,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       unexpectedExits: exits,
       processEnds: workers.flatMap((w) => w.ends),
       options,
+      // The chaos handlers return a result for every job (chaos/workload.ts).
+      resultsRequired: true,
     });
     const pressure = await idleTxnThroughput(admin, faults, startedAt);
     if (pressure.idleTxnThroughputPerS === 0) {

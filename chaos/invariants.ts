@@ -55,6 +55,8 @@ export interface CheckInput {
   processEnds?: ProcessEnd[];
   /** The run's timings, for the hang invariant (a hung handler ends within its progress timeout and a watchdog tick). */
   options?: Pick<ChaosOptions, "progressTimeoutMs" | "watchdogIntervalMs" | "leaseMs">;
+  /** Every succeeded job must hold a result: its handlers returned one (the run's do; a hand-made history has none). */
+  resultsRequired?: boolean;
 }
 
 export interface Percentiles {
@@ -408,7 +410,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   violations.push(...flow.violations);
 
   // 13-16. Jobs that build on jobs: dependencies, releases, batch callbacks, results.
-  const graphs = checkGraphs(await loadGraphAudit(input.admin));
+  const graphs = checkGraphs(await loadGraphAudit(input.admin), { resultsRequired: input.resultsRequired ?? false });
   violations.push(...graphs.violations);
 
   // 7. Workers survive what they can survive.
