@@ -117,3 +117,42 @@ test("npm run bench: the cancel-latency workload measures a database and a remot
     fs.rmSync(out, { recursive: true, force: true });
   }
 });
+
+test(
+  "npm run bench: the graph workloads run Leasehold's and pg-boss's flows, with step latencies from the database",
+  { timeout: 240_000 },
+  async () => {
+    const out = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-bench-smoke-"));
+    try {
+      await runBench(out, [
+        ...["--only", "graph-fan-out,graph-fan-in,graph-chain", "--systems", "leasehold,pg-boss"],
+        ...["--graph-size", "30", "--graph-chain", "6", "--graph-pgboss-chain", "2", "--graph-concurrency", "10"],
+      ]);
+      const results = JSON.parse(fs.readFileSync(path.join(out, "smoke.json"), "utf8")) as {
+        workloads: { id: string; rows: { label: string; median: Record<string, number | null> }[] }[];
+      };
+      assert.deepEqual(
+        results.workloads.map((w) => w.id),
+        ["graph-fan-out", "graph-fan-in", "graph-chain"],
+      );
+      for (const w of results.workloads) {
+        assert.deepEqual(
+          w.rows.map((r) => r.label),
+          ["leasehold c=10", "pg-boss c=10 flowInterval 5 s", "pg-boss c=10 flowInterval 1 s"],
+        );
+        for (const r of w.rows) {
+          const m = r.median;
+          // Every child waited for a parent: the step latency has samples (null: none, as NaN in JSON).
+          assert.ok(m.jobsPerSecond! > 0 && m.stepP50Ms !== null && m.stepP99Ms! >= m.stepP50Ms!, `${w.id}/${r.label}: ${JSON.stringify(m)}`);
+          assert.equal(m.jobs, w.id === "graph-chain" ? (r.label.startsWith("pg-boss") ? 2 : 6) : 31);
+          if (w.id === "graph-chain") assert.ok(m.fullChainSeconds! >= m.seconds!, JSON.stringify(m));
+        }
+      }
+      const md = fs.readFileSync(path.join(out, "smoke.md"), "utf8");
+      assert.match(md, /chain step \(parent's end → child's start\) p50 < 5 ms, c=10/);
+      assert.match(md, /leasehold c=10 vs pg-boss c=10 flowInterval 1 s: \*\*[\d.]+x\*\* the jobs\/s/);
+    } finally {
+      fs.rmSync(out, { recursive: true, force: true });
+    }
+  },
+);
