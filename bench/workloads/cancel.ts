@@ -112,7 +112,7 @@ export async function leaseholdCancelWorkload(ctx: BenchContext, system: BenchSy
   let current: Held | undefined;
   const handlers = { hold: (_: unknown, c: { signal: AbortSignal }) => current!.run(c.signal) };
   // The server's types name the built package's class; this is the same class from its sources.
-  const app = remote ? createServer({ leasehold: lh as unknown as ServerOptions["leasehold"], token: TOKEN }) : undefined;
+  const app = remote ? createServer({ leasehold: lh as unknown as ServerOptions["leasehold"], token: TOKEN, dashboard: "off" }) : undefined;
   let worker: Worker;
   if (app) {
     await app.listen({ host: "127.0.0.1", port: 0 });

@@ -123,14 +123,20 @@ $migration$;
 -- of the dependents it cancels in turn, until none are left: one loop for any depth.
 --
 -- Generic plans: with custom ones (the default, as their estimates beat the generic plan's)
--- every call planned its statements again, ~8 ms a parent, most of a chain step's time.
+-- every call planned its statements again, ~8 ms a parent, most of a chain step's time. A
+-- generic plan is made once per session, maybe while the tables are nearly empty, so every
+-- statement here reaches rows only through ids it was given (an id array, or a LATERAL
+-- lookup by parent), and sequential scans are off: no plan can walk all blocked jobs or all
+-- edges, however small the tables looked when it was made.
 CREATE FUNCTION settle_dependents() RETURNS void LANGUAGE plpgsql
 SET search_path FROM CURRENT
 SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $$
 DECLARE
   ended_ids  bigint[];
   parent_ids bigint[];
+  child_ids  bigint[];
   any_failed boolean;
   doomed_ids bigint[];
   woke       bigint;
@@ -146,6 +152,10 @@ BEGIN
     SELECT array_agg(abs(e.id)), bool_or(e.id < 0 OR EXISTS (SELECT 1 FROM dead_jobs AS x WHERE x.id = e.id))
       INTO parent_ids, any_failed
       FROM unnest(ended_ids) AS e(id);
+    SELECT array_agg(DISTINCT d.child_id) INTO child_ids
+      FROM unnest(parent_ids) AS e(id)
+     CROSS JOIN LATERAL (SELECT j.child_id FROM job_dependencies AS j WHERE j.parent_id = e.id) AS d;
+    CONTINUE WHEN child_ids IS NULL;
 
     -- Lock before changing any, in id order: no deadlock between two transactions that end
     -- parents of the same children. When every parent succeeded, only the children change.
@@ -158,21 +168,18 @@ BEGIN
     ELSIF any_failed THEN
       PERFORM 1 FROM jobs AS c
        WHERE c.state = 'blocked'
-         AND c.id IN (WITH RECURSIVE below(id) AS (
-                        SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id = ANY(parent_ids)
-                        UNION
-                        SELECT d.child_id FROM job_dependencies AS d JOIN below AS b ON d.parent_id = b.id
-                      )
-                      SELECT b.id FROM below AS b)
+         AND c.id = ANY(ARRAY(WITH RECURSIVE below(id) AS (
+                                SELECT u.id FROM unnest(child_ids) AS u(id)
+                                UNION
+                                SELECT d.child_id FROM below AS b
+                                 CROSS JOIN LATERAL (SELECT j.child_id FROM job_dependencies AS j WHERE j.parent_id = b.id) AS d
+                              )
+                              SELECT b.id FROM below AS b))
        ORDER BY c.id
          FOR UPDATE OF c;
       all_locked := true;
     ELSE
-      PERFORM 1 FROM jobs AS c
-       WHERE c.state = 'blocked'
-         AND c.id IN (SELECT d.child_id FROM job_dependencies AS d WHERE d.parent_id = ANY(parent_ids))
-       ORDER BY c.id
-         FOR UPDATE OF c;
+      PERFORM 1 FROM jobs AS c WHERE c.id = ANY(child_ids) AND c.state = 'blocked' ORDER BY c.id FOR UPDATE OF c;
     END IF;
 
     WITH ended AS (
@@ -190,8 +197,8 @@ BEGIN
              count(*) FILTER (WHERE e.state = 'cancelled')::int AS cancelled,
              min(e.id) FILTER (WHERE e.state <> 'succeeded') AS failed_parent,
              (array_agg(e.state ORDER BY e.id) FILTER (WHERE e.state <> 'succeeded'))[1] AS failed_state
-        FROM job_dependencies AS d
-        JOIN ended AS e ON e.id = d.parent_id
+        FROM ended AS e
+       CROSS JOIN LATERAL (SELECT j.child_id FROM job_dependencies AS j WHERE j.parent_id = e.id) AS d
        GROUP BY d.child_id
     ), settled AS (
       UPDATE jobs AS c
@@ -206,7 +213,7 @@ BEGIN
                                 OR coalesce(c.parents_dead, 0) + p.dead + coalesce(c.parents_cancelled, 0) + p.cancelled = 0)
                           THEN 'waiting' ELSE 'blocked' END
         FROM per_child AS p
-       WHERE c.id = p.child_id AND c.state = 'blocked'
+       WHERE c.id = ANY(child_ids) AND c.id = p.child_id AND c.state = 'blocked'
       RETURNING c.id, c.queue, c.state, c.run_at, c.attempt, c.on_parent_failure,
                 coalesce(c.parents_dead, 0) + coalesce(c.parents_cancelled, 0) AS failed
     ), woken AS (
