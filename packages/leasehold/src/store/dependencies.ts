@@ -32,31 +32,25 @@ const finishedText = (s: string) => `
 SELECT id, state FROM ${s}finished_jobs WHERE id = ANY($1::bigint[])`;
 
 /**
- * Ids for the new jobs, from the jobs' own identity sequence, so edges can name them before the
- * insert. The table is a parameter ($2, its name as the caller's client must spell it).
- */
-const ALLOCATE_IDS_TEXT = `
-SELECT nextval(seq.name)::int8 AS id
-  FROM (SELECT pg_get_serial_sequence($2, 'id')::regclass AS name) AS seq, generate_series(1, $1::int)`;
-
-/**
  * The whole graph's jobs in one INSERT: roots 'waiting' (the insert trigger wakes workers for
  * them as for any enqueue), the others 'blocked' with the count of their parents.
  */
 const insertJobsText = (s: string) => `
-INSERT INTO ${s}jobs (id, queue, task, payload, priority, run_at, max_attempts, lease_ms, progress_timeout_ms,
+INSERT INTO ${s}jobs (queue, task, payload, priority, run_at, max_attempts, lease_ms, progress_timeout_ms,
                       max_run_ms, max_run_unlimited, headers, flow_key, state, parents_pending, on_parent_failure,
                       has_dependents)
-SELECT id, queue, task, payload, priority,
+SELECT queue, task, payload, priority,
        coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
        max_attempts, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key,
        CASE WHEN parents > 0 THEN 'blocked' ELSE 'waiting' END,
        nullif(parents, 0), CASE WHEN parents > 0 THEN on_parent_failure END, has_dependents
-  FROM unnest($1::int8[], $2::text[], $3::text[], $4::jsonb[], $5::smallint[], $6::timestamptz[], $7::bigint[],
-              $8::int[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[], $14::text[], $15::int[],
-              $16::text[], $17::bool[])
-       AS j(id, queue, task, payload, priority, run_at, delay_ms, max_attempts, lease_ms, progress_timeout_ms,
-            max_run_ms, max_run_unlimited, headers, flow_key, parents, on_parent_failure, has_dependents)`;
+  FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[], $6::bigint[],
+              $7::int[], $8::int[], $9::int[], $10::int[], $11::bool[], $12::jsonb[], $13::text[], $14::int[],
+              $15::text[], $16::bool[]) WITH ORDINALITY
+       AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, lease_ms, progress_timeout_ms,
+            max_run_ms, max_run_unlimited, headers, flow_key, parents, on_parent_failure, has_dependents, n)
+ ORDER BY n
+RETURNING id`;
 
 const insertEdgesText = (s: string) => `
 INSERT INTO ${s}job_dependencies (child_id, parent_id, ref)
@@ -71,30 +65,24 @@ ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now()`;
 
 const LOCK_PARENTS = statement("enqueueFlow (lock parents)", lockParentsText(""), { id: "int8" });
 const FINISHED_PARENTS = statement("enqueueFlow (finished parents)", finishedText(""), { id: "int8", state: "text" });
-const ALLOCATE_IDS = statement("enqueueFlow (ids)", ALLOCATE_IDS_TEXT, { id: "int8" });
-const INSERT_FLOW_JOBS = statement("enqueueFlow (jobs)", insertJobsText(""), {});
+const INSERT_FLOW_JOBS = statement("enqueueFlow (jobs)", insertJobsText(""), { id: "int8" });
 const INSERT_EDGES = statement("enqueueFlow (edges)", insertEdgesText(""), {});
 const MARK_KEYED = statement("enqueueFlow (keyed queues)", markKeyedText(""), {});
 
 interface FlowStatements {
   lockParents: typeof LOCK_PARENTS;
   finishedParents: typeof FINISHED_PARENTS;
-  allocateIds: typeof ALLOCATE_IDS;
   insertJobs: typeof INSERT_FLOW_JOBS;
   insertEdges: typeof INSERT_EDGES;
   markKeyed: typeof MARK_KEYED;
-  /** The jobs table's name for pg_get_serial_sequence. */
-  jobsTable: string;
 }
 
 const UNQUALIFIED: FlowStatements = {
   lockParents: LOCK_PARENTS,
   finishedParents: FINISHED_PARENTS,
-  allocateIds: ALLOCATE_IDS,
   insertJobs: INSERT_FLOW_JOBS,
   insertEdges: INSERT_EDGES,
   markKeyed: MARK_KEYED,
-  jobsTable: "jobs",
 };
 const qualified = new Map<string, FlowStatements>();
 
@@ -107,11 +95,9 @@ function statementsFor(schema: string | undefined): FlowStatements {
     s = {
       lockParents: as(LOCK_PARENTS, lockParentsText(p)),
       finishedParents: as(FINISHED_PARENTS, finishedText(p)),
-      allocateIds: ALLOCATE_IDS,
       insertJobs: as(INSERT_FLOW_JOBS, insertJobsText(p)),
       insertEdges: as(INSERT_EDGES, insertEdgesText(p)),
       markKeyed: as(MARK_KEYED, markKeyedText(p)),
-      jobsTable: `${p}jobs`,
     };
     qualified.set(schema, s);
   }
@@ -145,30 +131,31 @@ export async function insertFlow(db: Queryable, nodes: PreparedNode[], schema?: 
     }
   }
 
-  const ids = (await run(db, st.allocateIds, [nodes.length, st.jobsTable])).map((r) => r.id);
   const keyedQueues = [...new Set(nodes.filter((n) => n.job.flowKey != null).map((n) => n.job.queue))];
   if (keyedQueues.length > 0) await run(db, st.markKeyed, [keyedQueues]);
 
   const jobs = nodes.map((n) => n.job);
-  await run(db, st.insertJobs, [
-    ids,
-    jobs.map((j) => j.queue),
-    jobs.map((j) => j.task),
-    jobs.map((j) => j.payloadJson),
-    jobs.map((j) => j.priority),
-    jobs.map((j) => j.runAt),
-    jobs.map((j) => j.delayMs),
-    jobs.map((j) => j.maxAttempts),
-    jobs.map((j) => j.leaseMs),
-    jobs.map((j) => j.progressTimeoutMs),
-    jobs.map((j) => j.maxRunMs),
-    jobs.map((j) => j.maxRunUnlimited),
-    jobs.map((j) => j.headersJson ?? null),
-    jobs.map((j) => j.flowKey ?? null),
-    nodes.map((n) => n.parents.length + n.parentIds.length),
-    nodes.map((n) => n.onParentFailure),
-    nodes.map((n) => n.hasDependents),
-  ]);
+  // RETURNING gives the rows in the order inserted: the SELECT's, input order (ORDER BY n).
+  const ids = (
+    await run(db, st.insertJobs, [
+      jobs.map((j) => j.queue),
+      jobs.map((j) => j.task),
+      jobs.map((j) => j.payloadJson),
+      jobs.map((j) => j.priority),
+      jobs.map((j) => j.runAt),
+      jobs.map((j) => j.delayMs),
+      jobs.map((j) => j.maxAttempts),
+      jobs.map((j) => j.leaseMs),
+      jobs.map((j) => j.progressTimeoutMs),
+      jobs.map((j) => j.maxRunMs),
+      jobs.map((j) => j.maxRunUnlimited),
+      jobs.map((j) => j.headersJson ?? null),
+      jobs.map((j) => j.flowKey ?? null),
+      nodes.map((n) => n.parents.length + n.parentIds.length),
+      nodes.map((n) => n.onParentFailure),
+      nodes.map((n) => n.hasDependents),
+    ])
+  ).map((r) => r.id);
 
   const child: string[] = [];
   const parent: string[] = [];
