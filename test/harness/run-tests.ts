@@ -61,12 +61,25 @@ if (natsBinary) {
   console.log(`# NATS dispatch tests SKIPPED: no nats-server on the PATH; ${NATS_INSTALL_HINT}`);
 }
 
+// Test files run two at a time: most of a file's time is spent waiting (on leases, timeouts,
+// real processes), and node's default on a 2-core machine is one at a time.
+const TEST_FILES_AT_ONCE = Number(process.env.LEASEHOLD_TEST_CONCURRENCY ?? 2);
+
 // The "source" condition resolves the workspace packages (leasehold, @leasehold/*) to their
 // TypeScript sources, in the test processes and every process they start: one copy of each
 // module, the one the tests import. (Tests of the built CLI clear it: test/helpers/cli.ts.)
 const child = spawn(
   process.execPath,
-  ["--conditions=source", "--import", "tsx", "--test", "--test-reporter=spec", "--test-timeout=180000", ...files],
+  [
+    "--conditions=source",
+    "--import",
+    "tsx",
+    "--test",
+    "--test-reporter=spec",
+    "--test-timeout=180000",
+    `--test-concurrency=${TEST_FILES_AT_ONCE}`,
+    ...files,
+  ],
   {
     stdio: "inherit",
     env: {
