@@ -103,6 +103,9 @@ test("a result that is not JSON or over maxResultBytes ends its attempt dead at 
     surrogate: () => ({ name: `half an emoji ${lone}` }),
     nul: () => ({ text: "a\u0000b" }),
   };
+  // The hooks and the job:end event see the refusal as the attempt's error.
+  const hookErrors = new Map<string, unknown>();
+  lh.use({ afterAttempt: (job, end) => void hookErrors.set(job.id, end.error) });
   const worker = lh.worker({
     handlers: { ...bad, good: (p: { n: number }) => ({ ok: p.n }) },
     maxResultBytes: 1_000,
@@ -128,6 +131,8 @@ test("a result that is not JSON or over maxResultBytes ends its attempt dead at 
     assert.equal(job.state, "dead", task);
     assert.equal(job.attempt, 1, `${task}: no retry (the same code would return the same value)`);
     assert.match(job.lastError!, expected[task]!);
+    await eventually(async () => hookErrors.has(job.id), `${task}: afterAttempt ran`);
+    assert.match(String((hookErrors.get(job.id) as Error | undefined)?.message), expected[task]!, `${task}: afterAttempt's error`);
     assert.equal(job.result, null);
     const { attempts } = await lh.getJob(job.id);
     assert.deepEqual(

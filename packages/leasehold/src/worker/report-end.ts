@@ -1,5 +1,5 @@
 /** Reports how an attempt ended (success, failure, a limit, superseded) and turns the answer into its outcome. */
-import { StaleLeaseError } from "../errors.js";
+import { StaleLeaseError, ValidationError } from "../errors.js";
 import { sanitizeText, serializeResult } from "../jobs/validate.js";
 import type { Failure } from "../store/index.js";
 import { JobAbortedError, PermanentJobError, RateLimitedError, RetrySupersededError, type AbortReason } from "./context.js";
@@ -10,7 +10,9 @@ import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
 
 export type JobOutcome =
-  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" | "dead" }
+  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" }
+  /** `error`: why the worker ended it dead itself, when the handler threw nothing (a refused result). */
+  | { state: "dead"; error?: ValidationError }
   | { state: "stale"; error: StaleLeaseError }
   | { state: "lost"; reason: AbortReason }
   | { state: "report_failed"; error: unknown };
@@ -82,7 +84,8 @@ export async function reportEnd(
     outcome = await worker.reporter.fail(failure);
     if (!(err instanceof JobAbortedError)) worker.logger.warn({ jobId: job.id, attempt: job.attempt, err: failure.error }, "job failed");
   }
-  return answered(worker, entry, outcome, err === undefined && badResult === undefined ? "complete" : "fail");
+  const ended = answered(worker, entry, outcome, err === undefined && badResult === undefined ? "complete" : "fail");
+  return badResult !== undefined && ended.state === "dead" ? { state: "dead", error: new ValidationError(badResult) } : ended;
 }
 
 /** Turns the reporter's answer into the attempt's outcome: counted, and a refusal recorded. */

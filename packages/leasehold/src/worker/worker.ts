@@ -720,7 +720,8 @@ export class Worker extends WorkerEmitter {
     this.reporting++;
     try {
       const result = await reportEnd(this, entry, err, outcome, message);
-      this.ended(entry, result, err);
+      // A handler that returned a result the worker refused threw nothing: the refusal is the error.
+      this.ended(entry, result, err ?? (result.state === "dead" ? result.error : undefined));
     } finally {
       this.reporting--;
       this.forget(entry);
