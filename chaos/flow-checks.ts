@@ -67,6 +67,10 @@ const LOADED_MACHINE_MS = 1_000;
 export const SLOT_BACK_MS = CRASH_DETECTION_MS + LOADED_MACHINE_MS;
 /** From the kill to the next start in the queue: plus a worker's next claim (a claim held back by the limit asks again sooner). */
 export const NEXT_START_MS = SLOT_BACK_MS + WORKER_POLL_MS;
+/** Faults that cut every worker's connections at once. */
+const EVERY_CONNECTION = new Set(["terminate_storm", "pg_restart"]);
+/** Faults that take one worker away from claiming for a while. */
+const WORKER_DOWN = new Set(["kill", "zombie", "partition", "reset", "flow_kill"]);
 
 const MAX_LISTED = 5;
 const us = (col: string) => `(extract(epoch FROM ${col}) * 1000000)::bigint::text`;
@@ -299,7 +303,23 @@ export function checkFlow(
       continue;
     }
     result.probes.slotBackMs.push(slotBack);
-    result.probes.nextStartMs.push(nextStart);
+    // The next start needs a worker that can claim: faults that took every connection, or the
+    // other workers, before it measure those faults, not the freed slot.
+    const inTheWay = faults.filter(
+      (g) =>
+        !g.skipped &&
+        g.at >= f.at &&
+        g.at < f.at + Math.min(nextStart, NEXT_START_MS) &&
+        (EVERY_CONNECTION.has(g.kind) || (WORKER_DOWN.has(g.kind) && g.target !== f.target)),
+    );
+    const othersDown = new Set(inTheWay.filter((g) => WORKER_DOWN.has(g.kind)).map((g) => g.target));
+    const startMeasured = !(inTheWay.some((g) => EVERY_CONNECTION.has(g.kind)) || othersDown.size >= 2);
+    if (!startMeasured) {
+      const what = inTheWay.map((g) => `${g.kind}${g.target ? ` on ${g.target}` : ""}`).join(", ");
+      result.probes.notMeasured.push(`${p.blocked}: its start, after ${what}`);
+    } else {
+      result.probes.nextStartMs.push(nextStart);
+    }
     if (slotBack > SLOT_BACK_MS) {
       violations.push({
         invariant: "a crashed worker's slot comes back in time",
@@ -307,7 +327,7 @@ export function checkFlow(
         detail: `${f.target} killed holding ${p.queue}'s only slot; the attempt ended ${blocker.outcome} ${Math.round(slotBack)} ms later (bound ${SLOT_BACK_MS} ms)`,
       });
     }
-    if (nextStart > NEXT_START_MS) {
+    if (startMeasured && nextStart > NEXT_START_MS) {
       violations.push({
         invariant: "a crashed worker's slot comes back in time",
         job: p.blocked,

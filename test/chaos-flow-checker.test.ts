@@ -189,6 +189,27 @@ test("a killed worker's slot comes back within crash detection, and the job wait
   const excused = checkFlow(trail(30_500, 30_600), [restart, probe], queues);
   assert.deepEqual(excused.violations, []);
   assert.equal(excused.result.probes.notMeasured.length, 1);
+  // A late start after a terminate storm, or after two other workers went down, measures those
+  // faults: the slot's return is still checked, the start is not. One other worker down is no excuse.
+  const storm: FaultRecord = { kind: "terminate_storm", at: kill + 2_000, held: [] };
+  const stormed = checkFlow(trail(1_200, NEXT_START_MS + 2_000), [probe, storm], queues);
+  assert.deepEqual(stormed.violations, []);
+  assert.deepEqual(stormed.result.probes.nextStartMs, []);
+  assert.match(stormed.result.probes.notMeasured[0]!, /^2: its start, after terminate_storm$/);
+  const killed = (target: string, at: number): FaultRecord => ({ kind: "kill", target, at, held: [] });
+  const twoDown = checkFlow(trail(1_200, NEXT_START_MS + 2_000), [probe, killed("w2", kill + 1_000), killed("w4", kill + 2_500)], queues);
+  assert.deepEqual(twoDown.violations, []);
+  const oneDown = checkFlow(trail(1_200, NEXT_START_MS + 2_000), [probe, killed("w2", kill + 1_000)], queues);
+  assert.deepEqual(
+    oneDown.violations.map((v) => v.job),
+    ["2"],
+  );
+  const slowSlot = checkFlow(trail(30_500, 30_600), [probe, storm], queues);
+  assert.deepEqual(
+    slowSlot.violations.map((v) => v.job),
+    ["1"],
+    "a storm excuses the start, never the slot",
+  );
 });
 
 test("a paused queue without limits is checked too: a claim that ignored the pause breaks the run, claims after the resume do not", async () => {
