@@ -85,7 +85,7 @@ test("a handler that throws PermanentJobError goes to the dead letter at once", 
   assert.equal((await lh.getJob(id)).job.spentAttempts, 1);
 });
 
-test("cancelling a running job aborts its handler at the next beat, and its late success is refused", async (t) => {
+test("cancelling a running job aborts its handler (by notice, or at the next beat at the latest), and its late success is refused", async (t) => {
   const lh = await freshLeasehold(t);
   let release!: () => void;
   const aborted: unknown[] = [];
