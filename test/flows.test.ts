@@ -602,3 +602,40 @@ test("two cancel cascades that cross wait for each other instead of deadlocking 
   }
   for (const ref of ["pA", "pB", "x2", "y1", "x1"]) assert.equal(await stateOf(lh, jobs[ref]!), "cancelled", ref);
 });
+
+test("the enqueue hooks see a flow's nodes and a batch's jobs (callback last), as one enqueue's jobs: headers they add are kept", async (t) => {
+  const lh = await freshLeasehold(t);
+  const seen: string[][] = [];
+  const wrapped: number[] = [];
+  lh.use({
+    beforeEnqueue: (jobs) => {
+      seen.push(jobs.map((j) => j.task));
+      for (const j of jobs) j.headers = { ...j.headers, tenant: "acme" };
+    },
+    aroundEnqueue: async (jobs, _info, next) => {
+      const enqueued = await next();
+      wrapped.push(enqueued.length);
+      return enqueued;
+    },
+  });
+  const caller: FlowNode[] = [
+    { ref: "a", task: "first" },
+    { ref: "b", task: "second", dependsOn: ["a"] },
+  ];
+  const { jobs } = await lh.enqueueFlow(caller);
+  assert.equal(caller[0]!.headers, undefined, "the caller's nodes are not changed");
+  const { callbackId, jobIds } = await lh.enqueueBatch({ jobs: [{ task: "member" }, { task: "member" }], onComplete: { task: "done" } });
+  assert.deepEqual(seen, [
+    ["first", "second"],
+    ["member", "member", "done"],
+  ]);
+  assert.deepEqual(wrapped, [2, 3]);
+  const ids = [jobs.a!, jobs.b!, ...jobIds, callbackId];
+  const { rows } = await lh.pool.query("SELECT headers FROM jobs WHERE id = ANY($1::bigint[])", [ids]);
+  assert.equal(rows.length, 5);
+  for (const r of rows) assert.deepEqual(r.headers, { tenant: "acme" });
+  // A bad shape is refused before any hook runs.
+  await assert.rejects(lh.enqueueFlow("nope" as never), /a flow is an array of nodes/);
+  await assert.rejects(lh.enqueueBatch({ jobs: [] } as never), /onComplete must be a job/);
+  assert.equal(seen.length, 2);
+});

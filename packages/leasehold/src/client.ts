@@ -31,7 +31,7 @@ import { Worker, type WorkerOptions } from "./worker/worker.js";
 import type { DispatchFactory, NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
 import { loadOptional } from "./optional.js";
 import { TypedLeasehold } from "./tasks/client.js";
-import { prepareBatch, prepareFlow, type BatchInput, type FlowNode, type PreparedNode } from "./jobs/flow-graph.js";
+import { checkBatchShape, checkFlowShape, prepareBatch, prepareFlow, type BatchInput, type FlowNode, type PreparedNode } from "./jobs/flow-graph.js";
 import type { AnyTask } from "./tasks/define.js";
 import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
 import type { TracingOptions } from "./otel/options.js";
@@ -235,13 +235,25 @@ export class Leasehold {
    */
   async enqueueMany(jobs: NewJob[], target: EnqueueTarget = {}): Promise<EnqueuedJob[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
+    return this.withEnqueueHooks(jobs, target, (copies) => this.writeJobs(copies, target));
+  }
+
+  /**
+   * Runs the enqueue hooks (beforeEnqueue, aroundEnqueue: headers, tracing) around a write of
+   * `jobs`, of one enqueue call, a graph's nodes or a batch's jobs alike. Hooks may change the
+   * jobs: they get copies, never the caller's objects.
+   */
+  private async withEnqueueHooks<J extends NewJob>(
+    jobs: J[],
+    target: EnqueueTarget,
+    write: (jobs: J[]) => Promise<EnqueuedJob[]>,
+  ): Promise<EnqueuedJob[]> {
     const { beforeEnqueue, aroundEnqueue } = this.hooks;
-    if (!beforeEnqueue && !aroundEnqueue) return this.writeJobs(jobs, target);
-    // Hooks may change the jobs: they get copies, never the caller's objects.
+    if (!beforeEnqueue && !aroundEnqueue) return write(jobs);
     const copies = jobs.map((j) => (j !== null && typeof j === "object" ? { ...j, ...(j.headers && { headers: { ...j.headers } }) } : j));
     const info = target?.db !== undefined ? { db: target.db } : {};
     if (beforeEnqueue) await beforeEnqueue(copies, info);
-    return aroundEnqueue ? aroundEnqueue(copies, info, () => this.writeJobs(copies, target)) : this.writeJobs(copies, target);
+    return aroundEnqueue ? aroundEnqueue(copies, info, () => write(copies)) : write(copies);
   }
 
   private async writeJobs(jobs: NewJob[], target: EnqueueTarget): Promise<EnqueuedJob[]> {
@@ -303,9 +315,13 @@ export class Leasehold {
    * With `db`, on your client inside your transaction.
    */
   async enqueueFlow(nodes: FlowNode[], target: EnqueueTarget = {}): Promise<{ jobs: Record<string, string> }> {
-    const prepared = prepareFlow(nodes);
-    const ids = await this.writeFlow(prepared, target);
-    return { jobs: Object.fromEntries(prepared.map((n, i) => [n.ref, ids[i]!])) };
+    checkFlowShape(nodes);
+    let prepared: PreparedNode[] = [];
+    const enqueued = await this.withEnqueueHooks(nodes, target, async (copies) => {
+      prepared = prepareFlow(copies);
+      return (await this.writeFlow(prepared, target)).map((id) => ({ id, created: true }));
+    });
+    return { jobs: Object.fromEntries(prepared.map((n, i) => [n.ref, enqueued[i]!.id])) };
   }
 
   /**
@@ -314,8 +330,13 @@ export class Leasehold {
    * `ctx.dependencies()` and the members with `ctx.parents()`. One transaction.
    */
   async enqueueBatch(batch: BatchInput, target: EnqueueTarget = {}): Promise<{ callbackId: string; jobIds: string[] }> {
-    const prepared = prepareBatch(batch);
-    const ids = await this.writeFlow(prepared, target);
+    // The hooks see the members and then the callback, as one enqueue's jobs.
+    checkBatchShape(batch);
+    const enqueued = await this.withEnqueueHooks([...batch.jobs, batch.onComplete as NewJob], target, async (copies) => {
+      const prepared = prepareBatch({ jobs: copies.slice(0, -1), onComplete: copies[copies.length - 1]! });
+      return (await this.writeFlow(prepared, target)).map((id) => ({ id, created: true }));
+    });
+    const ids = enqueued.map((j) => j.id);
     return { callbackId: ids[ids.length - 1]!, jobIds: ids.slice(0, -1) };
   }
 

@@ -74,8 +74,13 @@ interface RawNode {
 }
 
 /** Checks a flow's nodes; returns them ready for the store, in input order. */
-export function prepareFlow(nodes: unknown): PreparedNode[] {
+/** A flow's outer shape, checked before the enqueue hooks see its nodes. */
+export function checkFlowShape(nodes: unknown): asserts nodes is unknown[] {
   if (!Array.isArray(nodes)) throw new ValidationError(`a flow is an array of nodes (got ${describeValue(nodes)})`);
+}
+
+export function prepareFlow(nodes: unknown): PreparedNode[] {
+  checkFlowShape(nodes);
   checkNodeCount(nodes.length);
   const raw = nodes.map((node, i): RawNode => {
     if (node === null || typeof node !== "object" || Array.isArray(node)) {
@@ -92,7 +97,8 @@ export function prepareFlow(nodes: unknown): PreparedNode[] {
  * A batch as a flow: the members have no parents, the callback depends on all of them and
  * runs whatever they ended as. Members are named `job <index>`, the callback `onComplete`.
  */
-export function prepareBatch(batch: unknown): PreparedNode[] {
+/** A batch's outer shape ({ jobs: [...], onComplete: {...} }), checked before the enqueue hooks see its jobs. */
+export function checkBatchShape(batch: unknown): asserts batch is BatchInput {
   if (batch === null || typeof batch !== "object" || Array.isArray(batch)) {
     throw new ValidationError(`a batch is an object { jobs, onComplete } (got ${describeValue(batch)})`);
   }
@@ -103,6 +109,11 @@ export function prepareBatch(batch: unknown): PreparedNode[] {
   if (onComplete === null || typeof onComplete !== "object" || Array.isArray(onComplete)) {
     throw new ValidationError(`batch: onComplete must be a job ({ task, payload?, ...options }) (got ${describeValue(onComplete)})`);
   }
+}
+
+export function prepareBatch(batch: unknown): PreparedNode[] {
+  checkBatchShape(batch);
+  const { jobs, onComplete } = batch as { jobs: unknown[]; onComplete: Record<string, unknown> };
   checkNodeCount(jobs.length + 1);
   const raw: RawNode[] = jobs.map((job, i) => {
     if (job === null || typeof job !== "object" || Array.isArray(job)) {
