@@ -8,6 +8,7 @@
  * own client, whose search_path need not include Leasehold's schema.
  */
 import { quoteIdent, type Queryable } from "./db.js";
+import { markKeyedQueues } from "./enqueue.js";
 import { run, statement, type Statement } from "./sql.js";
 import { ValidationError } from "../errors.js";
 import type { PreparedNode } from "../jobs/flow-graph.js";
@@ -56,25 +57,16 @@ const insertEdgesText = (s: string) => `
 INSERT INTO ${s}job_dependencies (child_id, parent_id, ref)
 SELECT * FROM unnest($1::int8[], $2::int8[], $3::text[])`;
 
-/** Keyed jobs make their queue a flow-controlled one, before they are inserted (as enqueue does). */
-const markKeyedText = (s: string) => `
-INSERT INTO ${s}queues AS qs (name, keyed)
-SELECT DISTINCT q.name, true FROM unnest($1::text[]) AS q(name)
- WHERE NOT EXISTS (SELECT 1 FROM ${s}queues AS k WHERE k.name = q.name AND k.keyed)
-ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now()`;
-
 const LOCK_PARENTS = statement("enqueueFlow (lock parents)", lockParentsText(""), { id: "int8" });
 const FINISHED_PARENTS = statement("enqueueFlow (finished parents)", finishedText(""), { id: "int8", state: "text" });
 const INSERT_FLOW_JOBS = statement("enqueueFlow (jobs)", insertJobsText(""), { id: "int8" });
 const INSERT_EDGES = statement("enqueueFlow (edges)", insertEdgesText(""), {});
-const MARK_KEYED = statement("enqueueFlow (keyed queues)", markKeyedText(""), {});
 
 interface FlowStatements {
   lockParents: typeof LOCK_PARENTS;
   finishedParents: typeof FINISHED_PARENTS;
   insertJobs: typeof INSERT_FLOW_JOBS;
   insertEdges: typeof INSERT_EDGES;
-  markKeyed: typeof MARK_KEYED;
 }
 
 const UNQUALIFIED: FlowStatements = {
@@ -82,7 +74,6 @@ const UNQUALIFIED: FlowStatements = {
   finishedParents: FINISHED_PARENTS,
   insertJobs: INSERT_FLOW_JOBS,
   insertEdges: INSERT_EDGES,
-  markKeyed: MARK_KEYED,
 };
 const qualified = new Map<string, FlowStatements>();
 
@@ -97,7 +88,6 @@ function statementsFor(schema: string | undefined): FlowStatements {
       finishedParents: as(FINISHED_PARENTS, finishedText(p)),
       insertJobs: as(INSERT_FLOW_JOBS, insertJobsText(p)),
       insertEdges: as(INSERT_EDGES, insertEdgesText(p)),
-      markKeyed: as(MARK_KEYED, markKeyedText(p)),
     };
     qualified.set(schema, s);
   }
@@ -131,10 +121,8 @@ export async function insertFlow(db: Queryable, nodes: PreparedNode[], schema?: 
     }
   }
 
-  const keyedQueues = [...new Set(nodes.filter((n) => n.job.flowKey != null).map((n) => n.job.queue))];
-  if (keyedQueues.length > 0) await run(db, st.markKeyed, [keyedQueues]);
-
   const jobs = nodes.map((n) => n.job);
+  await markKeyedQueues(db, jobs, schema);
   // RETURNING gives the rows in the order inserted: the SELECT's, input order (ORDER BY n).
   const ids = (
     await run(db, st.insertJobs, [

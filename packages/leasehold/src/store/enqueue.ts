@@ -113,6 +113,16 @@ function statementsFor(schema: string | undefined): EnqueueStatements {
  */
 const MAX_KEY_ROUNDS = 5;
 
+/**
+ * Marks the queues of the keyed jobs among `jobs` as flow-controlled, before the jobs are
+ * inserted (every path that inserts jobs: enqueue, replace modes, flows). `schema`: as for
+ * enqueueJobs.
+ */
+export async function markKeyedQueues(db: Queryable, jobs: readonly NormalizedJob[], schema?: string): Promise<void> {
+  const keyedQueues = [...new Set(jobs.filter((j) => j.flowKey != null).map((j) => j.queue))];
+  if (keyedQueues.length > 0) await run(db, statementsFor(schema).markKeyed, [keyedQueues]);
+}
+
 /** An enqueued job, and (when enqueued with `publishingMs`) whether it is due now by the database's clock. */
 export type InsertedJob = EnqueuedJob & { due?: boolean };
 
@@ -128,8 +138,7 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
   const st = statementsFor(schema);
   const keyed = jobs.some((j) => j.uniqueKey !== null);
   const publishing = publishingMs !== undefined && schema === undefined;
-  const keyedQueues = [...new Set(jobs.filter((j) => j.flowKey != null).map((j) => j.queue))];
-  if (keyedQueues.length > 0 && round === 1) await run(db, st.markKeyed, [keyedQueues]);
+  if (round === 1) await markKeyedQueues(db, jobs, schema);
   const insert = publishing ? (keyed ? INSERT_KEYED_JOBS_PUBLISHING : INSERT_JOBS_PUBLISHING) : keyed ? st.insertKeyed : st.insert;
   const rows: { id: string; unique_key: string | null; due?: boolean }[] = await run(db, insert, [
     jobs.map((j) => j.queue),
@@ -194,8 +203,7 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
  * to the dispatchers (the outbox), not published by the caller: `due` is left out for them.
  */
 async function enqueueWithReplaceModes(db: Queryable, jobs: NormalizedJob[], schema?: string, publishingMs?: number): Promise<InsertedJob[]> {
-  const keyedQueues = [...new Set(jobs.filter((j) => j.flowKey != null).map((j) => j.queue))];
-  if (keyedQueues.length > 0) await run(db, statementsFor(schema).markKeyed, [keyedQueues]);
+  await markKeyedQueues(db, jobs, schema);
   // An earlier chunk of this transaction may have said it publishes its jobs itself; these it
   // does not: their doorbells are due at once, for the dispatchers.
   if (publishingMs !== undefined && schema === undefined) await run(db, NOT_PUBLISHING);
