@@ -9,6 +9,7 @@ import path from "node:path";
 import pg from "pg";
 import pino from "pino";
 import { Leasehold } from "../packages/leasehold/src/index.js";
+import { guardClients } from "../packages/leasehold/src/store/index.js";
 import { EmbeddedPostgres } from "../packages/cli/src/embedded/postgres.js";
 import { NatsServer } from "../test/harness/nats-server.js";
 import { CHAOS_SCHEMA, seededRandom, type ChaosOptions, type FaultKind } from "./config.js";
@@ -81,8 +82,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       poolSize: 4,
       ...(nats && { nats: nats.url }),
     });
-    admin = new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 });
-    admin.on("error", () => {});
+    admin = guardClients(
+      new pg.Pool({ connectionString: url, application_name: "chaos-harness", options: `-c search_path=${CHAOS_SCHEMA}`, max: 4 }),
+    );
     await admin.query(DOWNSTREAM_SQL);
     // The limits hold from the first job on; the workers read them when they start.
     for (const q of LIMITED_QUEUES) await lh.setQueueLimits(q.name, q.limits, { create: true });

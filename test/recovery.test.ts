@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
 import type { JobAbortedError, JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { NO_BACKOFF, eventually, freshLeasehold, recordEvents } from "./helpers/db.js";
+import { NO_BACKOFF, databaseUrl, eventually, freshLeasehold, recordEvents } from "./helpers/db.js";
 import { cliWorker, workerChild } from "./helpers/processes.js";
 
 const forever = () => new Promise<never>(() => {});
@@ -425,4 +425,26 @@ test("ctx.recovered is false after a graceful shutdown released the job: the wor
     { previousOutcome: null, recovered: false },
     { previousOutcome: "released", recovered: false },
   ]);
+});
+
+test("a pooled connection that fails in the instant it is handed out does not crash the process, and the pool goes on", async (t) => {
+  // pg-pool hands a client out with no 'error' listener of its own; a backend terminated right
+  // after start-up delivers its FATAL in that gap (seen in chaos under terminate storms). The
+  // microtask below runs there: after the pool hands the client out, before the caller resumes.
+  const lh = await freshLeasehold(t);
+  const pool = store.createPool({ connectionString: databaseUrl(), schema: lh.schema, max: 1 });
+  try {
+    let failNext = true;
+    pool.on("acquire", (client) => {
+      if (!failNext) return;
+      failNext = false;
+      queueMicrotask(() => client.emit("error", new Error("terminating connection due to administrator command")));
+    });
+    const { rows } = await store.withTransaction(pool, (client) => client.query<{ n: number }>("SELECT 1 AS n"));
+    assert.equal(failNext, false, "the fault was not injected");
+    assert.equal(rows[0]!.n, 1);
+    assert.equal((await pool.query<{ n: number }>("SELECT 2 AS n")).rows[0]!.n, 2);
+  } finally {
+    await pool.end();
+  }
 });

@@ -8,7 +8,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import pg from "pg";
-import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
+import { StaleLeaseError, ValidationError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { databaseUrl, eventually, freshLeasehold, uniqueSchema, recordEvents } from "./helpers/db.js";
@@ -74,6 +74,34 @@ test("a job enqueued in a rolled-back transaction never exists and wakes nobody;
   await eventually(async () => ran.includes(committed.id), "the committed job ran");
   assert.deepEqual(seen, ["default"]);
   assert.ok(!ran.includes(rolledBack.id));
+});
+
+test("a pg Pool given as db is refused with a clear error, by every enqueue: its statements would not share one transaction", async (t) => {
+  const lh = await freshLeasehold(t);
+  const pool = new pg.Pool({ connectionString: databaseUrl(), max: 2 });
+  t.after(() => pool.end());
+  const refused = (err: unknown) => err instanceof ValidationError && /db is a pg Pool: pass one client/.test(err.message);
+  await assert.rejects(lh.enqueue("t", {}, { db: pool }), refused);
+  await assert.rejects(lh.enqueueMany([{ task: "t" }, { task: "t" }], { db: pool }), refused);
+  await assert.rejects(
+    lh.enqueueFlow(
+      [
+        { ref: "a", task: "t" },
+        { ref: "b", task: "t", dependsOn: ["a"] },
+      ],
+      { db: pool },
+    ),
+    refused,
+  );
+  await assert.rejects(lh.enqueueBatch({ jobs: [{ task: "t" }], onComplete: { task: "done" } }, { db: pool }), refused);
+  assert.equal(await countJobs(lh), 0, "nothing written");
+  const client = await pool.connect();
+  try {
+    await lh.enqueue("t", {}, { db: client });
+  } finally {
+    client.release();
+  }
+  assert.equal(await countJobs(lh), 1, "a client checked out of the same pool is accepted");
 });
 
 test("bulk enqueue on the caller's client is part of its transaction, and all or nothing without one", async (t) => {

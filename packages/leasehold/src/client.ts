@@ -273,9 +273,7 @@ export class Leasehold {
     };
     let enqueued: EnqueuedJob[];
     if (target.db !== undefined) {
-      if (typeof (target.db as { query?: unknown })?.query !== "function") {
-        throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
-      }
+      checkCallerClient(target.db);
       enqueued =
         normalized.length <= ENQUEUE_CHUNK && !replacing
           ? await insertAll(target.db, this.schema)
@@ -345,9 +343,7 @@ export class Leasehold {
     if (this.knownTasks.mode === "refuse") await this.knownTasks.check(jobs, (i) => `node ${JSON.stringify(nodes[i]!.ref)}`);
     let ids: string[];
     if (target.db !== undefined) {
-      if (typeof (target.db as { query?: unknown })?.query !== "function") {
-        throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
-      }
+      checkCallerClient(target.db);
       ids = await allOrNothing(target.db, () => store.insertFlow(target.db!, nodes, this.schema));
     } else {
       ids = await store.withTransaction(this.pool, (client) => store.insertFlow(client, nodes));
@@ -624,6 +620,22 @@ async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHoo
     throw err;
   }
   return otel.tracingHooks(options === true ? {} : options);
+}
+
+/**
+ * The caller's `db` must be one connection: a Pool would run each statement on whichever
+ * connection is free, so a BEGIN could be left open on one while the rows land, committed
+ * alone, on others.
+ */
+function checkCallerClient(db: unknown): void {
+  if (typeof (db as { query?: unknown })?.query !== "function") {
+    throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
+  }
+  if (typeof (db as { connect?: unknown }).connect === "function" && "totalCount" in (db as object)) {
+    throw new ValidationError(
+      "db is a pg Pool: pass one client (const client = await pool.connect()) so the enqueue joins its transaction, or leave db out",
+    );
+  }
 }
 
 /**

@@ -46,10 +46,20 @@ export function createPool(options: PoolOptions): pg.Pool {
     options: `-c search_path=${quoteIdent(schema)} -c jit=off`,
     connectionTimeoutMillis: 10_000,
   });
-  // An idle client that loses its connection (database restart, terminated backend) emits
-  // 'error' on the pool; without a listener that would crash the process. The next query
-  // gets a fresh connection.
+  return guardClients(pool);
+}
+
+/**
+ * A client whose connection dies (database restart, terminated backend) emits 'error'; unheard,
+ * that event crashes the process. The pool hears it for idle clients and re-emits it on itself.
+ * A client being handed out has no listener until its caller adds one, and a backend ended
+ * right after its start-up delivers its FATAL in that gap (seen under pg_terminate_backend
+ * storms), so every client keeps a listener of its own for its whole life. The next query
+ * on it fails as a connection error and the pool discards it.
+ */
+export function guardClients(pool: pg.Pool): pg.Pool {
   pool.on("error", () => {});
+  pool.on("connect", (client) => client.on("error", () => {}));
   return pool;
 }
 
@@ -58,9 +68,7 @@ export function createPool(options: PoolOptions): pg.Pool {
  * handlers' transactions (ctx.transaction): their SQL names the application's tables.
  */
 export function createAppPool(connectionString: string, max = 10): pg.Pool {
-  const pool = new pg.Pool({ connectionString, max, application_name: "leasehold-handler-tx", connectionTimeoutMillis: 10_000 });
-  pool.on("error", () => {});
-  return pool;
+  return guardClients(new pg.Pool({ connectionString, max, application_name: "leasehold-handler-tx", connectionTimeoutMillis: 10_000 }));
 }
 
 /** The NOTIFY channel that wakes workers of this schema; the payload is the queue name. */

@@ -5,6 +5,7 @@ export {
   createPool,
   createAppPool,
   checkOut,
+  guardClients,
   withTransaction,
   notifyChannel,
   cancelChannel,
