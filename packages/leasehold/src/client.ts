@@ -517,6 +517,15 @@ export class Leasehold {
     throw new UnknownQueueError(name, known, closestName(name, known));
   }
 
+  /**
+   * Every queue's depth now, from the queue_depth view (docs/deployment.md#autoscaling): ready
+   * jobs and the oldest one's age, running, delayed and blocked jobs, and whether it is paused.
+   * Lists the queues with unfinished jobs or settings, by name.
+   */
+  queueDepth(): Promise<store.QueueDepth[]> {
+    return store.queueDepth(this.pool);
+  }
+
   /** Counts by queue and state, leases, the fleet, and the waiting jobs no live worker can run. */
   async stats(): Promise<Stats> {
     const [stats, withoutHandler] = await Promise.all([store.queueStats(this.pool), handlerGaps(this.pool)]);

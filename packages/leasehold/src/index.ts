@@ -59,6 +59,7 @@ export type { Watchdog, WatchdogOptions, ReapSummary, RecoverySummary } from "./
 export { DEFAULT_WATCHDOG_INTERVAL_MS } from "./maintenance/watchdog.js";
 export type { Retention, RetentionOptions } from "./maintenance/retention.js";
 export type { QueueStats } from "./store/admin.js";
+export type { QueueDepth } from "./store/depth.js";
 export * from "./errors.js";
 export * from "./jobs/types.js";
 export { fencedWrite, fencedWriteSql } from "./fencing.js";

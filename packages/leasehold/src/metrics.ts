@@ -84,6 +84,8 @@ export interface Metrics {
   jobs: Gauge<"queue" | "state">;
   jobsWithoutHandler: Gauge<"queue" | "task">;
   queuesPaused: Gauge;
+  queueOldestReadyAge: Gauge<"queue">;
+  queuePaused: Gauge<"queue">;
   jobsEnqueued: Counter<"queue">;
   jobsClaimed: Counter<"queue">;
   jobsEnded: Counter<"queue" | "outcome">;
@@ -188,7 +190,7 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
     }),
     jobs: new prom.Gauge({
       name: "leasehold_jobs",
-      help: "Jobs by queue and state, as the watchdog or server last counted (finished states over the retention window).",
+      help: "Unfinished jobs by queue and state (waiting: ready now; scheduled: due later; running; blocked: waiting for parents), as the watchdog last counted.",
       labelNames: ["queue", "state"],
       registers,
     }),
@@ -201,6 +203,18 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
     queuesPaused: new prom.Gauge({
       name: "leasehold_queues_paused",
       help: "Queues paused (by lh.pauseQueue, `leasehold queues pause`, the API or the dashboard), as the watchdog last counted.",
+      registers,
+    }),
+    queueOldestReadyAge: new prom.Gauge({
+      name: "leasehold_queue_oldest_ready_age_seconds",
+      help: "How long the oldest ready job of each queue has been due, in seconds (0: none ready), as the watchdog last counted.",
+      labelNames: ["queue"],
+      registers,
+    }),
+    queuePaused: new prom.Gauge({
+      name: "leasehold_queue_paused",
+      help: "1 for a paused queue, 0 for one that is not, for every queue with jobs or settings, as the watchdog last counted.",
+      labelNames: ["queue"],
       registers,
     }),
     jobsEnqueued: new prom.Counter({

@@ -245,17 +245,9 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     }
   }
 
+  /** The gauges of every queue's depth, from one read of the queue_depth view. */
   private async gauge(): Promise<void> {
-    const counts = await store.countUnfinishedJobs(this.db);
-    this.metrics.jobs.reset();
-    let running = 0;
-    for (const c of counts) {
-      this.metrics.jobs.inc({ queue: this.metrics.queueLabel(c.queue), state: c.state }, c.count);
-      if (c.state === "running") running += c.count;
-    }
-    this.metrics.activeLeases.set(running);
-    // A paused queue's jobs wait however many workers run: worth an alert when it lasts.
-    this.metrics.queuesPaused.set(await store.countPausedQueues(this.db));
+    setDepthGauges(this.metrics, await store.queueDepth(this.db));
     if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
       this.lastHandlerGauge = performance.now();
       const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });
@@ -292,4 +284,38 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     await store.pruneWorkers(this.db, { retainMs: 24 * 3600_000 });
     return found;
   }
+}
+
+/**
+ * Sets the depth gauges from queue_depth's rows. Queues past the label cap share the label
+ * "other": their counts add up, their oldest age and pause are the largest among them.
+ */
+export function setDepthGauges(metrics: Metrics, depth: store.QueueDepth[]): void {
+  metrics.jobs.reset();
+  metrics.queueOldestReadyAge.reset();
+  metrics.queuePaused.reset();
+  const oldest = new Map<string, number>();
+  const paused = new Map<string, number>();
+  let running = 0;
+  let pausedQueues = 0;
+  for (const d of depth) {
+    const queue = metrics.queueLabel(d.queue);
+    for (const [state, n] of [
+      ["waiting", d.ready],
+      ["scheduled", d.delayed],
+      ["running", d.running],
+      ["blocked", d.blocked],
+    ] as const) {
+      if (n > 0) metrics.jobs.inc({ queue, state }, n);
+    }
+    oldest.set(queue, Math.max(oldest.get(queue) ?? 0, d.oldestReadyAgeSeconds));
+    paused.set(queue, Math.max(paused.get(queue) ?? 0, d.paused ? 1 : 0));
+    running += d.running;
+    if (d.paused) pausedQueues++;
+  }
+  for (const [queue, age] of oldest) metrics.queueOldestReadyAge.set({ queue }, age);
+  for (const [queue, p] of paused) metrics.queuePaused.set({ queue }, p);
+  metrics.activeLeases.set(running);
+  // A paused queue's jobs wait however many workers run: worth an alert when it lasts.
+  metrics.queuesPaused.set(pausedQueues);
 }

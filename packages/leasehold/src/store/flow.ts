@@ -90,13 +90,6 @@ export async function queueSettings(db: Queryable): Promise<QueueSettings[]> {
   return (await run(db, FLOW_SETTINGS, [])).map(toSettings);
 }
 
-const COUNT_PAUSED = statement("countPausedQueues", `SELECT count(*)::int AS paused FROM queues WHERE paused`, { paused: "int4" });
-
-/** How many queues are paused (the leasehold_queues_paused gauge). */
-export async function countPausedQueues(db: Queryable): Promise<number> {
-  return (await run(db, COUNT_PAUSED, []))[0]!.paused;
-}
-
 /**
  * Every queue anyone can name: with settings, with unfinished jobs, served by a worker seen in
  * the last day, or with jobs finished in the retention window, with its counts.

@@ -34,7 +34,7 @@ export {
   recoverJobsOfEarlierProcess,
 } from "./end-attempts.js";
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended, RateLimited } from "./end-attempts.js";
-export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState, countPausedQueues } from "./flow.js";
+export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState } from "./flow.js";
 export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
 export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, workerNameHeldElsewhere, pruneWorkers } from "./workers.js";
 export type { TaskPolicy, WorkerAnnouncement } from "./workers.js";
@@ -55,10 +55,12 @@ export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloa
 export { readyPairs } from "./ready.js";
 export { parseCancelNotice, cancelsRequested } from "./cancels.js";
 export type { QueueTasks } from "./ready.js";
-export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, countUnfinishedJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
+export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, touchWorker, ORPHAN_SCAN_LIMIT } from "./orphans.js";
 export { knownTasks, jobsWithoutHandler } from "./handlers.js";
 export type { JobsWithoutHandler } from "./handlers.js";
 export { fleetHealth } from "./health.js";
+export { queueDepth } from "./depth.js";
+export type { QueueDepth } from "./depth.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
 export type { ScheduleRecord, ScheduleInput, ScheduleJobOptions, ScheduleAdvance } from "./schedules.js";

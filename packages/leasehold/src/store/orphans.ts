@@ -86,22 +86,6 @@ export async function endOverBudgetJobs(db: Queryable): Promise<string[]> {
   return (await run(db, KILL_OVER_BUDGET)).map((r) => r.id);
 }
 
-const COUNT_UNFINISHED = statement(
-  "countUnfinishedJobs",
-  `
-SELECT queue,
-       CASE WHEN state = 'running' THEN 'running' WHEN run_at > now() THEN 'scheduled' ELSE 'waiting' END AS state,
-       count(*)::int AS count
-  FROM jobs
- GROUP BY 1, 2`,
-  { queue: "text", state: "text", count: "int4" },
-);
-
-/** Unfinished jobs by queue and state (waiting = ready now, scheduled = due later, running). */
-export async function countUnfinishedJobs(db: Queryable): Promise<{ queue: string; state: string; count: number }[]> {
-  return run(db, COUNT_UNFINISHED);
-}
-
 const TOUCH_WORKER = statement(
   "touchWorker",
   `

@@ -1,0 +1,46 @@
+/**
+ * Queue depth (the queue_depth view, migration 016): per queue, what an autoscaler scales on
+ * (docs/deployment.md#autoscaling). One statement; the watchdog's gauges read it too.
+ */
+import type { Queryable } from "./db.js";
+import { run, statement } from "./sql.js";
+
+const QUEUE_DEPTH = statement(
+  "queueDepth",
+  `
+SELECT queue, paused, ready::int AS ready, oldest_ready_age_seconds, running::int AS running,
+       delayed::int AS delayed, blocked::int AS blocked
+  FROM queue_depth
+ ORDER BY queue`,
+  { queue: "text", paused: "bool", ready: "int4", oldest_ready_age_seconds: "float8", running: "int4", delayed: "int4", blocked: "int4" },
+);
+
+/** One queue's depth, as the database counts it now. */
+export interface QueueDepth {
+  queue: string;
+  /** Paused: its ready jobs wait however many workers run (leave them out when scaling). */
+  paused: boolean;
+  /** Waiting jobs due now: what more workers would start. */
+  ready: number;
+  /** How long the longest-waiting ready job has been due, in seconds; 0 when none is ready. */
+  oldestReadyAgeSeconds: number;
+  /** Jobs holding a lease: running, or buffered by a worker. */
+  running: number;
+  /** Waiting jobs not yet due (a delay, a run time, a retry's backoff). */
+  delayed: number;
+  /** Jobs waiting for their parents (docs/flows.md). */
+  blocked: number;
+}
+
+/** Every queue with unfinished jobs or settings, by name. */
+export async function queueDepth(db: Queryable): Promise<QueueDepth[]> {
+  return (await run(db, QUEUE_DEPTH)).map((r) => ({
+    queue: r.queue,
+    paused: r.paused,
+    ready: r.ready,
+    oldestReadyAgeSeconds: r.oldest_ready_age_seconds,
+    running: r.running,
+    delayed: r.delayed,
+    blocked: r.blocked,
+  }));
+}
