@@ -10,7 +10,7 @@ import type { JobRelations } from "leasehold/internal/store/admin";
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
-import type { QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
+import type { QueueDepth, QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
 /** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
@@ -27,6 +27,7 @@ export type JobOperations = Pick<
   | "retry"
   | "stats"
   | "listQueues"
+  | "queueDepth"
   | "pauseQueue"
   | "resumeQueue"
   | "setQueueLimits"
@@ -144,6 +145,10 @@ export class RemoteOperations implements JobOperations {
   async listQueues(): Promise<QueueInfo[]> {
     const { queues } = await this.call<{ queues: Wire<QueueInfo>[] }>("GET", "/v1/queues");
     return queues.map(settingsFromWire);
+  }
+
+  async queueDepth(): Promise<QueueDepth[]> {
+    return (await this.call<{ queues: QueueDepth[] }>("GET", "/v1/queues/depth")).queues;
   }
 
   async pauseQueue(name: string, options: { create?: boolean } = {}): Promise<QueueSettings> {

@@ -3,7 +3,8 @@
  * pause and resume one, change its limits. Each goes through the library's method, so the
  * checks (a value out of range, an unknown queue) and their messages are the same as for
  * `lh.pauseQueue` and the CLI. A queue nobody has named yet is refused (404 unknown_queue)
- * unless `create=true` says to configure it before its first job.
+ * unless `create=true` says to configure it before its first job. And every queue's depth,
+ * for autoscalers and operators (docs/deployment.md#autoscaling).
  */
 import type { FastifyInstance } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
@@ -17,6 +18,8 @@ interface QueueRequest {
 
 export function registerQueueRoutes(app: FastifyInstance, lh: Leasehold): void {
   app.get("/v1/queues", { schema: routes.listQueues }, async () => ({ queues: await lh.listQueues() }));
+
+  app.get("/v1/queues/depth", { schema: routes.queueDepth }, async () => ({ queues: await lh.queueDepth() }));
 
   app.post<QueueRequest>("/v1/queues/:name/pause", { schema: routes.pauseQueue }, async (request) => ({
     queue: await lh.pauseQueue(request.params.name, { create: request.query.create === "true" }),

@@ -337,6 +337,19 @@ const queueInfoSchema = {
     running: { type: "integer", description: "jobs holding leases (running, or buffered by a worker)" },
   },
 };
+/** One queue's depth: the queue_depth view's row (docs/deployment.md#autoscaling). */
+const queueDepthSchema = {
+  type: "object",
+  properties: {
+    queue: NAME,
+    paused: { type: "boolean", description: "paused: its ready jobs wait however many workers run (leave them out when scaling)" },
+    ready: { type: "integer", description: "waiting jobs due now" },
+    oldestReadyAgeSeconds: { type: "number", description: "how long the oldest ready job has been due, in seconds; 0 when none is ready" },
+    running: { type: "integer", description: "jobs holding leases (running, or buffered by a worker)" },
+    delayed: { type: "integer", description: "waiting jobs not yet due" },
+    blocked: { type: "integer", description: "jobs waiting for their parents" },
+  },
+};
 const queueParams = object({ name: NAME }, ["name"]);
 const CREATE_QUERY = object({
   create: { type: "string", enum: ["true", "false"], description: "true: configure a queue no job, worker or setting names yet" },
@@ -687,6 +700,16 @@ export const routes = {
     summary: "Every queue anyone can name, with its flow-control settings (paused, limits, rates) and counts of waiting and running jobs",
     response: {
       200: { type: "object", properties: { queues: { type: "array", items: queueInfoSchema } } },
+      ...errors(401, 403, 503),
+    },
+  },
+  queueDepth: {
+    ...secured,
+    tags: ["queues"],
+    summary:
+      "Every queue's depth now (the queue_depth view): ready jobs and the oldest one's age, running, delayed and blocked jobs, paused; the queues with unfinished jobs or settings",
+    response: {
+      200: { type: "object", properties: { queues: { type: "array", items: queueDepthSchema } } },
       ...errors(401, 403, 503),
     },
   },

@@ -1,10 +1,11 @@
 /**
- * `leasehold queues list|pause|resume|limit`: flow control at run time, for the whole fleet
- * (docs/flow-control.md). On the database, or through a server with --server.
+ * `leasehold queues list|depth|pause|resume|limit`: flow control at run time, for the whole fleet
+ * (docs/flow-control.md), and the queues' depth (docs/deployment.md#autoscaling). On the
+ * database, or through a server with --server.
  */
 import type { Command } from "commander";
 import { MAX_CONCURRENCY_LIMIT, MAX_KEY_WEIGHT, MAX_RATE_LIMIT, MAX_RATE_WINDOW_MS, MIN_RATE_WINDOW_MS } from "leasehold/internal/jobs/flow-limits";
-import type { QueueInfo, QueueLimits, QueueSettings, RateLimit } from "leasehold/internal/store/index";
+import type { QueueDepth, QueueInfo, QueueLimits, QueueSettings, RateLimit } from "leasehold/internal/store/index";
 import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { table } from "../format.js";
@@ -32,6 +33,17 @@ export function registerQueueCommands(program: Command, run: Run): void {
         const lh = await cli.operations();
         const list = await lh.listQueues();
         cli.result(list, () => queuesTable(list));
+      }),
+    );
+
+  queues
+    .command("depth")
+    .description("every queue's depth now: ready jobs and the oldest one's age, running, delayed and blocked jobs (what autoscalers read)")
+    .action(
+      run(async (cli) => {
+        const lh = await cli.operations();
+        const depth = await lh.queueDepth();
+        cli.result(depth, () => depthTable(depth));
       }),
     );
 
@@ -183,6 +195,22 @@ function queuesTable(list: QueueInfo[]): string {
       rateText(q.keyRate),
       String(q.waiting),
       String(q.running),
+    ]),
+  );
+}
+
+function depthTable(depth: QueueDepth[]): string {
+  if (depth.length === 0) return "no queues";
+  return table(
+    ["QUEUE", "PAUSED", "READY", "OLDEST READY", "RUNNING", "DELAYED", "BLOCKED"],
+    depth.map((d) => [
+      d.queue,
+      d.paused ? "yes" : "no",
+      String(d.ready),
+      d.ready === 0 ? "-" : `${d.oldestReadyAgeSeconds.toFixed(1)}s`,
+      String(d.running),
+      String(d.delayed),
+      String(d.blocked),
     ]),
   );
 }
