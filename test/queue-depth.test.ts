@@ -313,6 +313,10 @@ test("the KEDA ScaledObject in docs/deployment.md is what KEDA's postgresql scal
     await lh.enqueue("send", {}, { queue: "emails" });
     await lh.enqueue("report", {}, { queue: "reports" });
     assert.equal(Number((await asKeda()).rows[0][0]), 8);
+    // A served queue paused: its jobs wait however many workers run, so they are left out.
+    await lh.pauseQueue("emails");
+    assert.equal(Number((await asKeda()).rows[0][0]), 1);
+    await lh.resumeQueue("emails");
     // Nothing to do: the sum is 0, not null.
     await db.query("DELETE FROM jobs WHERE queue IN ('default', 'emails')");
     assert.equal(Number((await asKeda()).rows[0][0]), 0);
