@@ -23,7 +23,7 @@ interface LimitFlags {
 const CREATE_HELP = "configure a queue no job, worker or setting names yet (otherwise an unknown name is refused)";
 
 export function registerQueueCommands(program: Command, run: Run): void {
-  const queues = program.command("queues").description("flow control: pause and resume queues, change their limits at run time");
+  const queues = program.command("queues").description("flow control: pause and resume queues, change their limits at run time; their depth");
 
   queues
     .command("list")
