@@ -51,6 +51,9 @@ const perSystem =
   (ctx: BenchContext, systems: BenchSystem[]) =>
     systems.map((s) => ({ label: s.name, system: s.name, settings: s.settings[profile], measure: () => measure(ctx, s) }));
 
+/** The handler concurrency per process of the fleet rows: what users pick, not the tuned 1,000. */
+const MULTI_CONCURRENCY = 50;
+
 const WORKLOADS: Workload[] = [
   { id: "enqueue", title: "1. Bulk enqueue", repeated: true, rows: perSystem("throughput", enqueueWorkload) },
   { id: "drain", title: "2a. Drain, 1 worker process", repeated: true, rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, 1)) },
@@ -81,9 +84,28 @@ const WORKLOADS: Workload[] = [
   },
   {
     id: "drain-multi",
-    title: "2b. Drain, several worker processes",
+    title: "2b. Drain, several worker processes (and one, side by side)",
     repeated: true,
-    rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, ctx.options.processes)),
+    // Each system at its best settings, then at the handler concurrency users pick (50 per
+    // process; graphile-worker with its best local queue), and Leasehold's one process at that
+    // concurrency in the same rounds: a fleet must drain at least as fast as one process.
+    rows: (ctx, systems) => [
+      ...perSystem("throughput", (c, s) => drainWorkload(c, s, ctx.options.processes))(ctx, systems),
+      ...systems.map((s) => ({
+        label: `${s.name} c=${MULTI_CONCURRENCY} x${ctx.options.processes}`,
+        system: s.name,
+        settings: `${ctx.options.processes} processes of concurrency ${MULTI_CONCURRENCY}${s.name === "graphile-worker" ? ", localQueue size 500" : ", otherwise its defaults"}`,
+        measure: () => drainWorkload(ctx, s, ctx.options.processes, { concurrency: MULTI_CONCURRENCY }),
+      })),
+      ...systems
+        .filter((s) => s.name === "leasehold")
+        .map((s) => ({
+          label: `${s.name} c=${MULTI_CONCURRENCY} x1`,
+          system: s.name,
+          settings: `1 process of concurrency ${MULTI_CONCURRENCY}, otherwise its defaults`,
+          measure: () => drainWorkload(ctx, s, 1, { concurrency: MULTI_CONCURRENCY }),
+        })),
+    ],
   },
   {
     id: "ceiling",
