@@ -24,7 +24,7 @@ import type { Queryable } from "../store/db.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "../worker/backoff.js";
 import { DEFAULT_MAX_RUN_MS } from "../worker/options.js";
-import type { Metrics } from "../metrics.js";
+import { metricsRecorded, type Metrics } from "../metrics.js";
 import { HANDLER_ALIVE_MS } from "./handler-gaps.js";
 import { MaintenanceService } from "./service.js";
 import type { BackoffPolicy } from "../store/end-attempts.js";
@@ -43,7 +43,8 @@ export const HOT_TABLE_VACUUM_MIN_DEAD = 10_000;
 /** One statement moved 10,000 expired jobs in ~70 ms on 2 cores; keep each short. */
 export const REAP_BATCH = 1_000;
 /**
- * leasehold_jobs_without_handler is counted this often: it reads the waiting jobs again, so
+ * leasehold_jobs_without_handler is counted this often by the fleet (each watchdog every fleetSize
+ * times this): it reads the waiting jobs again, so
  * not on every reap tick of every watchdog (the live views and `doctor` count it when asked).
  */
 export const HANDLER_GAUGE_INTERVAL_MS = 10_000;
@@ -103,6 +104,8 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   private rank = 0;
   /** The wall-clock slot of the previous tick. */
   private lastSlot?: number;
+  /** The reap-interval slot of the previous reap tick, for the gauges' turns. */
+  private lastGaugeSlot?: number;
   private lastOrphanScan = -Infinity;
   private lastHandlerGauge = -Infinity;
   private announced = false;
@@ -133,7 +136,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
 
   /** Everything, now: crash detection, expired leases, overdue attempts and the orphan scan. */
   async runOnce(): Promise<RecoverySummary> {
-    const summary = await this.recover(true);
+    const summary = await this.recover(true, true, true);
     await this.scanOrphans();
     return summary;
   }
@@ -155,7 +158,7 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     return undefined;
   }
 
-  private async recover(all: boolean, checkLiveness = true): Promise<RecoverySummary> {
+  private async recover(all: boolean, checkLiveness = true, gaugeNow = false): Promise<RecoverySummary> {
     const summary: RecoverySummary = { retried: 0, dead: 0, cancelled: 0, byCause: {} };
     const count = (cause: RecoveryCause, ended: store.Ended) => {
       if (ended.size === 0) return;
@@ -210,7 +213,12 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
           "ended attempts past their progress timeout or maximum run time",
         );
       }
-      await this.gauge();
+      // The gauges read every waiting job (~50 ms at 100,000): one watchdog of the fleet
+      // reads them per reap interval, in turns, so a fleet of many processes costs what one
+      // does. Each process's gauges are then at most fleetSize intervals old.
+      const gaugeSlot = Math.floor(Date.now() / this.reapMs);
+      if (metricsRecorded && (gaugeNow || ownsTurn(this.lastGaugeSlot, gaugeSlot, this.fleetSize, this.rank))) await this.gauge(gaugeNow);
+      this.lastGaugeSlot = gaugeSlot;
     }
     const total = summary.retried + summary.dead + summary.cancelled;
     if (total > 0)
@@ -246,9 +254,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   }
 
   /** The gauges of every queue's depth, from one read of the queue_depth view. */
-  private async gauge(): Promise<void> {
+  private async gauge(now = false): Promise<void> {
     setDepthGauges(this.metrics, await store.queueDepth(this.db));
-    if (performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS) {
+    // Like the depth gauges, about once per interval for the whole fleet.
+    if (now || performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS * this.fleetSize) {
       this.lastHandlerGauge = performance.now();
       const gaps = await store.jobsWithoutHandler(this.db, { aliveMs: HANDLER_ALIVE_MS });
       this.metrics.jobsWithoutHandler.reset();
