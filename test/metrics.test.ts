@@ -7,7 +7,10 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { Registry } from "prom-client";
+import type pg from "pg";
 import { Leasehold } from "../packages/leasehold/src/client.js";
+import { Watchdog } from "../packages/leasehold/src/maintenance/watchdog.js";
+import { metricsFor } from "../packages/leasehold/src/metrics.js";
 import { databaseUrl, eventually, freshLeasehold, silent } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { cliWorker } from "./helpers/processes.js";
@@ -158,5 +161,39 @@ test("leasehold doctor recommends a lease from the beat delays real workers sent
       (f) => f.level === "warn" && f.message.includes(`worker ${worker.id} (queues default) has a 3000 ms lease, shorter than the 6000 ms`),
     ),
     JSON.stringify(d.findings),
+  );
+});
+
+test("a fleet's watchdogs read the queue-depth gauges in turns: about once per interval for the whole fleet, and each process's gauges are kept", async (t) => {
+  const lh = await freshLeasehold(t);
+  await lh.enqueueMany(Array.from({ length: 20 }, () => ({ task: "t", delayMs: 3_600_000 })));
+  // Each watchdog on its own counting view of the pool: the statements that read the depth view.
+  const reads: number[] = [];
+  const watchdogs = Array.from({ length: 3 }, (_, i) => {
+    reads.push(0);
+    const db = {
+      query: (text: string, values?: unknown[]) => {
+        if (/FROM queue_depth/.test(text)) reads[i]!++;
+        return lh.pool.query(text, values);
+      },
+    } as unknown as pg.Pool;
+    return new Watchdog(db, metricsFor(new Registry()), silent, { intervalMs: 100, livenessIntervalMs: 100 });
+  });
+  for (const w of watchdogs) w.start();
+  // Each counts the fleet (3) at its first reap; from then on the turns are shared.
+  await eventually(async () => reads.every((n) => n >= 2), "every watchdog read the gauges at least twice");
+  const before = reads.reduce((a, b) => a + b, 0);
+  const started = performance.now();
+  await new Promise((r) => setTimeout(r, 2_000));
+  const elapsed = performance.now() - started;
+  for (const w of watchdogs) await w.stop();
+  const fleetReads = reads.reduce((a, b) => a + b, 0) - before;
+  const intervals = elapsed / 100;
+  // One read per interval for the fleet (each watchdog alone would make 3x as many); late ticks
+  // on a loaded machine only lower the count.
+  assert.ok(fleetReads <= intervals * 1.5 + 3, `the fleet read the view ${fleetReads} times in ${intervals.toFixed(0)} intervals`);
+  assert.ok(
+    reads.every((n) => n >= 3),
+    `each watchdog keeps its own gauges fresh: ${reads.join(", ")}`,
   );
 });
