@@ -4,6 +4,9 @@
  * sets this file's schema with connect_query, as docs/deployment.md tells users to.
  */
 import { test, before, after } from "node:test";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import assert from "node:assert/strict";
 import pg from "pg";
 import pino from "pino";
@@ -12,7 +15,8 @@ import { Leasehold, type LeaseholdOptions } from "../packages/leasehold/src/clie
 import { ConfigError, WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { databaseUrl, eventually, rawClient, silent, uniqueSchema } from "./helpers/db.js";
-import { workerChild } from "./helpers/processes.js";
+import { cliWorker, workerChild } from "./helpers/processes.js";
+import { runCli } from "./helpers/cli.js";
 import { findPgBouncer, PGBOUNCER_INSTALL_HINT, PgBouncer } from "./harness/pgbouncer.js";
 
 const binary = process.env.LEASEHOLD_TEST_PGBOUNCER !== undefined ? process.env.LEASEHOLD_TEST_PGBOUNCER || undefined : findPgBouncer();
@@ -299,4 +303,71 @@ test("schedules: the scheduler in a pooled worker enqueues a schedule's job, whi
   t.after(() => worker.stop(0).then(() => lh.close()));
   await eventually(async () => ran.length > 0, "a scheduled job ran");
   await lh.unschedule(`tick-${schema}`);
+});
+
+test("a cancel: with a direct URL the handler hears it by notice; without, at its next heartbeat (both abort it)", async (t) => {
+  if (skip) return t.skip(skip);
+  for (const direct of [true, false]) {
+    const registry = new Registry();
+    const lh = await connect({ direct, metricsRegistry: registry });
+    const queue = direct ? "cancel-direct" : "cancel-pooled";
+    const aborted: unknown[] = [];
+    const worker = lh.worker({
+      queues: [queue],
+      leaseMs: 3_000,
+      heartbeatMs: 500,
+      watchdog: false,
+      scheduler: false,
+      handlers: {
+        hold: (_p: unknown, ctx: JobContext) =>
+          new Promise<void>((_resolve, reject) =>
+            ctx.signal.addEventListener("abort", () => {
+              aborted.push((ctx.signal.reason as { reason?: string }).reason);
+              reject(ctx.signal.reason as Error);
+            }),
+          ),
+      },
+    });
+    await worker.start();
+    try {
+      const job = await lh.enqueue("hold", {}, { queue });
+      await eventually(async () => (await lh.getJob(job.id)).job.state === "running", "job running");
+      assert.equal(await lh.cancel(job.id), "cancel_requested");
+      assert.equal((await lh.waitFor(job.id, { timeoutMs: 15_000 })).state, "cancelled");
+      assert.deepEqual(aborted, ["cancelled"]);
+      const notices = /leasehold_cancel_notices_total (\d+)/.exec(await registry.metrics())?.[1];
+      assert.equal(notices, direct ? "1" : "0", direct ? "heard by notice" : "no LISTEN: heard by the heartbeat");
+    } finally {
+      await worker.stop(0);
+      await lh.close();
+    }
+  }
+});
+
+test("a direct URL that goes through the pooler is refused at worker start: its session must be PostgreSQL's own", async (t) => {
+  if (skip) return t.skip(skip);
+  const lh = await connect({ directDatabaseUrl: bouncer.url("lh") });
+  t.after(() => lh.close());
+  const worker = lh.worker({ watchdog: false, scheduler: false, handlers: { quick: () => undefined } });
+  await assert.rejects(worker.start(), (err: unknown) => err instanceof ConfigError && /directDatabaseUrl refused the `options`/.test(err.message));
+});
+
+test("the CLI: worker and watchdog --pooling transaction through the pooler, the warn line on stderr; --name without --direct-database-url refused", async (t) => {
+  if (skip) return t.skip(skip);
+  const flags = ["--database-url", bouncer.url("lh"), "--pooling", "transaction"];
+  const worker = await cliWorker(t, schema, `export default { "cli-task": async () => "done" };`, [...flags, "--queues", "cli"]);
+  const job = await admin.enqueue("cli-task", {}, { queue: "cli" });
+  assert.equal((await admin.waitFor(job.id, { timeoutMs: 15_000 })).state, "succeeded");
+  const { stderr } = await worker.stop();
+  assert.match(stderr, /pooling \\"transaction\\" without directDatabaseUrl/);
+
+  const tasks = path.join(fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-pgb-")), "tasks.mjs");
+  fs.writeFileSync(tasks, `export default { "cli-task": async () => "done" };`);
+  t.after(() => fs.rmSync(path.dirname(tasks), { recursive: true, force: true }));
+  const named = await runCli(["worker", "--tasks", tasks, ...flags, "--name", "pod-1", "--no-watchdog"], { schema });
+  assert.notEqual(named.code, 0);
+  assert.match(named.stderr, /directDatabaseUrl/);
+
+  const watchdog = await runCli(["watchdog", "--once", ...flags], { schema });
+  assert.equal(watchdog.code, 0, watchdog.stderr);
 });
