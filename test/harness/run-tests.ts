@@ -10,7 +10,8 @@
  * are left out and one line says so and how to install it.
  * With a `nats-server` on the PATH (or in /usr/sbin) it also starts one with JetStream, for
  * the NATS dispatch tests (LEASEHOLD_TEST_NATS_URL); without one they are skipped, and this
- * says so in one line.
+ * says so in one line. Likewise the pooler tests need a `pgbouncer` (each test file starts its
+ * own, test/harness/pgbouncer.ts; LEASEHOLD_TEST_PGBOUNCER names the binary, empty: skipped).
  */
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -19,6 +20,7 @@ import path from "node:path";
 import { EmbeddedPostgres } from "../../packages/cli/src/embedded/postgres.js";
 import { CHROMIUM_HINT, findChromium } from "./chromium.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "./nats-server.js";
+import { findPgBouncer, PGBOUNCER_INSTALL_HINT } from "./pgbouncer.js";
 
 const args = process.argv.slice(2);
 let files = args.length > 0 ? args : listTests("test");
@@ -61,6 +63,9 @@ if (natsBinary) {
   console.log(`# NATS dispatch tests SKIPPED: no nats-server on the PATH; ${NATS_INSTALL_HINT}`);
 }
 
+const pgbouncerBinary = findPgBouncer();
+if (!pgbouncerBinary) console.log(`# PgBouncer (transaction pooling) tests SKIPPED: no pgbouncer on the PATH; ${PGBOUNCER_INSTALL_HINT}`);
+
 // Test files run two at a time: most of a file's time is spent waiting (on leases, timeouts,
 // real processes), and node's default on a 2-core machine is one at a time.
 const TEST_FILES_AT_ONCE = Number(process.env.LEASEHOLD_TEST_CONCURRENCY ?? 2);
@@ -89,6 +94,7 @@ const child = spawn(
       LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? ""),
       LEASEHOLD_TEST_NATS_URL: nats?.url ?? "",
       LEASEHOLD_TEST_NATS_SERVER: natsBinary ?? "",
+      LEASEHOLD_TEST_PGBOUNCER: pgbouncerBinary ?? "",
     },
   },
 );

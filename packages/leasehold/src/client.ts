@@ -44,6 +44,23 @@ export interface LeaseholdOptions {
   /** Schema for Leasehold's tables; default LEASEHOLD_SCHEMA or "leasehold". */
   schema?: string;
   /**
+   * How `databaseUrl` reaches PostgreSQL: "session" (default: directly, or through a pooler in
+   * session mode) or "transaction" (a pooler in transaction mode, e.g. PgBouncer's
+   * `pool_mode = transaction`): then no session state is kept on its connections, the pooler
+   * must set search_path (checked at connect), and what needs a session uses
+   * `directDatabaseUrl` (docs/deployment.md#pgbouncer-and-other-connection-poolers). Default
+   * LEASEHOLD_POOLING, else "session".
+   */
+  pooling?: "session" | "transaction";
+  /**
+   * A URL straight to PostgreSQL (or a session-mode pool), for the sessions that need one:
+   * each worker's LISTEN, liveness lock and name lock, and `waitFor`'s LISTEN. Everything else
+   * (claims, heartbeats, reports, enqueues, migrations) goes through `databaseUrl`. Default
+   * LEASEHOLD_DIRECT_DATABASE_URL. Without it in transaction pooling, workers poll, crashed
+   * workers' jobs are recovered by lease expiry, and stable worker names are refused.
+   */
+  directDatabaseUrl?: string;
+  /**
    * With no database URL, start a local PostgreSQL for development (`true`, or its options);
    * `close()` stops it. If another process (`leasehold dev`, `serve`, another app) already
    * runs it on the same data directory, that server is used and left running. Never implied:
@@ -127,6 +144,13 @@ export class Leasehold {
   private constructor(
     readonly pool: pg.Pool,
     readonly databaseUrl: string,
+    /**
+     * Where sessions that need session state connect (LISTEN, the liveness and name locks):
+     * the direct URL if given, else `databaseUrl` in session pooling; undefined in transaction
+     * pooling without a direct URL (no such sessions: polling, recovery by lease expiry).
+     */
+    readonly sessionUrl: string | undefined,
+    readonly pooling: store.PoolingMode,
     readonly schema: string,
     readonly logger: Logger,
     readonly metrics: Metrics,
@@ -149,6 +173,9 @@ export class Leasehold {
       options.unknownTasks ?? process.env.LEASEHOLD_UNKNOWN_TASKS,
       options.unknownTasks === undefined ? "LEASEHOLD_UNKNOWN_TASKS" : "unknownTasks",
     );
+    const pooling = store.resolvePooling(options.pooling);
+    const directUrl = options.directDatabaseUrl ?? (process.env.LEASEHOLD_DIRECT_DATABASE_URL || undefined);
+    if (directUrl !== undefined) checkDatabaseUrl(directUrl, "directDatabaseUrl");
     let url = options.databaseUrl ?? process.env.DATABASE_URL;
     let embedded: EmbeddedServer | undefined;
     if (url) {
@@ -179,14 +206,18 @@ export class Leasehold {
       await embedded?.stop();
       throw err;
     }
-    const pool = store.createPool({ connectionString: url, schema, max: options.poolSize });
+    const pool = store.createPool({ connectionString: url, schema, max: options.poolSize, pooling });
     try {
+      // Migrations run in one transaction (with a transaction-scoped lock): through a
+      // transaction pooler too.
       if (options.migrate ?? true) await store.migrate(pool, schema);
+      if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
     } catch (err) {
       await pool.end().catch(() => {});
       await embedded?.stop();
-      throw err;
+      throw store.explainStartupRefusal(err, "databaseUrl");
     }
+    const sessionUrl = directUrl ?? (pooling === "session" ? url : undefined);
     const metrics = metricsFor(options.metricsRegistry);
     let nats: NatsPublisher | undefined;
     if (natsPlugin) {
@@ -196,7 +227,7 @@ export class Leasehold {
       // A moment for the connection, so the first enqueue publishes (not waiting on a NATS that is down).
       await nats.waitConnected(NATS_CONNECT_WAIT_MS);
     }
-    const lh = new Leasehold(pool, url, schema, logger, metrics, embedded, nats, natsPlugin, unknownTasks);
+    const lh = new Leasehold(pool, url, sessionUrl, pooling, schema, logger, metrics, embedded, nats, natsPlugin, unknownTasks);
     try {
       // Tracing first: its middlewares are the outermost, so the user's run inside its spans.
       if (options.tracing) lh.use(await loadTracing(options.tracing));
@@ -405,7 +436,7 @@ export class Leasehold {
    * WaitTimeoutError after `timeoutMs`, the signal's reason when `signal` aborts.
    */
   waitFor(id: string, options: WaitOptions = {}): Promise<JobRecord> {
-    this.waiters ??= new JobWaiters(this.pool, this.databaseUrl, this.schema, this.logger);
+    this.waiters ??= new JobWaiters(this.pool, this.sessionUrl, this.schema, this.logger);
     return this.waiters.waitFor(id, options);
   }
 
@@ -569,7 +600,7 @@ export class Leasehold {
       logger: this.logger,
       metricsRegistry: this.metrics.registry,
       ...rest,
-      transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema),
+      transport: new DatabaseTransport(this.pool, this.databaseUrl, this.schema, this.sessionUrl ?? null),
       services,
       dispatch: this.dispatchFactory(),
       hooks: [...this.hookSets, ...(hooks === undefined ? [] : Array.isArray(hooks) ? hooks : [hooks])],
@@ -584,7 +615,14 @@ export class Leasehold {
     const link = this.nats;
     const plugin = this.natsPlugin;
     if (!link || !plugin) return undefined;
-    return async () => plugin.workerDispatch(link, { pool: this.pool, connectionString: this.databaseUrl, schema: this.schema });
+    const sessionUrl = this.sessionUrl;
+    return async () => {
+      // Its publisher is woken by LISTEN, which a transaction pooler cannot carry.
+      if (sessionUrl === undefined) {
+        throw new ConfigError('NATS dispatch in a worker needs a LISTEN session: with pooling "transaction", give directDatabaseUrl');
+      }
+      return plugin.workerDispatch(link, { pool: this.pool, connectionString: sessionUrl, schema: this.schema });
+    };
   }
 
   watchdog(options: WatchdogOptions = {}): Watchdog {
@@ -683,8 +721,8 @@ async function allOrNothing<T>(db: Queryable, run: () => Promise<T>): Promise<T>
  * a usage error rather than later as a connection failure. The value is not echoed: it may
  * hold a password.
  */
-function checkDatabaseUrl(url: string): void {
+function checkDatabaseUrl(url: string, what = "the database URL"): void {
   if (!/^(postgres|postgresql|socket):\/\/|^\//i.test(url)) {
-    throw new ConfigError("the database URL must look like postgres://user:password@host:5432/database (the value given does not)");
+    throw new ConfigError(`${what} must look like postgres://user:password@host:5432/database (the value given does not)`);
   }
 }

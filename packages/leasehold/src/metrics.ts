@@ -93,6 +93,7 @@ export interface Metrics {
   leasesLost: Counter<"reason">;
   heartbeats: Counter<"result">;
   cancelNotices: Counter;
+  sessionFeatures: Gauge<"feature">;
   released: Counter<"cause">;
   orphansRepaired: Counter<"kind">;
   retentionDeleted: Counter;
@@ -247,6 +248,12 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
       name: "leasehold_heartbeats_total",
       help: "Heartbeat statements, by result (ok, error).",
       labelNames: ["result"],
+      registers,
+    }),
+    sessionFeatures: new prom.Gauge({
+      name: "leasehold_worker_session_features",
+      help: 'What the last worker started in this process has of its database session, 1 or 0 by feature: listen (wake-ups and instant cancel by notification; 0: polling), liveness (crash detection by its lock; 0: recovery by lease expiry), name_lock (its stable name held). 0s with pooling "transaction" and no directDatabaseUrl.',
+      labelNames: ["feature"],
       registers,
     }),
     cancelNotices: new prom.Counter({

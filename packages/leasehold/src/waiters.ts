@@ -7,6 +7,10 @@
  * on that channel, migration 014) and only then reads the job, so an end before the mark is
  * seen by the read and an end after it by the notification. Notifications sent while the
  * session was down are lost: after every reconnect every waiter's job is read again.
+ *
+ * Without a session URL (transaction pooling without a direct URL: LISTEN through the pooler
+ * would hear nothing) the waited-for jobs are read again every WAIT_POLL_MS instead, in one
+ * statement for all of them.
  */
 import type pg from "pg";
 import { JobNotFoundError, LeaseholdError, ValidationError, WaitTimeoutError } from "./errors.js";
@@ -27,6 +31,8 @@ export interface WaitOptions {
 const MAX_TIMEOUT_MS = 2_147_483_647;
 /** A re-check that failed (the database just came back) is tried again after this. */
 const RECHECK_RETRY_MS = 1_000;
+/** Without a LISTEN session, how often the waited-for jobs are read. */
+export const WAIT_POLL_MS = 1_000;
 
 interface Waiter {
   id: string;
@@ -39,11 +45,13 @@ export class JobWaiters {
   private listener?: Listener;
   private listening?: Promise<void>;
   private recheckTimer?: NodeJS.Timeout;
+  private pollTimer?: NodeJS.Timeout;
   private closed = false;
 
   constructor(
     private readonly pool: pg.Pool,
-    private readonly connectionString: string,
+    /** Where the LISTEN session connects; undefined: none, poll. */
+    private readonly connectionString: string | undefined,
     private readonly schema: string,
     private readonly logger: Logger,
   ) {}
@@ -121,6 +129,10 @@ export class JobWaiters {
 
   private start(): Promise<void> {
     if (this.listening) return this.listening;
+    if (this.connectionString === undefined) {
+      this.pollTimer = setInterval(() => void this.recheckAll(), WAIT_POLL_MS);
+      return (this.listening = Promise.resolve());
+    }
     const listener = new Listener({
       connectionString: this.connectionString,
       channel: this.channel,
@@ -155,12 +167,19 @@ export class JobWaiters {
     if (!set) return;
     set.delete(w);
     if (set.size === 0) this.waiters.delete(w.id);
+    // Polling stops with the last wait (a timer would keep the process alive), and starts again with the next.
+    if (this.waiters.size === 0 && this.pollTimer) {
+      clearInterval(this.pollTimer);
+      this.pollTimer = undefined;
+      this.listening = undefined;
+    }
   }
 
   /** Ends the session; waits still open are rejected. */
   async close(): Promise<void> {
     this.closed = true;
     clearTimeout(this.recheckTimer);
+    clearInterval(this.pollTimer);
     for (const set of [...this.waiters.values()]) {
       for (const w of set) w.reject(new LeaseholdError("client_closed", `the Leasehold client was closed while waiting for job ${w.id}`));
     }

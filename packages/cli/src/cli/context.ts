@@ -19,6 +19,8 @@ import { RemoteOperations, type JobOperations } from "./remote-operations.js";
 export interface GlobalOptions {
   databaseUrl?: string;
   schema?: string;
+  pooling?: "session" | "transaction";
+  directDatabaseUrl?: string;
   dataDir: string;
   json?: boolean;
   server?: string;
@@ -90,6 +92,8 @@ export class Cli {
     const lh = await Leasehold.connect({
       databaseUrl: url,
       schema,
+      pooling: this.options.pooling,
+      directDatabaseUrl: this.options.directDatabaseUrl,
       embedded: {
         dataDir: path.join(this.dataDir, "pgdata"),
         relocateIfUnreachable: this.dataDirIsDefault,

@@ -26,6 +26,18 @@ const program = new Command("leasehold")
   .version("0.1.0")
   .addOption(new Option("--database-url <url>", "PostgreSQL URL (default: DATABASE_URL, else a running `leasehold dev`, else the embedded server)"))
   .addOption(new Option("--schema <name>", "schema of Leasehold's tables (default: LEASEHOLD_SCHEMA or leasehold)"))
+  .addOption(
+    new Option(
+      "--pooling <mode>",
+      "how the database URL reaches PostgreSQL: session (directly, or a session-mode pool) or transaction (PgBouncer's pool_mode = transaction; docs/deployment.md) (default: LEASEHOLD_POOLING, else session)",
+    ).choices(["session", "transaction"]),
+  )
+  .addOption(
+    new Option(
+      "--direct-database-url <url>",
+      "a URL straight to PostgreSQL for the sessions a transaction pooler cannot carry: workers' LISTEN, liveness and name locks (default: LEASEHOLD_DIRECT_DATABASE_URL)",
+    ),
+  )
   .addOption(new Option("--data-dir <dir>", "where the embedded PostgreSQL and dev state live").env("LEASEHOLD_DATA_DIR").default(".leasehold"))
   .option("--json", "machine-readable output (one JSON value per line)")
   .option(

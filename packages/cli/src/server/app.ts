@@ -90,10 +90,16 @@ export function createServer(options: ServerOptions): FastifyInstance {
       customOptions: { removeAdditional: false, coerceTypes: false, useDefaults: false, allErrors: false },
     },
   });
+  if (lh.sessionUrl === undefined) {
+    logger.warn(
+      'pooling "transaction" without directDatabaseUrl: no LISTEN session, so long-polling claims wake by a once-a-second re-check ' +
+        "and remote workers hear cancels at their next heartbeat; set directDatabaseUrl for notifications",
+    );
+  }
   const cancels = new CancelWaiter();
   const waiter = new ClaimWaiter({
     pool: lh.pool,
-    connectionString: lh.databaseUrl,
+    connectionString: lh.sessionUrl,
     channel: store.notifyChannel(lh.schema),
     also: { [store.cancelChannel(lh.schema)]: (payload) => cancels.notice(payload) },
     maxLongPolls: limits.maxLongPolls,

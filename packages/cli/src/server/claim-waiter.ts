@@ -32,7 +32,12 @@ interface Waiter {
 
 interface Options {
   pool: store.Queryable;
-  connectionString: string;
+  /**
+   * Where the LISTEN session connects. Undefined (transaction pooling without a direct URL):
+   * no LISTEN; waiting claims are woken by the shared re-check alone (within a second), and
+   * remote workers hear cancels at their next heartbeat.
+   */
+  connectionString: string | undefined;
   channel: string;
   /** More channels heard on the same LISTEN session (the cancel notices for remote workers' cancel polls). */
   also?: Record<string, (payload: string | undefined) => void>;
@@ -151,9 +156,11 @@ export class ClaimWaiter {
   }
 
   private ensureListening(): Promise<void> {
+    const connectionString = this.options.connectionString;
+    if (connectionString === undefined) return Promise.resolve();
     this.starting ??= (async () => {
       this.listener = new Listener({
-        connectionString: this.options.connectionString,
+        connectionString,
         channel: this.options.channel,
         applicationName: "leasehold-serve-listen",
         also: this.options.also,

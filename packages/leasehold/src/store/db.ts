@@ -33,6 +33,11 @@ export interface PoolOptions {
   schema?: string;
   max?: number;
   applicationName?: string;
+  /**
+   * "transaction": the URL goes through a transaction pooler, which refuses (PgBouncer) or
+   * loses the `options` start-up parameter; the pooler sets search_path (store/pooling.ts).
+   */
+  pooling?: "session" | "transaction";
 }
 
 export function createPool(options: PoolOptions): pg.Pool {
@@ -43,7 +48,7 @@ export function createPool(options: PoolOptions): pg.Pool {
     application_name: options.applicationName ?? "leasehold",
     // jit: our statements are small and frequent; a JIT compile would cost more than it saves.
     // The search_path value is a quoted identifier, so a schema named like a keyword works.
-    options: `-c search_path=${quoteIdent(schema)} -c jit=off`,
+    ...(options.pooling !== "transaction" && { options: `-c search_path=${quoteIdent(schema)} -c jit=off` }),
     connectionTimeoutMillis: 10_000,
   });
   return guardClients(pool);

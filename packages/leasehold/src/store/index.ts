@@ -16,6 +16,8 @@ export {
 } from "./db.js";
 export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations } from "./migrate.js";
+export { resolvePooling, explainStartupRefusal, checkPooledSchema, POOLING_MODES } from "./pooling.js";
+export type { PoolingMode } from "./pooling.js";
 export { enqueueJobs } from "./enqueue.js";
 export { hasReplaceModes } from "./duplicates.js";
 export { claimJobs, claimJobsById } from "./claim.js";

@@ -6,7 +6,7 @@
  */
 import os from "node:os";
 import type pg from "pg";
-import { WorkerNameInUseError } from "../errors.js";
+import { ConfigError, WorkerNameInUseError } from "../errors.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
@@ -58,6 +58,19 @@ export interface AttachParams {
 export interface Attachment {
   /** Ends the worker's presence; `graceful`: it stopped on purpose (its jobs were released). */
   detach(graceful: boolean): Promise<void>;
+  /**
+   * What the worker's database session gives it, for a transport on the database: `listen`
+   * (wake-ups and instant cancel by notification), `liveness` (crash detection by its lock),
+   * `nameLock` (its stable name held by a lock). `degraded` says why some are missing when it
+   * is not the worker's own choice (transaction pooling without a direct URL).
+   */
+  session?: SessionFeatures & { degraded?: string };
+}
+
+export interface SessionFeatures {
+  listen: boolean;
+  liveness: boolean;
+  nameLock: boolean;
 }
 
 export interface WorkerTransport {
@@ -195,15 +208,25 @@ function withQueryTimeout(pool: pg.Pool, ms: number): store.Queryable {
 }
 
 export class DatabaseTransport implements WorkerTransport {
-  readonly notifiesQueueSettings = true;
   /** Connections for ctx.transaction, made on first use (see completeWithin). */
   private appPool?: pg.Pool;
 
+  /**
+   * `sessionUrl`: where the worker's own session connects (LISTEN, liveness and name locks),
+   * default `connectionString`; null when there is none to be had (transaction pooling without
+   * a direct URL): the worker then polls and is recovered by lease expiry only.
+   */
   constructor(
     private readonly pool: pg.Pool,
     private readonly connectionString: string,
     private readonly schema: string,
+    private readonly sessionUrl: string | null = connectionString,
   ) {}
+
+  /** Queue settings come by notification only with a LISTEN session; without one, the worker polls them. */
+  get notifiesQueueSettings(): boolean {
+    return this.sessionUrl !== null;
+  }
 
   /**
    * The handler's transaction runs on a connection like the application's own: the server's
@@ -261,10 +284,11 @@ export class DatabaseTransport implements WorkerTransport {
       livenessGraceMs: key === null ? null : p.livenessGraceMs,
       policies: p.policies,
     });
+    if (this.sessionUrl === null) return this.attachWithoutSession(p, announce);
     // One session per worker: it LISTENs, and holds the worker's liveness lock (and its name)
     // for as long as it lives; a new session after a reconnect takes them again.
     const listener = new Listener({
-      connectionString: this.connectionString,
+      connectionString: this.sessionUrl,
       channel: store.notifyChannel(this.schema),
       applicationName: "leasehold-worker",
       sessionOptions: `-c search_path=${store.quoteIdent(this.schema)}`,
@@ -291,16 +315,55 @@ export class DatabaseTransport implements WorkerTransport {
       ...(p.livenessGraceMs !== null && { ping: livenessPing(p.livenessGraceMs, p.holdsLeases ?? (() => true)) }),
       onState: p.onConnection,
     });
-    await listener.start();
+    try {
+      await listener.start();
+    } catch (err) {
+      throw store.explainStartupRefusal(err, "directDatabaseUrl");
+    }
     return {
       detach: async (graceful) => {
         if (graceful) await store.markWorkerStopped(this.pool, p.workerId).catch(() => {});
         await listener.stop();
-        const appPool = this.appPool;
-        this.appPool = undefined;
-        await appPool?.end();
+        await this.endAppPool();
+      },
+      session: { listen: true, liveness: p.livenessGraceMs !== null, nameLock: p.name !== undefined },
+    };
+  }
+
+  /**
+   * No session of its own (transaction pooling without a direct URL): a lock or LISTEN
+   * through the pooler would stay on a server connection other clients get next, so the
+   * worker takes none. It announces itself without a liveness key (recovered by lease
+   * expiry, like livenessGraceMs null) and polls. A stable name cannot be held: refused.
+   */
+  private async attachWithoutSession(p: AttachParams, announce: (key: string | null) => store.WorkerAnnouncement): Promise<Attachment> {
+    if (p.name !== undefined) {
+      throw new ConfigError(
+        `worker name "${p.name}" needs a lock held by a session of its own, which transaction pooling cannot give: ` +
+          "set directDatabaseUrl (LEASEHOLD_DIRECT_DATABASE_URL, --direct-database-url) to a URL straight to PostgreSQL, or run without a name",
+      );
+    }
+    await store.announceWorker(this.pool, announce(null));
+    // Jobs enqueued before the worker started: look now, as after a LISTEN session's start.
+    p.wake();
+    return {
+      detach: async (graceful) => {
+        if (graceful) await store.markWorkerStopped(this.pool, p.workerId).catch(() => {});
+        await this.endAppPool();
+      },
+      session: {
+        listen: false,
+        liveness: false,
+        nameLock: false,
+        degraded: 'pooling "transaction" without directDatabaseUrl',
       },
     };
+  }
+
+  private async endAppPool(): Promise<void> {
+    const appPool = this.appPool;
+    this.appPool = undefined;
+    await appPool?.end();
   }
 
   claim(p: store.ClaimParams): Promise<store.ClaimedJobs> {

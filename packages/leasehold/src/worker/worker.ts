@@ -20,7 +20,7 @@ import { Claimer } from "./claimer.js";
 import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
 import { serializeResult } from "../jobs/validate.js";
 import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
-import { FlowView } from "./flow-view.js";
+import { FlowView, REFRESH_IDLE_MS } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
@@ -216,6 +216,7 @@ export class Worker extends WorkerEmitter {
         this.livenessChanged(state, lateByMs ?? 0);
       },
     });
+    this.reportSession(this.attachment.session);
     if (s.name) {
       const recovered = await this.reconcile(s.name);
       if (recovered > 0) {
@@ -255,6 +256,27 @@ export class Worker extends WorkerEmitter {
     for (const service of this.services) service.start();
     this.logger.info({ queues: s.queues, concurrency: s.concurrency, tasks: [...s.tasks.keys()] }, "worker started");
     return this;
+  }
+
+  /**
+   * Says what the worker's database session gives it: a gauge per feature, and one warning
+   * when a pooler took some away (never a silent change of how crashes are recovered).
+   */
+  private reportSession(session: Attachment["session"]): void {
+    if (!session) return;
+    const g = this.metrics.sessionFeatures;
+    g.set({ feature: "listen" }, session.listen ? 1 : 0);
+    g.set({ feature: "liveness" }, session.liveness ? 1 : 0);
+    g.set({ feature: "name_lock" }, session.nameLock ? 1 : 0);
+    if (session.degraded === undefined) return;
+    const s = this.settings;
+    this.logger.warn(
+      { listen: session.listen, liveness: session.liveness, nameLock: session.nameLock, pollIntervalMs: s.pollIntervalMs, leaseMs: s.leaseMs },
+      `${session.degraded}: no LISTEN session, so this worker polls for jobs every ${s.pollIntervalMs} ms, hears a cancel at its next heartbeat ` +
+        `(every ${s.heartbeatMs} ms) and queue settings within ${REFRESH_IDLE_MS} ms; no liveness lock, so if it dies its jobs are ` +
+        `recovered when their leases run out (${s.leaseMs} ms plus the watchdog's interval), not in about a second; ` +
+        "a stable name is refused. Set directDatabaseUrl (LEASEHOLD_DIRECT_DATABASE_URL, --direct-database-url) for all of these",
+    );
   }
 
   /** Recovers what an earlier process of this name left running; retried through a restart. */
