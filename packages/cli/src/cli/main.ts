@@ -23,7 +23,7 @@ survivePipeClose();
 
 const program = new Command("leasehold")
   .description("Leasehold: a durable, lease-based job queue on PostgreSQL")
-  .version("0.1.0")
+  .version("0.2.0")
   .addOption(new Option("--database-url <url>", "PostgreSQL URL (default: DATABASE_URL, else a running `leasehold dev`, else the embedded server)"))
   .addOption(new Option("--schema <name>", "schema of Leasehold's tables (default: LEASEHOLD_SCHEMA or leasehold)"))
   .addOption(
