@@ -67,7 +67,11 @@ export interface LeaseholdOptions {
    * without a URL and without this, `connect()` fails.
    */
   embedded?: boolean | EmbeddedPostgresOptions;
-  /** Apply pending migrations on connect; default true. */
+  /**
+   * Apply pending migrations on connect; default true. Either way connect refuses a schema this
+   * release cannot run against (SchemaVersionError): with `false`, one lacking migrations it
+   * needs; always, one a newer release migrated incompatibly (docs/upgrading.md).
+   */
   migrate?: boolean;
   poolSize?: number;
   logger?: Logger;
@@ -210,8 +214,17 @@ export class Leasehold {
     try {
       // Migrations run in one transaction (with a transaction-scoped lock): through a
       // transaction pooler too.
-      if (options.migrate ?? true) await store.migrate(pool, schema);
+      const applied = options.migrate === false ? [] : await store.migrate(pool, schema);
+      if (applied.length > 0) logger.info({ schema, migrations: applied }, "applied migrations");
       if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
+      // Refuses a schema this code cannot run against; one ahead of it is a rolling upgrade (docs/upgrading.md).
+      const { ahead } = await store.checkSchemaVersion(pool, schema);
+      if (ahead.length > 0) {
+        logger.info(
+          { schema, migrations: ahead.map((m) => m.name) },
+          "the schema has migrations of a newer release of Leasehold, all compatible with this one: running beside it",
+        );
+      }
     } catch (err) {
       await pool.end().catch(() => {});
       await embedded?.stop();

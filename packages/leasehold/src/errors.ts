@@ -114,6 +114,20 @@ export class ConfigError extends LeaseholdError {
 }
 
 /**
+ * The schema is not one this code can run against (docs/upgrading.md): `not_migrated`,
+ * `schema_behind` (it lacks migrations this release needs: run `leasehold migrate` first) or
+ * `schema_too_new` (a newer release applied a breaking migration). Nothing was changed.
+ */
+export class SchemaVersionError extends LeaseholdError {
+  constructor(
+    readonly reason: "not_migrated" | "schema_behind" | "schema_too_new",
+    message: string,
+  ) {
+    super("schema_version", message);
+  }
+}
+
+/**
  * The embedded PostgreSQL could not be set up or started. The message is one line saying
  * what is wrong and, where we know it, what to do; it never contains the password.
  */

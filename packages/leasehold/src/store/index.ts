@@ -15,7 +15,8 @@ export {
   DEFAULT_SCHEMA,
 } from "./db.js";
 export type { Queryable, PoolOptions } from "./db.js";
-export { migrate, loadMigrations } from "./migrate.js";
+export { migrate, loadMigrations, checkSchemaVersion } from "./migrate.js";
+export type { SchemaVersion, AppliedMigration } from "./migrate.js";
 export { resolvePooling, explainStartupRefusal, checkPooledSchema, POOLING_MODES } from "./pooling.js";
 export type { PoolingMode } from "./pooling.js";
 export { enqueueJobs } from "./enqueue.js";
