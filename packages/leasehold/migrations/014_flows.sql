@@ -30,6 +30,12 @@
 -- triggers; 'blocked' jobs are invisible to the previous release's claims (they read
 -- state = 'waiting').
 
+-- jobs first: workers' statements lock jobs, then job_history (a completion deletes from one and
+-- inserts into the other). Altering job_history first, then waiting for jobs, deadlocked with a
+-- completion in flight during a rolling upgrade (test/upgrade.test.ts); locked in their order,
+-- the completion finishes and the migration takes jobs after it.
+LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE;
+
 ALTER TABLE job_history ADD COLUMN result jsonb;
 
 -- Columns may only be added at the end of a view that others (all_attempts) depend on.
