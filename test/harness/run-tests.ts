@@ -3,8 +3,9 @@
  * directory) unless DATABASE_URL names a server, then runs every test file with node's
  * test runner. Each test file creates its own schema, so files never see each other's jobs.
  *
- *   npm test                      # everything in test/
+ *   npm test                      # everything in test/ but the rolling upgrade test
  *   npm test -- test/claim.test.ts  # some files
+ *   npm run test:upgrade          # the rolling upgrade test (test/upgrade.test.ts)
  *
  * The dashboard's browser tests (*.browser.test.ts) drive a real Chromium: without one, they
  * are left out and one line says so and how to install it.
@@ -21,6 +22,12 @@ import { EmbeddedPostgres } from "../../packages/cli/src/embedded/postgres.js";
 import { CHROMIUM_HINT, findChromium } from "./chromium.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "./nats-server.js";
 import { findPgBouncer, PGBOUNCER_INSTALL_HINT } from "./pgbouncer.js";
+
+/**
+ * Run only when named (`npm run test:upgrade`): the rolling upgrade test installs the previous
+ * release with `npm ci`, which may need the registry.
+ */
+const NAMED_ONLY = new Set(["upgrade.test.ts"]);
 
 const args = process.argv.slice(2);
 let files = args.length > 0 ? args : listTests("test");
@@ -107,7 +114,7 @@ process.exit(code);
 function listTests(dir: string): string[] {
   return fs
     .readdirSync(dir, { recursive: true, encoding: "utf8" })
-    .filter((f) => f.endsWith(".test.ts"))
+    .filter((f) => f.endsWith(".test.ts") && !NAMED_ONLY.has(f))
     .sort()
     .map((f) => path.join(dir, f));
 }
