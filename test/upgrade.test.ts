@@ -102,10 +102,16 @@ async function startWorker(
   return proc;
 }
 
-async function until(check: () => boolean | Promise<boolean>, timeoutMs: number, what = "condition", intervalMs = 50): Promise<void> {
+/** `what` (or what it returns at the time out) names the condition that did not come. */
+async function until(
+  check: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  what: string | (() => string) = "condition",
+  intervalMs = 50,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (!(await check())) {
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${what}`);
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${typeof what === "string" ? what : what()}`);
     await new Promise((r) => setTimeout(r, intervalMs));
   }
 }
@@ -255,6 +261,7 @@ test("a rolling upgrade from the previous release: its workers keep claiming, be
   //    an old worker has carried a job longer than its lease through on heartbeats.
   const names = workers.map((w) => w.name);
   let oldBeatsAfterMigration = 0;
+  let missing = "";
   await until(
     async () => {
       const { rows } = await db.query<{ n: number }>(
@@ -266,10 +273,15 @@ test("a rolling upgrade from the previous release: its workers keep claiming, be
       const done = (await finishedJobs(db, migratedAt)).filter((j) => j.state === "succeeded" && j.started_after_migration);
       const perWorker = (name: string) => done.filter((j) => j.worker === name).length;
       const longOnOld = done.some((j) => j.ms === LONG_JOB_MS && j.worker!.startsWith("old-"));
-      return names.every((name) => perWorker(name) >= JOBS_EACH_AFTER) && longOnOld && oldBeatsAfterMigration > 0;
+      missing = [
+        ...names.filter((name) => perWorker(name) < JOBS_EACH_AFTER).map((name) => `${name} completed ${perWorker(name)} jobs`),
+        ...(longOnOld ? [] : ["no job longer than the lease completed on an old worker"]),
+        ...(oldBeatsAfterMigration > 0 ? [] : ["no old worker's heartbeat was seen"]),
+      ].join("; ");
+      return missing === "";
     },
     90_000,
-    "every worker completed jobs claimed after the migration, and an old one a job longer than its lease",
+    () => `every worker completed jobs claimed after the migration, and an old one a job longer than its lease (${missing})`,
     500,
   );
 
