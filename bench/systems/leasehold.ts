@@ -6,6 +6,7 @@ import pino from "pino";
 import { Registry } from "prom-client";
 import { Leasehold } from "../../packages/leasehold/src/client.js";
 import { packageVersion } from "../lib/versions.js";
+import { withClient } from "../workloads/context.js";
 import { QUEUE, type BenchSystem, type Payload, type Producer, type Profile } from "./types.js";
 
 const silent = pino({ level: "silent" });
@@ -30,9 +31,8 @@ export function connect(url: string, poolSize?: number): Promise<Leasehold> {
 
 /** Drops the schema and migrates it again: every run starts from empty tables. */
 export async function recreateSchema(url: string): Promise<void> {
-  const lh = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false });
-  await lh.pool.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-  await lh.close();
+  // A plain connection: a client (even with migrate: false) refuses a schema with no tables.
+  await withClient(url, (db) => db.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`));
   const migrated = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry() });
   await migrated.close();
 }

@@ -25,7 +25,7 @@ import { Worker } from "../../packages/leasehold/src/worker/worker.js";
 import { createServer, type ServerOptions } from "../../packages/cli/src/server/app.js";
 import { percentile } from "../lib/stats.js";
 import type { BenchSystem } from "../systems/types.js";
-import { urlOf, type BenchContext, type Metrics } from "./context.js";
+import { urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
 
 const SCHEMA = "bench_cancel";
 const QUEUE = "cancel_bench";
@@ -100,9 +100,8 @@ function summary(latencies: number[]): Metrics {
 }
 
 async function freshLeasehold(url: string): Promise<Leasehold> {
-  const lh = await Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silentLogger, metricsRegistry: new Registry(), migrate: false });
-  await lh.pool.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`);
-  await lh.close();
+  // A plain connection: a client (even with migrate: false) refuses a schema with no tables.
+  await withClient(url, (db) => db.query(`DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE`));
   return Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silentLogger, metricsRegistry: new Registry() });
 }
 
