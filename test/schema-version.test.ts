@@ -16,6 +16,7 @@ import { Leasehold } from "../packages/leasehold/src/client.js";
 import { SchemaVersionError } from "../packages/leasehold/src/errors.js";
 import { loadMigrations } from "../packages/leasehold/src/store/migrate.js";
 import { databaseUrl, freshLeasehold, silent, uniqueSchema } from "./helpers/db.js";
+import { TcpProxy } from "./helpers/proxy.js";
 
 const connect = (schema: string, options: { migrate?: boolean; logger?: pino.Logger } = {}) =>
   Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent, metricsRegistry: new Registry(), ...options });
@@ -110,4 +111,27 @@ test("a migration marks itself breaking with a line `-- leasehold: breaking`; no
       .map((m) => m.name),
     [],
   );
+});
+
+test("migrate: false waits at connect for a database that is restarting (its check rides it out), and fails at once for a host that does not resolve", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  proxy.cut(); // every connection is dropped as it opens: a server going down and up
+  let settled = false;
+  const connecting = Leasehold.connect({ databaseUrl: proxiedUrl(), schema: lh.schema, logger: silent, migrate: false }).finally(
+    () => (settled = true),
+  );
+  await new Promise((r) => setTimeout(r, 1_000));
+  assert.equal(settled, false, "connect gave up while the database was restarting");
+  proxy.restore();
+  const client = await connecting;
+  await client.close();
+
+  const started = Date.now();
+  await assert.rejects(
+    Leasehold.connect({ databaseUrl: "postgres://u:p@no-such-host.invalid:5432/db", schema: lh.schema, logger: silent, migrate: false }),
+  );
+  assert.ok(Date.now() - started < 10_000, "a host that does not resolve is not waited for");
 });

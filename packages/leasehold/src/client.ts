@@ -218,7 +218,12 @@ export class Leasehold {
       if (applied.length > 0) logger.info({ schema, migrations: applied }, "applied migrations");
       if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
       // Refuses a schema this code cannot run against; one ahead of it is a rolling upgrade (docs/upgrading.md).
-      const { ahead } = await store.checkSchemaVersion(pool, schema);
+      // With migrate: false, connect did not need the database before this check: a process
+      // started while it restarts waits for it, as a worker's first session does.
+      const { ahead } =
+        options.migrate === false
+          ? await ridingOutRestarts(() => store.checkSchemaVersion(pool, schema))
+          : await store.checkSchemaVersion(pool, schema);
       if (ahead.length > 0) {
         logger.info(
           { schema, migrations: ahead.map((m) => m.name) },
@@ -680,6 +685,26 @@ async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHoo
     throw err;
   }
   return otel.tracingHooks(options === true ? {} : options);
+}
+
+/** How long connect() waits for a restarting database (migrate: false), like a worker's first session. */
+const STARTUP_RESTART_WAIT_MS = 30_000;
+
+/**
+ * Runs `fn` again while the database is restarting (refused or terminated connections), for up
+ * to STARTUP_RESTART_WAIT_MS; a host that does not resolve, or any other error, fails at once.
+ */
+async function ridingOutRestarts<T>(fn: () => Promise<T>): Promise<T> {
+  const deadline = Date.now() + STARTUP_RESTART_WAIT_MS;
+  for (let delay = 100; ; delay = Math.min(delay * 2, 1_000)) {
+    try {
+      return await fn();
+    } catch (err) {
+      const restarting = store.isConnectionError(err) && (err as { code?: string }).code !== "ENOTFOUND";
+      if (!restarting || Date.now() + delay > deadline) throw err;
+      await new Promise((r) => setTimeout(r, delay));
+    }
+  }
 }
 
 /**
