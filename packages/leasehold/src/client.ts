@@ -691,8 +691,8 @@ async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHoo
 const STARTUP_RESTART_WAIT_MS = 30_000;
 
 /**
- * Runs `fn` again while the database is restarting (refused or terminated connections), for up
- * to STARTUP_RESTART_WAIT_MS; a host that does not resolve, or any other error, fails at once.
+ * Runs `fn` again while the database is restarting (isRestarting), for up to
+ * STARTUP_RESTART_WAIT_MS; any other error fails at once.
  */
 async function ridingOutRestarts<T>(fn: () => Promise<T>): Promise<T> {
   const deadline = Date.now() + STARTUP_RESTART_WAIT_MS;
@@ -700,11 +700,22 @@ async function ridingOutRestarts<T>(fn: () => Promise<T>): Promise<T> {
     try {
       return await fn();
     } catch (err) {
-      const restarting = store.isConnectionError(err) && (err as { code?: string }).code !== "ENOTFOUND";
+      const restarting = isRestarting(err);
       if (!restarting || Date.now() + delay > deadline) throw err;
       await new Promise((r) => setTimeout(r, delay));
     }
   }
+}
+
+/**
+ * A server going down or coming up: refused or dropped connections, shutdown and start-up
+ * (57P01-57P03). Not a protocol or authentication error (a pooler refusing a start-up
+ * parameter answers 08P01), nor a host that does not resolve.
+ */
+function isRestarting(err: unknown): boolean {
+  const { code, message } = (err ?? {}) as { code?: string; message?: string };
+  if (code !== undefined) return /^(ECONNREFUSED|ECONNRESET|EPIPE|57P0[1-3])$/.test(code);
+  return /Connection terminated unexpectedly/.test(message ?? "");
 }
 
 /**
