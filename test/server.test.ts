@@ -608,7 +608,11 @@ test("idle long polls are cheap: one shared re-check a second for all of them, a
     apiAt(url, "POST", "/v1/worker/claim", { workerId, queues: ["idle-q"], tasks: ["idle.t"], limit: 1, leaseMs: 5_000, waitMs });
   try {
     assert.equal((await claim("warm-up", 0)).status, 200);
-    const polls = Array.from({ length: 20 }, (_, i) => claim(`idle-${i}`, 4_000));
+    // Long enough that none ends inside the counting window below (each poll's end costs a
+    // last claim of its own, which is not the idle cost).
+    const pollMs = 8_000;
+    const issuedAt = Date.now();
+    const polls = Array.from({ length: 20 }, (_, i) => claim(`idle-${i}`, pollMs));
     // Count from the moment all 20 have made their first claim and wait (a fixed pause was
     // too short on a busy machine: late first claims were counted as the idle cost).
     await eventually(
@@ -619,6 +623,7 @@ test("idle long polls are cheap: one shared re-check a second for all of them, a
     const before = counter.statements();
     await new Promise((r) => setTimeout(r, 3_000));
     const during = counter.statements() - before;
+    assert.ok(Date.now() - issuedAt < pollMs, "the counting window overlapped the polls' ends: the count is not the idle cost");
     assert.ok(during <= 6, `20 idle long polls cost ${during} statements in 3 s`);
     for (const r of await Promise.all(polls)) assert.deepEqual([r.status, r.json.jobs, r.json.waited], [200, [], true]);
 
