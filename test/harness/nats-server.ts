@@ -8,37 +8,13 @@ import fs from "node:fs";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import { findProgram, freePort } from "./programs.js";
 
 export const NATS_INSTALL_HINT = "install it with `apt-get install nats-server` (Debian/Ubuntu)";
 
 /** The nats-server binary, or undefined when there is none. LEASEHOLD_NATS_SERVER names one (or "none"). */
 export function findNatsServer(): string | undefined {
-  const given = process.env.LEASEHOLD_NATS_SERVER;
-  if (given) return given === "none" ? undefined : given;
-  const dirs = [...(process.env.PATH ?? "").split(path.delimiter), "/usr/sbin", "/usr/local/sbin"];
-  for (const dir of dirs) {
-    if (!dir) continue;
-    const file = path.join(dir, "nats-server");
-    try {
-      fs.accessSync(file, fs.constants.X_OK);
-      return file;
-    } catch {
-      // not here
-    }
-  }
-  return undefined;
-}
-
-export async function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = net.createServer();
-    srv.unref();
-    srv.on("error", reject);
-    srv.listen(0, "127.0.0.1", () => {
-      const { port } = srv.address() as net.AddressInfo;
-      srv.close(() => resolve(port));
-    });
-  });
+  return findProgram("nats-server", "LEASEHOLD_NATS_SERVER");
 }
 
 export class NatsServer {

@@ -10,26 +10,13 @@ import pg from "pg";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { freePort } from "./nats-server.js";
+import { findProgram, freePort } from "./programs.js";
 
 export const PGBOUNCER_INSTALL_HINT = "install it with `apt-get install pgbouncer` (Debian/Ubuntu)";
 
 /** The pgbouncer binary, or undefined when there is none. LEASEHOLD_PGBOUNCER names one (or "none"). */
 export function findPgBouncer(): string | undefined {
-  const given = process.env.LEASEHOLD_PGBOUNCER;
-  if (given) return given === "none" ? undefined : given;
-  const dirs = [...(process.env.PATH ?? "").split(path.delimiter), "/usr/sbin", "/usr/local/sbin"];
-  for (const dir of dirs) {
-    if (!dir) continue;
-    const file = path.join(dir, "pgbouncer");
-    try {
-      fs.accessSync(file, fs.constants.X_OK);
-      return file;
-    } catch {
-      // not here
-    }
-  }
-  return undefined;
+  return findProgram("pgbouncer", "LEASEHOLD_PGBOUNCER");
 }
 
 export interface PgBouncerAlias {
