@@ -21,6 +21,7 @@
  */
 import { quoteIdent, type Queryable } from "./db.js";
 import { run, statement, type Statement } from "./sql.js";
+import { JOB_COLUMNS, JOB_ROWS, jobArrays } from "./job-rows.js";
 import type { NormalizedJob } from "../jobs/validate.js";
 import type { EnqueuedJob } from "../jobs/types.js";
 
@@ -36,16 +37,8 @@ const OWN: Names = { jobs: "jobs", outbox: "dispatch_outbox", natsActive: "nats_
 
 const upsertText = (n: Names, moveTime: boolean) => `
 WITH upserted AS (
-  INSERT INTO ${n.jobs} AS cur (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
-                                progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
-  SELECT queue, task, payload, priority,
-         coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-         max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key
-    FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
-                $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[],
-                $14::text[])
-         AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
-              progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
+  INSERT INTO ${n.jobs} AS cur ${JOB_COLUMNS}
+  ${JOB_ROWS}
   ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
      SET payload = excluded.payload${moveTime ? ",\n         run_at = excluded.run_at" : ""}
    WHERE cur.state <> 'running'
@@ -200,7 +193,7 @@ export async function enqueueReplacing(
     ] as const) {
       if (groupsOfMode.length === 0) continue;
       // In key order: two batches that share keys lock their holders in the same order.
-      const rows = await run(db, st_, upsertValues(groupsOfMode.map((g) => rowOf(g, jobs)).sort(byKey)));
+      const rows = await run(db, st_, jobArrays(groupsOfMode.map((g) => rowOf(g, jobs)).sort(byKey)));
       for (const r of rows) groups.get(r.unique_key)!.answer = { id: r.id, inserted: r.inserted };
     }
     pending = pending.filter((g) => g.answer === undefined);
@@ -245,22 +238,3 @@ function rowOf(g: KeyGroup, jobs: NormalizedJob[]): NormalizedJob {
 }
 
 const byKey = (a: NormalizedJob, b: NormalizedJob) => (a.uniqueKey! < b.uniqueKey! ? -1 : a.uniqueKey! > b.uniqueKey! ? 1 : 0);
-
-function upsertValues(rows: NormalizedJob[]): unknown[] {
-  return [
-    rows.map((j) => j.queue),
-    rows.map((j) => j.task),
-    rows.map((j) => j.payloadJson),
-    rows.map((j) => j.priority),
-    rows.map((j) => j.runAt),
-    rows.map((j) => j.delayMs),
-    rows.map((j) => j.maxAttempts),
-    rows.map((j) => j.uniqueKey),
-    rows.map((j) => j.leaseMs),
-    rows.map((j) => j.progressTimeoutMs),
-    rows.map((j) => j.maxRunMs),
-    rows.map((j) => j.maxRunUnlimited),
-    rows.map((j) => j.headersJson ?? null),
-    rows.map((j) => j.flowKey ?? null),
-  ];
-}

@@ -3,6 +3,7 @@ import { run, statement, type Statement } from "./sql.js";
 import type { NormalizedJob } from "../jobs/validate.js";
 import type { EnqueuedJob } from "../jobs/types.js";
 import { enqueueReplacing, hasReplaceModes, replacingIndexes } from "./duplicates.js";
+import { JOB_COLUMNS, JOB_ROWS, jobArrays } from "./job-rows.js";
 
 /**
  * One INSERT for the whole batch (measured: 10,000 jobs in ~0.1 s). A statement trigger
@@ -17,16 +18,8 @@ import { enqueueReplacing, hasReplaceModes, replacingIndexes } from "./duplicate
  * Keys enqueued with an `onDuplicate` replace mode go through store/duplicates.ts instead.
  */
 const insertJobsText = (jobs: string, onConflict: string, publishing = "", returning = "") => `
-INSERT INTO ${jobs} (queue, task, payload, priority, run_at, max_attempts, unique_key, lease_ms,
-                     progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)
-SELECT queue, task, payload, priority,
-       coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-       max_attempts, unique_key, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key
-  FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[],
-              $6::bigint[], $7::int[], $8::text[], $9::int[], $10::int[], $11::int[], $12::bool[], $13::jsonb[],
-              $14::text[])
-       AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, unique_key, lease_ms,
-            progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key)${publishing}${onConflict}
+INSERT INTO ${jobs} ${JOB_COLUMNS}
+${JOB_ROWS}${publishing}${onConflict}
 RETURNING id, unique_key${returning}`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
@@ -141,20 +134,7 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
   if (round === 1) await markKeyedQueues(db, jobs, schema);
   const insert = publishing ? (keyed ? INSERT_KEYED_JOBS_PUBLISHING : INSERT_JOBS_PUBLISHING) : keyed ? st.insertKeyed : st.insert;
   const rows: { id: string; unique_key: string | null; due?: boolean }[] = await run(db, insert, [
-    jobs.map((j) => j.queue),
-    jobs.map((j) => j.task),
-    jobs.map((j) => j.payloadJson),
-    jobs.map((j) => j.priority),
-    jobs.map((j) => j.runAt),
-    jobs.map((j) => j.delayMs),
-    jobs.map((j) => j.maxAttempts),
-    jobs.map((j) => j.uniqueKey),
-    jobs.map((j) => j.leaseMs),
-    jobs.map((j) => j.progressTimeoutMs),
-    jobs.map((j) => j.maxRunMs),
-    jobs.map((j) => j.maxRunUnlimited),
-    jobs.map((j) => j.headersJson ?? null),
-    jobs.map((j) => j.flowKey ?? null),
+    ...jobArrays(jobs),
     ...(publishing ? [String(publishingMs)] : []),
   ]);
   const inserted = rows;
