@@ -6,8 +6,8 @@
  * Started by bench/lib/workers.ts as `node --import tsx bench/worker-process.ts`.
  */
 import pg from "pg";
-import { SYSTEMS } from "./systems/index.js";
-import type { Payload, RunningWorker, WorkerSpec } from "./systems/types.js";
+import { SYSTEM_LOADERS } from "./systems/load.js";
+import type { BenchSystem, Payload, RunningWorker, WorkerSpec } from "./systems/types.js";
 import { nowMs } from "./lib/stats.js";
 
 export type ToWorker = { type: "init"; system: string; url: string; spec: WorkerSpec } | { type: "go" } | { type: "stats" } | { type: "stop" };
@@ -35,6 +35,7 @@ let firstStartAt: number | null = null;
 let latencies: number[] = [];
 let worker: RunningWorker | undefined;
 let init: Extract<ToWorker, { type: "init" }> | undefined;
+let system: BenchSystem | undefined;
 let reported = { started: -1, ended: -1 };
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
@@ -77,11 +78,13 @@ process.on("message", async (msg: ToWorker) => {
   try {
     if (msg.type === "init") {
       // Loaded and compiled, but not yet working: the parent takes its baseline, then says go.
-      if (!SYSTEMS[msg.system]) throw new Error(`unknown system ${msg.system}`);
+      const load = SYSTEM_LOADERS[msg.system];
+      if (!load) throw new Error(`unknown system ${msg.system}`);
+      system = await load();
       init = msg;
       send({ type: "ready" });
     } else if (msg.type === "go") {
-      worker = await SYSTEMS[init!.system]!.startWorker(init!.url, init!.spec, run);
+      worker = await system!.startWorker(init!.url, init!.spec, run);
       send({ type: "running" });
     } else if (msg.type === "stats") {
       send({ type: "stats", cpuMs: cpuMs(), statements });

@@ -1,0 +1,12 @@
+import type { BenchSystem } from "./types.js";
+
+/**
+ * One system's module by name, loaded on demand: a worker process runs one system and loads
+ * only it, not the other three with their drivers (a second more per process from source).
+ */
+export const SYSTEM_LOADERS: Record<string, () => Promise<BenchSystem>> = {
+  leasehold: async () => (await import("./leasehold.js")).leasehold,
+  "leasehold-nats": async () => (await import("./leasehold-nats.js")).leaseholdNats,
+  "pg-boss": async () => (await import("./pgboss.js")).pgboss,
+  "graphile-worker": async () => (await import("./graphile.js")).graphile,
+};
