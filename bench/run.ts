@@ -322,6 +322,7 @@ const program = new Command("bench")
   .option("--graph-size <n>", "children of the fan-out, parents of the fan-in", int, 10_000)
   .option("--graph-chain <n>", "jobs in the chain", int, 1_000)
   .option("--graph-pgboss-chain <n>", "steps of pg-boss's chain (one per flow pass: its time is scaled to --graph-chain)", int, 20)
+  .option("--graph-pgboss-intervals <list>", "pg-boss's flowIntervalSeconds in the graph workloads, a row each (its default, its shortest)", "5,1")
   .option("--graph-concurrency <list>", "handler concurrencies of the graph workloads", "10,50")
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
@@ -361,6 +362,9 @@ const options: BenchOptions = {
   graphSize: o.graphSize,
   graphChain: o.graphChain,
   graphPgbossChain: o.graphPgbossChain,
+  graphPgbossIntervals: String(o.graphPgbossIntervals)
+    .split(",")
+    .map((v) => int(v.trim())),
   graphConcurrency: String(o.graphConcurrency)
     .split(",")
     .map((v) => int(v.trim())),

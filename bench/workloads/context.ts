@@ -45,6 +45,8 @@ export interface BenchOptions {
   graphSize: number;
   graphChain: number;
   graphPgbossChain: number;
+  /** pg-boss's flowIntervalSeconds in its graph rows, one row each (its default 5 s and its shortest 1 s). */
+  graphPgbossIntervals: number[];
   graphConcurrency: number[];
 }
 

@@ -169,12 +169,13 @@ export interface GraphRow {
 
 /**
  * The rows of one shape: at each handler concurrency, Leasehold, and pg-boss with its flow pass
- * at its default interval and at its shortest. pg-boss's chain runs `pgbossChain` steps; its
- * metrics gain `fullChainSeconds`, the measured time scaled to the full chain.
+ * at each of `--graph-pgboss-intervals` (by default its default interval and its shortest).
+ * pg-boss's chain runs `pgbossChain` steps; its metrics gain `fullChainSeconds`, the measured
+ * time scaled to the full chain.
  */
 export function graphRows(shape: GraphShape) {
   return (ctx: BenchContext, systems: BenchSystem[]): GraphRow[] => {
-    const { graphSize, graphChain, graphPgbossChain, graphConcurrency } = ctx.options;
+    const { graphSize, graphChain, graphPgbossChain, graphPgbossIntervals, graphConcurrency } = ctx.options;
     const n = shape === "chain" ? graphChain : graphSize;
     const rows: GraphRow[] = [];
     for (const c of graphConcurrency) {
@@ -192,10 +193,9 @@ export function graphRows(shape: GraphShape) {
           });
         } else if (s.name === "pg-boss") {
           const steps = shape === "chain" ? Math.min(n, graphPgbossChain) : n;
-          for (const [interval, what] of [
-            [PGBOSS_FLOW_DEFAULT_S, "default"],
-            [PGBOSS_FLOW_BEST_S, "shortest allowed"],
-          ] as const) {
+          for (const interval of graphPgbossIntervals) {
+            const what =
+              interval === PGBOSS_FLOW_DEFAULT_S ? "default" : interval === PGBOSS_FLOW_BEST_S ? "shortest allowed" : "--graph-pgboss-intervals";
             rows.push({
               label: `pg-boss c=${c} flowInterval ${interval} s`,
               system: s.name,
