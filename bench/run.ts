@@ -327,6 +327,10 @@ const program = new Command("bench")
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
+  .option("--database-suffix <suffix>", "appended to each system's database name (runs that share a server: the smoke tests)", (v: string) => {
+    if (!/^[a-z0-9_]{1,20}$/.test(v)) throw new Error(`expected 1-20 of a-z, 0-9 and _, got "${v}"`);
+    return v;
+  })
   .option("--keep-databases", "leave the benchmark databases behind");
 
 program.parse();
@@ -400,7 +404,7 @@ if (systems.some((s) => s.name === "leasehold-nats") && workloads.some((w) => SY
     systems = systems.filter((s) => s.name !== "leasehold-nats");
   }
 }
-const server = await startServer(o.databaseUrl);
+const server = await startServer(o.databaseUrl, o.databaseSuffix);
 log(`PostgreSQL ${server.version} (${o.databaseUrl ? "given" : "embedded, started for this run"})`);
 // Ctrl-C: stop the server we started instead of leaving it running.
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
@@ -433,7 +437,7 @@ const results: BenchResults = {
 };
 let failed = false;
 try {
-  for (const s of systems) await recreateDatabase(server.adminUrl, s.database);
+  for (const s of systems) await recreateDatabase(server.adminUrl, server.database(s.database));
   for (const w of workloads) {
     const rows = w.rows(
       ctx,
@@ -488,7 +492,7 @@ try {
   }
 } finally {
   results.finishedAt = new Date().toISOString();
-  if (!o.keepDatabases) for (const s of systems) await dropDatabase(server.adminUrl, s.database).catch(() => {});
+  if (!o.keepDatabases) for (const s of systems) await dropDatabase(server.adminUrl, server.database(s.database)).catch(() => {});
   await server.stop();
   await nats?.dispose();
 }

@@ -16,12 +16,18 @@ export interface BenchServer {
   pid?: number;
   version: string;
   settings: Record<string, string>;
+  /** A system's database on this server: its name, with the run's suffix if it has one. */
+  database(name: string): string;
   urlFor(database: string): string;
   stop(): Promise<void>;
 }
 
-/** Starts a throwaway embedded PostgreSQL in a temp dir (fsync and synchronous_commit on, the defaults), or uses `url`. */
-export async function startServer(url?: string): Promise<BenchServer> {
+/**
+ * Starts a throwaway embedded PostgreSQL in a temp dir (fsync and synchronous_commit on, the
+ * defaults), or uses `url`. `databaseSuffix`: appended to every system's database name, so
+ * that runs sharing a server (the smoke tests, two test files at once) never drop each other's.
+ */
+export async function startServer(url?: string, databaseSuffix?: string): Promise<BenchServer> {
   let server: EmbeddedPostgres | undefined;
   let dataRoot: string | undefined;
   if (!url) {
@@ -49,14 +55,16 @@ export async function startServer(url?: string): Promise<BenchServer> {
   await admin.end();
   const settings = Object.fromEntries(rows.map((r) => [r.name, r.setting]));
   const base = new URL(url);
+  const databaseOf = (name: string) => (databaseSuffix ? `${name}_${databaseSuffix}` : name);
   return {
     adminUrl: url,
     pid: server?.pid,
     version: settings.server_version ?? "?",
     settings,
+    database: databaseOf,
     urlFor(database: string) {
       const u = new URL(base);
-      u.pathname = `/${database}`;
+      u.pathname = `/${databaseOf(database)}`;
       return u.toString();
     },
     async stop() {
