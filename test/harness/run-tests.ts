@@ -14,10 +14,12 @@
  * says so in one line. Likewise the pooler tests need a `pgbouncer` (each test file starts its
  * own, test/harness/pgbouncer.ts; LEASEHOLD_TEST_PGBOUNCER names the binary, empty: skipped).
  */
-import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { pipeline } from "node:stream/promises";
+import { run } from "node:test";
+import { spec } from "node:test/reporters";
 import { EmbeddedPostgres } from "../../packages/cli/src/embedded/postgres.js";
 import { CHROMIUM_HINT, findChromium } from "./chromium.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "./nats-server.js";
@@ -28,6 +30,24 @@ import { findPgBouncer, PGBOUNCER_INSTALL_HINT } from "./pgbouncer.js";
  * release with `npm ci`, which may need the registry.
  */
 const NAMED_ONLY = new Set(["upgrade.test.ts"]);
+
+/**
+ * The files that took longest in a run on 2 cores (over 30 s each), longest first; started
+ * first, so that no long file begins when the other lane is nearly done. The rest by name.
+ */
+const LONGEST = [
+  "chaos.test.ts",
+  "server.test.ts",
+  "cli-dev.test.ts",
+  "split-execution.test.ts",
+  "bench-smoke-flow.test.ts",
+  "flow-fairness.test.ts",
+  "bench-smoke-graph.test.ts",
+  "cli.test.ts",
+  "bench-smoke.test.ts",
+  "flow-control.test.ts",
+  "nats.test.ts",
+];
 
 const args = process.argv.slice(2);
 let files = args.length > 0 ? args : listTests("test");
@@ -80,32 +100,23 @@ const TEST_FILES_AT_ONCE = Number(process.env.LEASEHOLD_TEST_CONCURRENCY ?? 2);
 // The "source" condition resolves the workspace packages (leasehold, @leasehold/*) to their
 // TypeScript sources, in the test processes and every process they start: one copy of each
 // module, the one the tests import. (Tests of the built CLI clear it: test/helpers/cli.ts.)
-const child = spawn(
-  process.execPath,
-  [
-    "--conditions=source",
-    "--import",
-    "tsx",
-    "--test",
-    "--test-reporter=spec",
-    "--test-timeout=180000",
-    `--test-concurrency=${TEST_FILES_AT_ONCE}`,
-    ...files,
-  ],
-  {
-    stdio: "inherit",
-    env: {
-      ...process.env,
-      NODE_OPTIONS: [process.env.NODE_OPTIONS, "--conditions=source"].filter(Boolean).join(" "),
-      DATABASE_URL: url,
-      LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? ""),
-      LEASEHOLD_TEST_NATS_URL: nats?.url ?? "",
-      LEASEHOLD_TEST_NATS_SERVER: natsBinary ?? "",
-      LEASEHOLD_TEST_PGBOUNCER: pgbouncerBinary ?? "",
-    },
-  },
-);
-const code: number = await new Promise((resolve) => child.on("exit", (c, signal) => resolve(c ?? (signal ? 1 : 0))));
+// Each test file runs in a process of its own, started with this process's --conditions=source
+// --import tsx and this environment.
+Object.assign(process.env, {
+  NODE_OPTIONS: [process.env.NODE_OPTIONS, "--conditions=source"].filter(Boolean).join(" "),
+  DATABASE_URL: url,
+  LEASEHOLD_TEST_SERVER_PID: String(server?.pid ?? ""),
+  LEASEHOLD_TEST_NATS_URL: nats?.url ?? "",
+  LEASEHOLD_TEST_NATS_SERVER: natsBinary ?? "",
+  LEASEHOLD_TEST_PGBOUNCER: pgbouncerBinary ?? "",
+});
+// node's test runner (`node --test`) sorts the files it is given by name; its run() keeps our
+// order, so the longest files start first and the two lanes end close together.
+let failed = false;
+const stream = run({ files: longestFirst(files), concurrency: TEST_FILES_AT_ONCE, timeout: 180_000 });
+stream.on("test:fail", () => (failed = true));
+await pipeline(stream.compose(new spec()), process.stdout, { end: false });
+const code = failed ? 1 : 0;
 await nats?.dispose();
 await server?.stop();
 if (dataRoot) fs.rmSync(dataRoot, { recursive: true, force: true });
@@ -117,4 +128,12 @@ function listTests(dir: string): string[] {
     .filter((f) => f.endsWith(".test.ts") && !NAMED_ONLY.has(f))
     .sort()
     .map((f) => path.join(dir, f));
+}
+
+function longestFirst(list: string[]): string[] {
+  const rank = (f: string) => {
+    const i = LONGEST.indexOf(path.basename(f));
+    return i === -1 ? LONGEST.length : i;
+  };
+  return [...list].sort((a, b) => rank(a) - rank(b));
 }
