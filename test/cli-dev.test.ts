@@ -250,9 +250,10 @@ function npmStart(dir: string, extra = "") {
   };
 }
 
-/** dev has run an example job, then a long job runs: what a Ctrl-C must give back. */
+/** dev's worker has started an example job, then a long job runs: what a Ctrl-C must give back. */
 async function longJobRunning(dev: ReturnType<typeof npmStart>, outputOf: () => string): Promise<string> {
-  await eventually(async () => /example\.progress succeeded/.test(outputOf()), "dev is up and ran an example", 120_000);
+  // A start is enough (example.progress takes 3 s to succeed): the first test watches them end.
+  await eventually(async () => /▶ job \d+ example\.\w+ started/.test(outputOf()), "dev is up and runs the examples", 120_000);
   const long = await dev.cli("enqueue", "example.long", "--payload", '{"seconds":60}', "--json");
   assert.equal(long.code, 0, long.stderr);
   const { id } = JSON.parse(long.stdout) as { id: string };
