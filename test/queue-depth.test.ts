@@ -29,7 +29,7 @@ let base: string;
 let oldestRunAt: Date;
 /** A delayed job due a few seconds after setup. */
 let soonId: string;
-const SOON_MS = 8_000;
+const SOON_MS = 3_000;
 
 /** The view's row of one queue, as the database returns it (bigint counts as strings). */
 async function depthRow(queue: string) {
