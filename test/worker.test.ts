@@ -12,6 +12,7 @@ import { freshLeasehold, recordEvents, waitForEvent, eventually, databaseUrl, si
 import { TcpProxy } from "./helpers/proxy.js";
 import { Heartbeater, attemptKey, type InFlight } from "../packages/leasehold/src/worker/heartbeat.js";
 import { Outage } from "../packages/leasehold/src/worker/outage.js";
+import { Reporter } from "../packages/leasehold/src/worker/reporter.js";
 import { metricsFor } from "../packages/leasehold/src/metrics.js";
 
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
@@ -513,4 +514,24 @@ test("a buffered job given back after waiting too long is never started from the
     [],
     `released attempt(s) ${released} started from the buffer`,
   );
+});
+
+test("ends handed to the reporter in one turn of the event loop go out in one completion statement", async (t) => {
+  const lh = await freshLeasehold(t);
+  const transport = new DatabaseTransport(lh.pool, databaseUrl(), lh.schema);
+  const batches: number[] = [];
+  const complete = transport.complete.bind(transport);
+  transport.complete = (p) => {
+    batches.push(p.jobs.length);
+    return complete(p);
+  };
+  await lh.enqueueMany(Array.from({ length: 30 }, () => ({ task: "t" })));
+  const workerId = "one-turn";
+  const claimed = await store.claimJobs(lh.pool, { queues: ["default"], limit: 30, workerId, leaseMs: 30_000, tasks: ["t"] });
+  assert.equal(claimed.length, 30);
+  const reporter = new Reporter(transport, workerId);
+  // As the handlers of one claim's jobs do when they end in the same turn.
+  const outcomes = await Promise.all(claimed.map((j) => reporter.succeed({ id: j.id, attempt: j.attempt })));
+  assert.ok(outcomes.every((o) => o.applied));
+  assert.deepEqual(batches, [30], "one statement for the turn's 30 ends, not the first alone");
 });
