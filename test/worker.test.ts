@@ -13,6 +13,9 @@ import { TcpProxy } from "./helpers/proxy.js";
 import { Heartbeater, attemptKey, type InFlight } from "../packages/leasehold/src/worker/heartbeat.js";
 import { Outage } from "../packages/leasehold/src/worker/outage.js";
 import { Reporter } from "../packages/leasehold/src/worker/reporter.js";
+import { Claimer, type ClaimerHost } from "../packages/leasehold/src/worker/claimer.js";
+import { resolveWorkerSettings } from "../packages/leasehold/src/worker/options.js";
+import type { WorkerTransport } from "../packages/leasehold/src/worker/transport.js";
 import { metricsFor } from "../packages/leasehold/src/metrics.js";
 
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
@@ -534,4 +537,40 @@ test("ends handed to the reporter in one turn of the event loop go out in one co
   const outcomes = await Promise.all(claimed.map((j) => reporter.succeed({ id: j.id, attempt: j.attempt })));
   assert.ok(outcomes.every((o) => o.applied));
   assert.deepEqual(batches, [30], "one statement for the turn's 30 ends, not the first alone");
+});
+
+test("while more jobs are buffered than the handlers can start, a claim waits until half the prefetch is missing", async () => {
+  const concurrency = 10;
+  let buffered = 0;
+  const asked: number[] = [];
+  const host: ClaimerHost = {
+    buffered: () => buffered,
+    running: () => concurrency,
+    reporting: () => 0,
+    deliver: () => {},
+    idle: () => {},
+    queues: () => ({ queues: ["default"], flowQueues: [] }),
+    queuesStale: () => {},
+  };
+  // Claims never answer: each asks once, and what it asked for stays counted as on its way.
+  const transport = { claim: (p: { limit: number }) => (asked.push(p.limit), new Promise(() => {})) } as unknown as WorkerTransport;
+  const settings = resolveWorkerSettings({ handlers: { t: () => undefined }, concurrency });
+  const claimer = new Claimer(host, transport, "half-prefetch", settings, ["t"], metricsFor(new Registry()), new Outage(silent), silent);
+  // A finishing rate of thousands of jobs/s: a prefetch of hundreds to thousands (250 ms of work).
+  for (let i = 0; i < 2_000; i++) claimer.jobFinished();
+  await new Promise((r) => setTimeout(r, 100));
+  const prefetch = claimer.target() - concurrency;
+  assert.ok(prefetch >= 200, `prefetch ${prefetch}`);
+
+  // A quarter of the prefetch is missing: no claim yet.
+  buffered = Math.ceil(prefetch * 0.75);
+  claimer.start();
+  claimer.kick();
+  assert.deepEqual(asked, [], "a claim went out for a quarter of the prefetch");
+
+  // Half of it is missing: one claim for all of it.
+  buffered = Math.floor(prefetch * 0.45);
+  claimer.kick();
+  assert.equal(asked.length, 1);
+  assert.ok(asked[0]! >= prefetch / 2, `claimed ${asked[0]} of a prefetch of ${prefetch}`);
 });
