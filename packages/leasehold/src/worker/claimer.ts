@@ -170,14 +170,15 @@ export class Claimer {
       // leases: stop claiming once more than `concurrency` of them wait, so leases held stay
       // bounded.
       if (this.host.reporting() > this.settings.concurrency) return;
-      const want = this.target() - this.host.buffered() - this.host.running() - this.asked;
+      const target = this.target();
+      const want = target - this.host.buffered() - this.host.running() - this.asked;
       // With a claim already on its way, a second one must be worth its round trip.
       const worthIt = this.inFlight === 0 ? 1 : Math.min(this.maxBatch / 4, this.settings.concurrency);
       if (want < worthIt) return;
       // While more jobs are buffered than the handlers can start, wait until half the prefetch
       // is missing: a claim as soon as one job was taken asked for what a round trip used up,
       // so each of 4 processes sharing a queue sent claims (and completions) a quarter the size.
-      const prefetch = this.target() - this.settings.concurrency;
+      const prefetch = target - this.settings.concurrency;
       if (this.host.buffered() > this.settings.concurrency && want < Math.min(this.maxBatch, prefetch / 2)) return;
       this.claim(Math.min(want, this.maxBatch));
     }
