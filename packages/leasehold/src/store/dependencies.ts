@@ -9,6 +9,7 @@
  */
 import { quoteIdent, type Queryable } from "./db.js";
 import { markKeyedQueues } from "./enqueue.js";
+import { JOB_COLUMN_LIST, JOB_UNNEST_ARGS, JOB_UNNEST_NAMES, JOB_VALUES, jobArrays } from "./job-rows.js";
 import { run, statement, type Statement } from "./sql.js";
 import { ValidationError } from "../errors.js";
 import type { PreparedNode } from "../jobs/flow-graph.js";
@@ -37,19 +38,12 @@ SELECT id, state FROM ${s}finished_jobs WHERE id = ANY($1::bigint[])`;
  * them as for any enqueue), the others 'blocked' with the count of their parents.
  */
 const insertJobsText = (s: string) => `
-INSERT INTO ${s}jobs (queue, task, payload, priority, run_at, max_attempts, lease_ms, progress_timeout_ms,
-                      max_run_ms, max_run_unlimited, headers, flow_key, state, parents_pending, on_parent_failure,
-                      has_dependents)
-SELECT queue, task, payload, priority,
-       coalesce(run_at, now() + delay_ms * interval '1 millisecond'),
-       max_attempts, lease_ms, progress_timeout_ms, max_run_ms, max_run_unlimited, headers, flow_key,
+INSERT INTO ${s}jobs (${JOB_COLUMN_LIST}, state, parents_pending, on_parent_failure, has_dependents)
+SELECT ${JOB_VALUES},
        CASE WHEN parents > 0 THEN 'blocked' ELSE 'waiting' END,
        nullif(parents, 0), CASE WHEN parents > 0 THEN on_parent_failure END, has_dependents
-  FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::smallint[], $5::timestamptz[], $6::bigint[],
-              $7::int[], $8::int[], $9::int[], $10::int[], $11::bool[], $12::jsonb[], $13::text[], $14::int[],
-              $15::text[], $16::bool[]) WITH ORDINALITY
-       AS j(queue, task, payload, priority, run_at, delay_ms, max_attempts, lease_ms, progress_timeout_ms,
-            max_run_ms, max_run_unlimited, headers, flow_key, parents, on_parent_failure, has_dependents, n)
+  FROM unnest(${JOB_UNNEST_ARGS}, $15::int[], $16::text[], $17::bool[]) WITH ORDINALITY
+       AS j(${JOB_UNNEST_NAMES}, parents, on_parent_failure, has_dependents, n)
  ORDER BY n
 RETURNING id`;
 
@@ -126,19 +120,8 @@ export async function insertFlow(db: Queryable, nodes: PreparedNode[], schema?: 
   // RETURNING gives the rows in the order inserted: the SELECT's, input order (ORDER BY n).
   const ids = (
     await run(db, st.insertJobs, [
-      jobs.map((j) => j.queue),
-      jobs.map((j) => j.task),
-      jobs.map((j) => j.payloadJson),
-      jobs.map((j) => j.priority),
-      jobs.map((j) => j.runAt),
-      jobs.map((j) => j.delayMs),
-      jobs.map((j) => j.maxAttempts),
-      jobs.map((j) => j.leaseMs),
-      jobs.map((j) => j.progressTimeoutMs),
-      jobs.map((j) => j.maxRunMs),
-      jobs.map((j) => j.maxRunUnlimited),
-      jobs.map((j) => j.headersJson ?? null),
-      jobs.map((j) => j.flowKey ?? null),
+      // A flow's jobs never have a unique key (refused at the edge): $8 is all nulls.
+      ...jobArrays(jobs),
       nodes.map((n) => n.parents.length + n.parentIds.length),
       nodes.map((n) => n.onParentFailure),
       nodes.map((n) => n.hasDependents),
