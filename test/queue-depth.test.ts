@@ -58,7 +58,9 @@ async function dbTime(ms: number): Promise<Date> {
  *   default: a flow: its parent ready, its child blocked
  *   reports: 2 ready, paused
  *   other:   4 ready
- *   idle:    settings only (a limit), no jobs
+ *   idle:    settings only (a concurrency limit of 5), no jobs
+ *   capped:  6 ready, 1 running, a concurrency limit of 2
+ *   metered: 3 ready, a start rate limit
  */
 before(async () => {
   lh = await freshLeasehold();
@@ -86,6 +88,14 @@ before(async () => {
   await lh.pauseQueue("reports");
   await lh.enqueueMany([0, 1, 2, 3].map(() => ({ task: "misc", queue: "other" })));
   await lh.setQueueLimits("idle", { concurrency: 5 }, { create: true });
+  await lh.enqueueMany([0, 1, 2, 3, 4, 5, 6].map(() => ({ task: "render", queue: "capped" })));
+  assert.equal(
+    (await store.claimJobs(lh.pool, { queues: ["capped"], limit: 1, workerId: "depth-test", leaseMs: 600_000, tasks: ["render"] })).length,
+    1,
+  );
+  await lh.setQueueLimits("capped", { concurrency: 2 });
+  await lh.enqueueMany([0, 1, 2].map(() => ({ task: "ping", queue: "metered" })));
+  await lh.setQueueLimits("metered", { rate: { limit: 10, windowMs: 1_000 } });
   // Last, and due well after setup ends, however slow the machine.
   soonId = (await lh.enqueue("send", {}, { queue: "emails", runAt: await dbTime(SOON_MS) })).id;
 });
@@ -99,13 +109,36 @@ after(async () => {
 test("queue_depth counts ready, delayed, running and blocked jobs per queue, flags paused queues, lists configured ones; a delayed job becomes ready when due", async () => {
   const { rows: pending } = await db.query("SELECT run_at > now() AS pending FROM jobs WHERE id = $1", [soonId]);
   assert.equal(pending[0].pending, true, `setup took over ${SOON_MS} ms: the "soon" job is already due`);
-  const { rows } = await db.query("SELECT queue, paused, ready, running, delayed, blocked FROM queue_depth ORDER BY queue");
+  const { rows } = await db.query(
+    "SELECT queue, paused, ready, running, delayed, blocked, concurrency_limit, limited FROM queue_depth ORDER BY queue",
+  );
+  const row = (
+    queue: string,
+    paused: boolean,
+    ready: number,
+    running: number,
+    delayed: number,
+    blocked: number,
+    limit: number | null,
+    limited: boolean,
+  ) => ({
+    queue,
+    paused,
+    ready: String(ready),
+    running: String(running),
+    delayed: String(delayed),
+    blocked: String(blocked),
+    concurrency_limit: limit,
+    limited,
+  });
   assert.deepEqual(rows, [
-    { queue: "default", paused: false, ready: "1", running: "0", delayed: "0", blocked: "1" },
-    { queue: "emails", paused: false, ready: "3", running: "2", delayed: "2", blocked: "0" },
-    { queue: "idle", paused: false, ready: "0", running: "0", delayed: "0", blocked: "0" },
-    { queue: "other", paused: false, ready: "4", running: "0", delayed: "0", blocked: "0" },
-    { queue: "reports", paused: true, ready: "2", running: "0", delayed: "0", blocked: "0" },
+    row("capped", false, 6, 1, 0, 0, 2, false),
+    row("default", false, 1, 0, 0, 1, null, false),
+    row("emails", false, 3, 2, 2, 0, null, false),
+    row("idle", false, 0, 0, 0, 0, 5, false),
+    row("metered", false, 3, 0, 0, 0, null, true),
+    row("other", false, 4, 0, 0, 0, null, false),
+    row("reports", true, 2, 0, 0, 0, null, false),
   ]);
 
   // The oldest ready job's age is the database's now() less its run_at, to the microsecond
@@ -139,7 +172,7 @@ test("lh.queueDepth() returns the view's rows, typed", async () => {
   const depth = await lh.queueDepth();
   assert.deepEqual(
     depth.map((d) => d.queue),
-    ["default", "emails", "idle", "other", "reports"],
+    ["capped", "default", "emails", "idle", "metered", "other", "reports"],
   );
   const emails = depth.find((d) => d.queue === "emails")!;
   assert.equal(emails.ready, 4);
@@ -158,9 +191,15 @@ test("lh.queueDepth() returns the view's rows, typed", async () => {
       running: 0,
       delayed: 0,
       blocked: 0,
+      concurrencyLimit: null,
+      limited: false,
     },
   );
   assert.ok(depth.find((d) => d.queue === "reports")!.oldestReadyAgeSeconds > 0);
+  const capped = depth.find((d) => d.queue === "capped")!;
+  assert.deepEqual([capped.ready, capped.running, capped.concurrencyLimit, capped.limited], [6, 1, 2, false]);
+  const metered = depth.find((d) => d.queue === "metered")!;
+  assert.deepEqual([metered.ready, metered.concurrencyLimit, metered.limited], [3, null, true]);
 });
 
 test("the watchdog sets the depth gauges from the view: ready, running, delayed, blocked, the oldest age, paused", async () => {
@@ -187,7 +226,7 @@ test("the watchdog sets the depth gauges from the view: ready, running, delayed,
   assert.equal(paused.find((v) => v.labels.queue === "reports")!.value, 1);
   assert.equal(paused.find((v) => v.labels.queue === "emails")!.value, 0);
   assert.equal((await values("leasehold_queues_paused"))[0]!.value, 1);
-  assert.equal((await values("leasehold_active_leases"))[0]!.value, 2);
+  assert.equal((await values("leasehold_active_leases"))[0]!.value, 3);
 });
 
 test("`leasehold queues depth` prints the rows, as a table and as JSON, on the database and through a server", async () => {
@@ -198,9 +237,11 @@ test("`leasehold queues depth` prints the rows, as a table and as JSON, on the d
   assert.deepEqual(
     rows.map((r) => [r.queue, r.ready, r.paused, r.blocked]),
     [
+      ["capped", 6, false, 0],
       ["default", 1, false, 1],
       ["emails", 4, false, 0],
       ["idle", 0, false, 0],
+      ["metered", 3, false, 0],
       ["other", 4, false, 0],
       ["reports", 2, true, 0],
     ],
@@ -308,6 +349,17 @@ test("the KEDA ScaledObject in docs/deployment.md is what KEDA's postgresql scal
     // reports is paused and other is not served: both left out.
     assert.equal(Number(result.rows[0][0]), 7);
     assert.ok(Number(result.rows[0][0]) > Number(trigger.metadata.activationTargetQueryValue), "active: scaled up from zero");
+
+    // A queue at a concurrency limit counts as at most its limit: capped has 6 ready and 1
+    // running, and may run 2 at once.
+    const withCapped = ours.replace("IN ('default', 'emails')", "IN ('default', 'emails', 'capped')");
+    assert.notEqual(withCapped, ours, "the query names its queues as IN ('default', 'emails')");
+    await db.query(`SET ROLE ${role}`);
+    try {
+      assert.equal(Number((await db.query({ text: withCapped, rowMode: "array" })).rows[0][0]), 7 + 2);
+    } finally {
+      await db.query("RESET ROLE");
+    }
 
     // A job in a served queue counts; one in a paused queue does not.
     await lh.enqueue("send", {}, { queue: "emails" });

@@ -348,6 +348,14 @@ const queueDepthSchema = {
     running: { type: "integer", description: "jobs holding leases (running, or buffered by a worker)" },
     delayed: { type: "integer", description: "waiting jobs not yet due" },
     blocked: { type: "integer", description: "jobs waiting for their parents" },
+    concurrencyLimit: {
+      type: ["integer", "null"],
+      description: "the queue's fleet-wide concurrency limit (null: none): more workers than it lets run only wait",
+    },
+    limited: {
+      type: "boolean",
+      description: "a start rate, per-key limit or hold applies: more workers help only as far as it lets jobs start",
+    },
   },
 };
 const queueParams = object({ name: NAME }, ["name"]);

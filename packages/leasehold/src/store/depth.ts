@@ -1,5 +1,5 @@
 /**
- * Queue depth (the queue_depth view, migration 016): per queue, what an autoscaler scales on
+ * Queue depth (the queue_depth view, migrations 016 and 017): per queue, what an autoscaler scales on
  * (docs/deployment.md#autoscaling). One statement; the watchdog's gauges read it too.
  */
 import type { Queryable } from "./db.js";
@@ -9,10 +9,20 @@ const QUEUE_DEPTH = statement(
   "queueDepth",
   `
 SELECT queue, paused, ready::int AS ready, oldest_ready_age_seconds, running::int AS running,
-       delayed::int AS delayed, blocked::int AS blocked
+       delayed::int AS delayed, blocked::int AS blocked, concurrency_limit, limited
   FROM queue_depth
  ORDER BY queue`,
-  { queue: "text", paused: "bool", ready: "int4", oldest_ready_age_seconds: "float8", running: "int4", delayed: "int4", blocked: "int4" },
+  {
+    queue: "text",
+    paused: "bool",
+    ready: "int4",
+    oldest_ready_age_seconds: "float8",
+    running: "int4",
+    delayed: "int4",
+    blocked: "int4",
+    concurrency_limit: "int4?",
+    limited: "bool",
+  },
 );
 
 /** One queue's depth, as the database counts it now. */
@@ -30,6 +40,13 @@ export interface QueueDepth {
   delayed: number;
   /** Jobs waiting for their parents (docs/flows.md). */
   blocked: number;
+  /** The queue's fleet-wide concurrency limit: no more of its jobs run at once; null: none. */
+  concurrencyLimit: number | null;
+  /**
+   * A start rate, a per-key limit or a handler's hold applies: ready jobs may wait however many
+   * workers run, so more workers help only as far as the limit lets jobs start.
+   */
+  limited: boolean;
 }
 
 /** Every queue with unfinished jobs or settings, by name. */
@@ -42,5 +59,7 @@ export async function queueDepth(db: Queryable): Promise<QueueDepth[]> {
     running: r.running,
     delayed: r.delayed,
     blocked: r.blocked,
+    concurrencyLimit: r.concurrency_limit,
+    limited: r.limited,
   }));
 }
