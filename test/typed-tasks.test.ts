@@ -152,6 +152,74 @@ test("enqueue refuses a payload its schema refuses, naming the field, and writes
   assert.equal(saved.task, "order");
 });
 
+test("enqueueFlow and enqueueBatch of a typed set check every payload first, naming the node or member, and write nothing; valid ones go in as given", async (t) => {
+  const lh = await freshLeasehold(t);
+  const queue = lh.typed(ALL);
+  await assert.rejects(
+    queue.enqueueFlow([
+      { ref: "fetch", task: "resize", payload: { file: "a.png" } },
+      { ref: "split", task: "halve", payload: { n: 3 }, dependsOn: ["fetch"] },
+    ]),
+    /node "split" \(task "halve"\): invalid payload: payload\.n: must be an even number/,
+  );
+  await assert.rejects(
+    queue.enqueueFlow([{ ref: "x", task: "reszie", payload: { file: "a" } } as never]),
+    (err: unknown) => err instanceof ValidationError && /node "x": unknown task "reszie"/.test(err.message),
+  );
+  await assert.rejects(
+    queue.enqueueBatch({ jobs: [{ task: "stamp", payload: { id: "1" } }], onComplete: { task: "order", payload: { items: "none" } as never } }),
+    /onComplete \(task "order"\): invalid payload: payload\.items/,
+  );
+  await assert.rejects(
+    queue.enqueueBatch({
+      jobs: [
+        { task: "stamp", payload: { id: "1" } },
+        { task: "resize", payload: { file: 7 } as never },
+      ],
+      onComplete: { task: "order", payload: { items: [] } },
+    }),
+    /job 1 \(task "resize"\): invalid payload: payload\.file/,
+  );
+  await assert.rejects(queue.enqueueBatch(null as never), /enqueueBatch takes \{ jobs/);
+  assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM jobs")).rows[0].n, 0);
+
+  // Valid: the graph and the batch are enqueued as the untyped client would, payloads as given.
+  const { jobs } = await queue.enqueueFlow([
+    { ref: "fetch", task: "resize", payload: { file: "a.png" } },
+    { ref: "split", task: "halve", payload: { n: 4 }, dependsOn: ["fetch"] },
+  ]);
+  assert.deepEqual(Object.keys(jobs).sort(), ["fetch", "split"]);
+  const split = await lh.getJob(jobs.split!);
+  assert.deepEqual([split.job.state, split.job.payload], ["blocked", { n: 4 }]);
+  const batch = await queue.enqueueBatch({
+    jobs: [
+      { task: "stamp", payload: { id: "12" } },
+      { task: "halve", payload: { n: 2 } },
+    ],
+    onComplete: { task: "order", payload: { items: [] } },
+  });
+  assert.equal(batch.jobIds.length, 2);
+  const callback = await lh.getJob(batch.callbackId);
+  assert.deepEqual([callback.job.task, callback.job.state, callback.job.payload], ["order", "blocked", { items: [] }]);
+});
+
+test("a batch refused at once while an async payload check still runs leaves no unhandled rejection behind", async (t) => {
+  const lh = await freshLeasehold(t);
+  const queue = lh.typed(ALL);
+  const unhandled: unknown[] = [];
+  const listen = (reason: unknown) => void unhandled.push(reason);
+  process.on("unhandledRejection", listen);
+  t.after(() => void process.off("unhandledRejection", listen));
+  // Job 0's check is async and fails a moment later; job 1 is refused before it settles.
+  await assert.rejects(queue.enqueueMany([{ task: "halve", payload: { n: 5 } }, { task: "nope" } as never]), /job 1: unknown task "nope"/);
+  await assert.rejects(
+    queue.enqueueFlow([{ ref: "a", task: "halve", payload: { n: 5 } }, { ref: "b", task: "nope" } as never]),
+    /node "b": unknown task "nope"/,
+  );
+  await new Promise((r) => setTimeout(r, 100));
+  assert.deepEqual(unhandled, []);
+});
+
 test("a bad payload that got in through SQL goes to the dead letter at once, with the validation error, without retries", async (t) => {
   const lh = await freshLeasehold(t);
   seen.clear();

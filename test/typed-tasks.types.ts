@@ -103,6 +103,31 @@ export async function misuse(lh: Leasehold): Promise<void> {
   // @ts-expect-error enqueueMany: missing payload
   await queue.enqueueMany([{ task: "resize" }]);
 
+  const flow = await queue.enqueueFlow([
+    { ref: "fetch", task: "resize", payload: { file: "a.png" } },
+    { ref: "mail", task: "send-email", payload: { to: "ada@example.com" }, dependsOn: ["fetch"], onParentFailure: "run" },
+    { ref: "done", task: "ping", dependsOn: ["mail"] },
+  ]);
+  expectTypeOf(flow).toBe<{ jobs: Record<string, string> }>();
+  // @ts-expect-error enqueueFlow: unknown task name
+  await queue.enqueueFlow([{ ref: "a", task: "reszie", payload: { file: "a.png" } }]);
+  // @ts-expect-error enqueueFlow: one task's payload under another's name
+  await queue.enqueueFlow([{ ref: "a", task: "send-email", payload: { file: "a.png" } }]);
+  // @ts-expect-error enqueueFlow: a node without its ref
+  await queue.enqueueFlow([{ task: "resize", payload: { file: "a.png" } }]);
+
+  const batch = await queue.enqueueBatch({
+    jobs: [{ task: "resize", payload: { file: "a.png" } }, { task: "ping" }],
+    onComplete: { task: "send-email", payload: { to: "ada@example.com" }, queue: "mail" },
+  });
+  expectTypeOf(batch).toBe<{ callbackId: string; jobIds: string[] }>();
+  // @ts-expect-error enqueueBatch: a member with another task's payload
+  await queue.enqueueBatch({ jobs: [{ task: "resize", payload: { to: "x" } }], onComplete: { task: "ping" } });
+  // @ts-expect-error enqueueBatch: onComplete of an unknown task
+  await queue.enqueueBatch({ jobs: [{ task: "ping" }], onComplete: { task: "pnig" } });
+  // @ts-expect-error enqueueBatch: onComplete cannot have a unique key
+  await queue.enqueueBatch({ jobs: [{ task: "ping" }], onComplete: { task: "ping", uniqueKey: "k" } });
+
   await queue.schedule({ name: "nightly", cron: "0 3 * * *", task: "resize", payload: { file: "nightly.png" } });
   await queue.schedule({ name: "pinger", cron: "* * * * *", task: "ping" });
   // @ts-expect-error schedule with wrong payload

@@ -1,8 +1,8 @@
 /**
- * The typed side of a client: `lh.typed([resize, sendEmail])`. Its `enqueue`, `enqueueMany`
- * and `schedule` take only the set's task names and each task's payload type, check the
- * payload against the task's schema before anything is written (a PayloadValidationError
- * names the field), and its `worker()` runs the set's handlers. Everything else (getJob,
+ * The typed side of a client: `lh.typed([resize, sendEmail])`. Its `enqueue`, `enqueueMany`,
+ * `enqueueFlow`, `enqueueBatch` and `schedule` take only the set's task names and each task's
+ * payload type, check the payload against the task's schema before anything is written (a
+ * PayloadValidationError names the field), and its `worker()` runs the set's handlers. Everything else (getJob,
  * cancel, stats, ...) stays on the client, `typed.client`.
  *
  * The stored payload is the one given (the schema's input), not the schema's output: the
@@ -10,6 +10,7 @@
  */
 import type { Leasehold, EnqueueTarget } from "../client.js";
 import { ConfigError, ValidationError } from "../errors.js";
+import type { BatchInput, FlowNode } from "../jobs/flow-graph.js";
 import type { ScheduleDefinition } from "../jobs/schedule.js";
 import type { EnqueueOptions, EnqueuedJob, NewJob } from "../jobs/types.js";
 import type { ScheduleRecord } from "../store/schedules.js";
@@ -25,6 +26,17 @@ type PayloadArgs<In, Options> = undefined extends In ? [payload?: In, options?: 
 export type TypedNewJob<T extends readonly AnyTask[]> = {
   [K in TaskName<T>]: { task: K } & PayloadField<TaskInput<T, K>> & EnqueueOptions;
 }[TaskName<T>];
+
+/** A node of `enqueueFlow` of a task set: a task of the set, with that task's payload. */
+export type TypedFlowNode<T extends readonly AnyTask[]> = {
+  [K in TaskName<T>]: Omit<FlowNode, "task" | "payload"> & { task: K } & PayloadField<TaskInput<T, K>>;
+}[TaskName<T>];
+
+/** A batch of a task set: its members and its `onComplete` job, each a task of the set with its payload. */
+export interface TypedBatchInput<T extends readonly AnyTask[]> {
+  jobs: TypedNewJob<T>[];
+  onComplete: { [K in TaskName<T>]: { task: K } & PayloadField<TaskInput<T, K>> & Omit<EnqueueOptions, "uniqueKey"> }[TaskName<T>];
+}
 
 /** A schedule of a task set: a task of the set, with that task's payload. */
 export type TypedScheduleDefinition<T extends readonly AnyTask[]> = {
@@ -66,19 +78,60 @@ export class TypedLeasehold<const T extends readonly AnyTask[]> {
    */
   async enqueueMany(jobs: TypedNewJob<T>[], target?: EnqueueTarget): Promise<EnqueuedJob[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
-    const pending: Promise<void>[] = [];
-    (jobs as NewJob[]).forEach((job, i) => {
-      if (job === null || typeof job !== "object") throw new ValidationError(`job ${i}: a job must be an object with a task`);
-      const where = `job ${i} (task ${JSON.stringify(job.task)})`;
-      const checked = checkPayload(knownTask(this.tasks, job.task, `job ${i}`).schema, job.payload);
-      const verdict = (c: Checked<unknown>) => {
-        if (!c.ok) throw new PayloadValidationError(job.task, c.issues, where);
-      };
-      if (checked instanceof Promise) pending.push(checked.then(verdict));
-      else verdict(checked);
-    });
-    await Promise.all(pending);
+    await this.checkPayloads(jobs as NewJob[], (i) => `job ${i}`);
     return this.client.enqueueMany(jobs as NewJob[], target);
+  }
+
+  /**
+   * Enqueues a graph of jobs of the set's tasks (see `Leasehold.enqueueFlow`); every node's
+   * payload is checked first, and a bad one refuses the graph naming its ref and field.
+   */
+  async enqueueFlow(nodes: TypedFlowNode<T>[], target?: EnqueueTarget): Promise<{ jobs: Record<string, string> }> {
+    if (!Array.isArray(nodes)) throw new ValidationError("enqueueFlow takes an array of nodes");
+    await this.checkPayloads(nodes as FlowNode[], (i) => {
+      const ref = (nodes[i] as { ref?: unknown } | null)?.ref;
+      return typeof ref === "string" ? `node ${JSON.stringify(ref)}` : `node ${i}`;
+    });
+    return this.client.enqueueFlow(nodes as FlowNode[], target);
+  }
+
+  /**
+   * Enqueues a batch of jobs of the set's tasks and its `onComplete` job (see
+   * `Leasehold.enqueueBatch`); every payload is checked first, members named by index.
+   */
+  async enqueueBatch(batch: TypedBatchInput<T>, target?: EnqueueTarget): Promise<{ callbackId: string; jobIds: string[] }> {
+    if (batch === null || typeof batch !== "object" || !Array.isArray(batch.jobs)) {
+      throw new ValidationError("enqueueBatch takes { jobs: [...], onComplete: { task, payload } }");
+    }
+    const members = batch.jobs as NewJob[];
+    await this.checkPayloads([...members, batch.onComplete as NewJob], (i) => (i < members.length ? `job ${i}` : "onComplete"));
+    return this.client.enqueueBatch(batch as BatchInput, target);
+  }
+
+  /**
+   * Each job's task must be in the set and its payload pass the task's schema; `label(i)` names
+   * the job in the error. Async schemas are awaited together.
+   */
+  private async checkPayloads(jobs: readonly { task: string; payload?: unknown }[], label: (i: number) => string): Promise<void> {
+    const pending: Promise<void>[] = [];
+    try {
+      jobs.forEach((job, i) => {
+        if (job === null || typeof job !== "object") throw new ValidationError(`${label(i)}: a job must be an object with a task`);
+        const where = `${label(i)} (task ${JSON.stringify(job.task)})`;
+        const checked = checkPayload(knownTask(this.tasks, job.task, label(i)).schema, job.payload);
+        const verdict = (c: Checked<unknown>) => {
+          if (!c.ok) throw new PayloadValidationError(job.task, c.issues, where);
+        };
+        if (checked instanceof Promise) pending.push(checked.then(verdict));
+        else verdict(checked);
+      });
+    } catch (err) {
+      // The first refusal is the answer: the async checks already started must not reject
+      // later with nobody listening (an unhandled rejection ends the process).
+      for (const p of pending) p.catch(() => {});
+      throw err;
+    }
+    await Promise.all(pending);
   }
 
   /** Saves a schedule of one of the set's tasks; its payload is checked by the task's schema first. */
