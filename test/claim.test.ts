@@ -48,6 +48,36 @@ test("a claim grants the lease in the same statement: running, lease, worker, at
   assert.ok(rows[0].left_s > 3 && rows[0].left_s <= 5, `lease should be ~5 s, is ${rows[0].left_s}`);
 });
 
+test("a claim records its start after what it saw: a child released while the claiming transaction was already open starts after its parent ended", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { jobs } = await lh.enqueueFlow([
+    { ref: "parent", task: "t" },
+    { ref: "child", task: "t", dependsOn: ["parent"] },
+  ]);
+  const claimer = new pg.Client({ connectionString: databaseUrl(), options: `-c search_path=${lh.schema}` });
+  await claimer.connect();
+  t.after(() => claimer.end());
+  // The claim's transaction begins (its now() is fixed here) before the parent even finishes,
+  // as when a claiming backend is slow between its start and its snapshot.
+  await claimer.query("BEGIN");
+  await claimer.query("SELECT now()");
+  const [parent] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w1", leaseMs: LEASE, tasks: ["t"] });
+  assert.equal(parent!.id, jobs.parent);
+  await store.completeJobs(lh.pool, { workerId: "w1", jobs: [{ id: parent!.id, attempt: parent!.attempt }] });
+  // Read committed: the claim's snapshot sees the child released by the parent's success.
+  const [child] = await store.claimJobs(claimer, { queues: ["default"], limit: 1, workerId: "w2", leaseMs: LEASE, tasks: ["t"] });
+  await claimer.query("COMMIT");
+  assert.equal(child!.id, jobs.child);
+  const { rows } = await lh.pool.query(
+    `SELECT (SELECT finished_at FROM job_history WHERE id = $1) AS parent_ended, (SELECT started_at FROM jobs WHERE id = $2) AS child_started`,
+    [jobs.parent, jobs.child],
+  );
+  assert.ok(
+    rows[0].child_started > rows[0].parent_ended,
+    `child started ${rows[0].child_started.toISOString()}, parent ended ${rows[0].parent_ended.toISOString()}`,
+  );
+});
+
 test("the schema refuses a running job without a lease", async (t) => {
   const lh = await freshLeasehold(t);
   const { id } = await lh.enqueue("t");

@@ -15,6 +15,12 @@ import type { AttemptRef } from "./finish.js";
  * server and parsed by the client per job (leaving out priority, progress and created_at
  * took 10-15% off the bare claim + complete loop at 2,000 per batch). Only tasks the worker has handlers for are claimed: a job for a task being
  * rolled out waits for a worker that knows it instead of burning its retries.
+ *
+ * The attempt's start is the database's time once the claim runs, after its snapshot (one
+ * value per statement, an InitPlan), not now(): now() is when the transaction began, and a
+ * claim may see a job that became claimable after that (a child released by its parent's
+ * success, a job enqueued meanwhile), so the audit trail would show it starting before its
+ * parent ended. The lease counts from now(), the earlier of the two.
  */
 const claimText = (next: string) => `
 WITH next AS (${next}
@@ -26,7 +32,7 @@ UPDATE jobs
        locked_by = $3,
        lease_until = now() + coalesce(lease_ms, $4) * interval '1 millisecond',
        heartbeat_at = now(),
-       started_at = now(),
+       started_at = (SELECT clock_timestamp()),
        progress_at = now()
  WHERE id = ANY(ARRAY(SELECT id FROM next))
    AND state = 'waiting'
