@@ -18,13 +18,16 @@ import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 import pg from "pg";
 import { Registry } from "prom-client";
+import { createServer } from "../packages/cli/src/server/app.js";
 import { Leasehold } from "../packages/leasehold/src/client.js";
 import { loadMigrations } from "../packages/leasehold/src/store/migrate.js";
 import { databaseUrl, rawClient, silent, uniqueSchema } from "./helpers/db.js";
+import { TOKEN } from "./helpers/server.js";
 import { installPreviousRelease, type PreviousRelease } from "./helpers/previous-release.js";
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const WORKER = path.join(HERE, "upgrade", "worker.mjs");
+const REMOTE_WORKER = path.join(HERE, "upgrade", "remote-worker.mjs");
 const NEW_ENTRY = path.join(HERE, "..", "packages", "leasehold", "src", "index.ts");
 /** As in worker.mjs: longer than its workers' 3 s lease, so only heartbeats carry such a job through. */
 const LONG_JOB_MS = 4_500;
@@ -61,11 +64,12 @@ interface WorkerProcess {
 
 async function startWorker(
   t: { after(fn: () => unknown): void },
-  p: { release: "previous" | "this"; name: string; schema: string; entry: string; env?: Record<string, string> },
+  p: { release: "previous" | "this"; name: string; schema: string; entry: string; env?: Record<string, string>; script?: string },
 ): Promise<WorkerProcess> {
   // The previous release runs as it shipped: built JavaScript on plain node, without the test
   // runner's options. This tree's workers run its source through tsx.
-  const args = p.release === "previous" ? [WORKER] : ["--import", "tsx", WORKER];
+  const script = p.script ?? WORKER;
+  const args = p.release === "previous" ? [script] : ["--import", "tsx", script];
   const env: NodeJS.ProcessEnv = {
     ...process.env,
     DATABASE_URL: databaseUrl(),
@@ -415,4 +419,55 @@ test("a rolling upgrade from the previous release: its workers keep claiming, be
   const complaints = allLines().filter((l) => (l.log || l.raw) && !(l.msg === "job failed" && l.detail?.includes("asked to fail")));
   assert.deepEqual(complaints, [], "no worker logged a warning or an error");
   for (const w of workers) assert.equal(w.stderr(), "", `${w.name} wrote nothing to stderr`);
+});
+
+test("the previous release's remote workers claim, beat, complete and fail through this release's server (the server upgraded first)", async (t) => {
+  const previous: PreviousRelease = await installPreviousRelease((line) => t.diagnostic(line));
+  const schema = uniqueSchema("upgrade_remote");
+  const lh = await Leasehold.connect({ databaseUrl: databaseUrl(), schema, logger: silent, metricsRegistry: new Registry() });
+  t.after(() => lh.close());
+  const app = createServer({ leasehold: lh, token: TOKEN });
+  await app.listen({ host: "127.0.0.1", port: 0 });
+  t.after(() => app.close());
+  const serverUrl = `http://127.0.0.1:${(app.server.address() as { port: number }).port}`;
+
+  // Short jobs, one longer than the old worker's 3 s lease (only its beats through this server
+  // carry it), and one that fails for good.
+  const short = await lh.enqueueMany(Array.from({ length: 8 }, (_, n) => ({ task: "work", payload: { ms: 50 + n * 20 } })));
+  const long = await lh.enqueue("work", { ms: LONG_JOB_MS });
+  const failing = await lh.enqueue("work", { ms: 10, fail: true }, { maxAttempts: 1 });
+
+  const worker = await startWorker(t, {
+    release: "previous",
+    name: "old-remote",
+    schema,
+    entry: previous.entry,
+    script: REMOTE_WORKER,
+    env: { SERVER_URL: serverUrl, LEASEHOLD_TOKEN: TOKEN },
+  });
+  const all = [...short.map((j) => j.id), long.id, failing.id];
+  await until(
+    async () => (await Promise.all(all.map((id) => lh.getJob(id)))).every((r) => ["succeeded", "dead"].includes(r.job.state)),
+    60_000,
+    () => `every job finished; the worker printed ${JSON.stringify(worker.lines.slice(-5))}`,
+  );
+
+  for (const id of [...short.map((j) => j.id), long.id]) {
+    const { job, attempts } = await lh.getJob(id);
+    assert.equal(job.state, "succeeded", `job ${id}`);
+    assert.equal(job.attempt, 1, `job ${id} ran once`);
+    // The previous release reports no handler results (they came later): none is stored.
+    assert.equal(job.result, null);
+    assert.match(attempts.at(-1)!.workerId ?? "", /^old-remote/);
+  }
+  const started = worker.lines.filter((l) => l.start === long.id);
+  assert.equal(started.length, 1, "the long job started once: its lease was renewed through this release's server");
+  const dead = await lh.getJob(failing.id);
+  assert.equal(dead.job.state, "dead");
+  assert.match(dead.job.lastError ?? "", /asked to fail/);
+
+  worker.child.kill("SIGTERM");
+  assert.equal(await worker.exited, 0, worker.stderr());
+  const complaints = worker.lines.filter((l) => l.log === "error" || (l.log === "warn" && l.msg !== "job failed"));
+  assert.deepEqual(complaints, [], "the old remote worker logged no error and no warning but its job's failure");
 });
