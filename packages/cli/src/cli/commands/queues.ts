@@ -202,7 +202,7 @@ function queuesTable(list: QueueInfo[]): string {
 function depthTable(depth: QueueDepth[]): string {
   if (depth.length === 0) return "no queues";
   return table(
-    ["QUEUE", "PAUSED", "READY", "OLDEST READY", "RUNNING", "DELAYED", "BLOCKED"],
+    ["QUEUE", "PAUSED", "READY", "OLDEST READY", "RUNNING", "DELAYED", "BLOCKED", "LIMIT", "LIMITED"],
     depth.map((d) => [
       d.queue,
       d.paused ? "yes" : "no",
@@ -211,6 +211,8 @@ function depthTable(depth: QueueDepth[]): string {
       String(d.running),
       String(d.delayed),
       String(d.blocked),
+      d.concurrencyLimit === null ? "-" : String(d.concurrencyLimit),
+      d.limited ? "yes" : "no",
     ]),
   );
 }
