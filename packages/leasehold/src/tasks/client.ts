@@ -2,8 +2,8 @@
  * The typed side of a client: `lh.typed([resize, sendEmail])`. Its `enqueue`, `enqueueMany`,
  * `enqueueFlow`, `enqueueBatch` and `schedule` take only the set's task names and each task's
  * payload type, check the payload against the task's schema before anything is written (a
- * PayloadValidationError names the field), and its `worker()` runs the set's handlers. Everything else (getJob,
- * cancel, stats, ...) stays on the client, `typed.client`.
+ * PayloadValidationError names the field), and its `worker()` runs the set's handlers.
+ * Everything else (getJob, cancel, stats, ...) stays on the client, `typed.client`.
  *
  * The stored payload is the one given (the schema's input), not the schema's output: the
  * worker validates it again and hands the output to the handler (src/tasks/define.ts).
