@@ -3,10 +3,10 @@
  * audit trail and job_dependencies on the database's clock (microseconds):
  *
  * 13. **No job starts before its parents allow it.** A job's first attempt is claimed after
- *     every parent succeeded: its started_at (the claim's time after its snapshot) is later
- *     than each parent's succeeded end (the completing statement's now(), before the commit
- *     that released the child). A job
- *     enqueued with onParentFailure 'run' starts after every parent ended, however. A job
+ *     every parent succeeded: its started_at (read as the claim starts to run, after its
+ *     snapshot) is later than each parent's succeeded end (the completing statement's now(),
+ *     before the commit that released the child). A job enqueued with onParentFailure 'run'
+ *     starts after every parent ended, however. A job
  *     that ran although a parent ended dead or cancelled (and it did not ask to run) breaks it.
  * 14. **No job stays blocked once its parents have ended**, and none is cancelled for nothing:
  *     after the drain, a job still blocked whose parents have all ended breaks it; so does a

@@ -4,6 +4,7 @@ import pg from "pg";
 // @ts-expect-error: pg ships no types for its utils; prepareValue turns JS arrays into array literals.
 import { prepareValue } from "pg/lib/utils.js";
 import * as store from "../packages/leasehold/src/store/index.js";
+import { registeredStatements } from "../packages/leasehold/src/store/sql.js";
 import { freshLeasehold, databaseUrl, NO_BACKOFF } from "./helpers/db.js";
 
 const LEASE = 30_000;
@@ -76,6 +77,17 @@ test("a claim records its start after what it saw: a child released while the cl
     rows[0].child_started > rows[0].parent_ended,
     `child started ${rows[0].child_started.toISOString()}, parent ended ${rows[0].parent_ended.toISOString()}`,
   );
+});
+
+test("a claim reads its start time before it looks for jobs: the one-time filter on claimed_at gates the scan of next", async (t) => {
+  const lh = await freshLeasehold(t);
+  await lh.enqueueMany(Array.from({ length: 20 }, () => ({ task: "t" })));
+  // Read after the rows are found and locked, a claim whose snapshot came before a pause could
+  // record a start after pauseQueue returned; the plan must read the clock first.
+  const text = registeredStatements().find((s) => s.name === "claimJobs (one queue)")!.text;
+  const { rows } = await lh.pool.query(`EXPLAIN (COSTS OFF) ${text}`, [["default"], 5, "w", LEASE, ["t"]]);
+  const plan = rows.map((r) => r["QUERY PLAN"] as string).join("\n");
+  assert.match(plan, /One-Time Filter: \(.+ IS NOT NULL\)\n.*InitPlan.*\n.*CTE Scan on claimed_at.*\n.*CTE Scan on next/, plan);
 });
 
 test("the schema refuses a running job without a lease", async (t) => {

@@ -16,14 +16,18 @@ import type { AttemptRef } from "./finish.js";
  * took 10-15% off the bare claim + complete loop at 2,000 per batch). Only tasks the worker has handlers for are claimed: a job for a task being
  * rolled out waits for a worker that knows it instead of burning its retries.
  *
- * The attempt's start is the database's time once the claim runs, after its snapshot (one
- * value per statement, an InitPlan), not now(): now() is when the transaction began, and a
- * claim may see a job that became claimable after that (a child released by its parent's
- * success, a job enqueued meanwhile), so the audit trail would show it starting before its
- * parent ended. The lease counts from now(), the earlier of the two.
+ * The attempt's start (`started_at`) is the database's clock read as the claim begins to run,
+ * just after its snapshot and before it looks for jobs: `claimed_at`, read once, first (the
+ * one-time filter in the ARRAY's subquery is evaluated before `next` is scanned). Not now():
+ * that is when the transaction began, and a claim may see a job that became claimable after
+ * it (a child released by its parent's success), so the audit trail showed a child starting
+ * before its parent ended. Nor the clock at the first row written: that comes after the rows
+ * are found and locked, and a claim whose snapshot preceded a pause could then show a start
+ * after pauseQueue returned. The lease counts from now(), the earliest of these.
  */
 const claimText = (next: string) => `
-WITH next AS (${next}
+WITH claimed_at AS MATERIALIZED (SELECT clock_timestamp() AS at),
+     next AS (${next}
 )
 UPDATE jobs
    SET state = 'running',
@@ -32,9 +36,9 @@ UPDATE jobs
        locked_by = $3,
        lease_until = now() + coalesce(lease_ms, $4) * interval '1 millisecond',
        heartbeat_at = now(),
-       started_at = (SELECT clock_timestamp()),
+       started_at = (SELECT at FROM claimed_at),
        progress_at = now()
- WHERE id = ANY(ARRAY(SELECT id FROM next))
+ WHERE id = ANY(ARRAY(SELECT id FROM next WHERE (SELECT at FROM claimed_at) IS NOT NULL))
    AND state = 'waiting'
 RETURNING id, queue, task, payload, attempt, fence, spent_attempts, max_attempts,
           coalesce(lease_ms, $4) AS lease_ms, checkpoint, last_outcome, last_error, progress_timeout_ms, max_run_ms,
