@@ -4,36 +4,18 @@
  * server is upgraded before its remote workers. Imports LEASEHOLD_ENTRY (the previous release's
  * built packages/leasehold/dist/index.js) and runs with plain node, as that release shipped.
  *
- * Task "work" sleeps payload.ms (ended early by its signal) and returns { by: WORKER_NAME }, or
- * throws "asked to fail" with payload.fail. Prints one JSON object a line, as worker.mjs does:
- * {ready}, {start}, {end}, and {log} for every log line at warn or error. Stops on SIGTERM.
+ * Task "work" and the output lines are worker.mjs's (common.mjs): {ready}, {start}, {end}, and
+ * {log} for every log line at warn or error. Stops on SIGTERM.
  *
  * Environment: LEASEHOLD_ENTRY, SERVER_URL, LEASEHOLD_TOKEN, WORKER_NAME.
  */
 import { pathToFileURL } from "node:url";
 import process from "node:process";
-import { clearTimeout, setTimeout } from "node:timers";
-
-const LEASE_MS = 3_000;
-const HEARTBEAT_MS = 1_000;
+import { HEARTBEAT_MS, LEASE_MS, output, workHandler } from "./common.mjs";
 
 const name = process.env.WORKER_NAME;
-const print = (o) => process.stdout.write(JSON.stringify({ worker: name, at: Date.now(), ...o }) + "\n");
-const logAt = (level) => (a, b) =>
-  print({ log: level, msg: typeof a === "string" ? a : b, detail: typeof a === "object" ? JSON.stringify(a, errorsAsText) : undefined });
-const logger = { debug() {}, info() {}, warn: logAt("warn"), error: logAt("error"), child: () => logger };
-
-function errorsAsText(_key, value) {
-  return value instanceof Error ? `${value.name}: ${value.message}` : value;
-}
-
+const { print, logger } = output(name);
 const { Worker, RemoteTransport } = await import(pathToFileURL(process.env.LEASEHOLD_ENTRY).href);
-
-const sleep = (ms, signal) =>
-  new Promise((resolve, reject) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => (clearTimeout(timer), reject(signal.reason ?? new Error("aborted"))), { once: true });
-  });
 
 const worker = new Worker({
   name,
@@ -42,15 +24,7 @@ const worker = new Worker({
   concurrency: 5,
   leaseMs: LEASE_MS,
   heartbeatMs: HEARTBEAT_MS,
-  handlers: {
-    work: async (payload, ctx) => {
-      print({ start: ctx.jobId, attempt: ctx.attempt, ms: payload.ms });
-      await sleep(payload.ms, ctx.signal);
-      if (payload.fail) throw new Error("asked to fail");
-      print({ end: ctx.jobId, attempt: ctx.attempt });
-      return { by: name };
-    },
-  },
+  handlers: { work: workHandler(name, print) },
 });
 await worker.start();
 print({ ready: worker.id });

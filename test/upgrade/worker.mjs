@@ -17,31 +17,17 @@
 import { pathToFileURL } from "node:url";
 import process from "node:process";
 import readline from "node:readline";
-import { clearInterval, clearTimeout, setInterval, setTimeout } from "node:timers";
+import { clearInterval, setInterval } from "node:timers";
+import { HEARTBEAT_MS, LEASE_MS, output, workHandler } from "./common.mjs";
 
-const LEASE_MS = 3_000;
-const HEARTBEAT_MS = 1_000;
 /** Longer than the lease: only heartbeats keep such a job's attempt alive. */
 const LONG_JOB_MS = 4_500;
 
 const name = process.env.WORKER_NAME;
-const print = (o) => process.stdout.write(JSON.stringify({ worker: name, at: Date.now(), ...o }) + "\n");
-const logAt = (level) => (a, b) =>
-  print({ log: level, msg: typeof a === "string" ? a : b, detail: typeof a === "object" ? JSON.stringify(a, errorsAsText) : undefined });
-const logger = { debug() {}, info() {}, warn: logAt("warn"), error: logAt("error"), child: () => logger };
-
-function errorsAsText(_key, value) {
-  return value instanceof Error ? `${value.name}: ${value.message}` : value;
-}
+const { print, logger } = output(name);
 
 const { Leasehold } = await import(pathToFileURL(process.env.LEASEHOLD_ENTRY).href);
 const lh = await Leasehold.connect({ logger, migrate: process.env.MIGRATE !== "false" });
-
-const sleep = (ms, signal) =>
-  new Promise((resolve, reject) => {
-    const timer = setTimeout(resolve, ms);
-    signal.addEventListener("abort", () => (clearTimeout(timer), reject(signal.reason ?? new Error("aborted"))), { once: true });
-  });
 
 const worker = lh.worker({
   name,
@@ -50,15 +36,7 @@ const worker = lh.worker({
   leaseMs: LEASE_MS,
   heartbeatMs: HEARTBEAT_MS,
   pollIntervalMs: 250,
-  handlers: {
-    work: async (payload, ctx) => {
-      print({ start: ctx.jobId, attempt: ctx.attempt, ms: payload.ms });
-      await sleep(payload.ms, ctx.signal);
-      if (payload.fail) throw new Error("asked to fail");
-      print({ end: ctx.jobId, attempt: ctx.attempt });
-      return { by: name };
-    },
-  },
+  handlers: { work: workHandler(name, print) },
 });
 await worker.start();
 print({ ready: worker.id });
