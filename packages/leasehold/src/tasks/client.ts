@@ -116,11 +116,11 @@ export class TypedLeasehold<const T extends readonly AnyTask[]> {
     const pending: Promise<void>[] = [];
     try {
       jobs.forEach((job, i) => {
-        if (job === null || typeof job !== "object") throw new ValidationError(`${label(i)}: a job must be an object with a task`);
-        const where = `${label(i)} (task ${JSON.stringify(job.task)})`;
-        const checked = checkPayload(knownTask(this.tasks, job.task, label(i)).schema, job.payload);
+        const name = label(i);
+        if (job === null || typeof job !== "object") throw new ValidationError(`${name}: a job must be an object with a task`);
+        const checked = checkPayload(knownTask(this.tasks, job.task, name).schema, job.payload);
         const verdict = (c: Checked<unknown>) => {
-          if (!c.ok) throw new PayloadValidationError(job.task, c.issues, where);
+          if (!c.ok) throw new PayloadValidationError(job.task, c.issues, `${name} (task ${JSON.stringify(job.task)})`);
         };
         if (checked instanceof Promise) pending.push(checked.then(verdict));
         else verdict(checked);
