@@ -242,6 +242,41 @@ test("a liveness session that goes silent while its backend lives on: the worker
   }
 });
 
+test("a named worker whose session goes silent while its backend lives on takes its name back with its liveness lock, and keeps running under it", async (t) => {
+  const { lh, proxy, worker, id } = await behindProxy(t, { LONG_MS: "4000", WORKER_NAME: "steady" });
+  // The backend holding the name's lock: the silent session's, alive until someone ends it.
+  const nameHolder = async () =>
+    (
+      await lh.pool.query<{ pid: number }>(
+        `SELECT l.pid FROM pg_locks AS l
+          WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+            AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('leasehold:' || $1 || ':name:' || $2, 0)`,
+        [lh.schema, "steady"],
+      )
+    ).rows[0]?.pid;
+  const before = await nameHolder();
+  assert.ok(before, "the worker holds its name's lock");
+  proxy.silence();
+  // Nobody else ends the old backend: the worker's new session must, or it finds its own name taken.
+  await eventually(
+    async () => {
+      const now = await nameHolder();
+      return now !== undefined && now !== before;
+    },
+    "the worker holds its name on a new session",
+    15_000,
+  );
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job finished", 20_000);
+  assert.deepEqual(
+    worker.lines().filter((l) => l.event === "identity-lost"),
+    [],
+    `the worker stopped, its name taken by its own earlier session: ${worker.stderr()}`,
+  );
+  const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM workers WHERE name = 'steady' AND stopped_at IS NULL", []);
+  assert.equal(rows[0].n, 1, "the named worker is still announced as running");
+  assert.equal(worker.child.exitCode, null);
+});
+
 test("a worker frozen while its liveness session is ended wakes to abort its handler at once: the watchdog may already have handed the job on", async (t) => {
   const lh = await freshLeasehold(t);
   const frozen = await workerProcess(lh.schema, { LONG_MS: "20000" });

@@ -6,6 +6,7 @@
  *   started <job id> <attempt> <ms>
  *   aborted <job id> <attempt> <reason> <ms>
  *   ended <job id> <attempt> <ms>
+ *   identity-lost <ms>   (its stable name was taken: the worker stops)
  * Tasks:
  *   quick                 returns at once
  *   long                  runs LONG_MS (default 8000), or until its signal fires
@@ -13,7 +14,7 @@
  *                         it), then stops its own process (SIGSTOP) and returns once continued:
  *                         the handler ends before any timer of the woken process runs
  * Environment: DATABASE_URL, LEASEHOLD_SCHEMA, CONCURRENCY, LEASE_MS, HEARTBEAT_MS,
- * LIVENESS_GRACE_MS ("off": no liveness session), LONG_MS.
+ * LIVENESS_GRACE_MS ("off": no liveness session), LONG_MS, WORKER_NAME (a stable name).
  */
 import pino from "pino";
 import { Leasehold } from "../../packages/leasehold/src/client.js";
@@ -27,6 +28,7 @@ const grace = env.LIVENESS_GRACE_MS;
 const worker = lh.worker({
   watchdog: false,
   concurrency: Number(env.CONCURRENCY ?? 10),
+  ...(env.WORKER_NAME && { name: env.WORKER_NAME }),
   ...(env.LEASE_MS && { leaseMs: Number(env.LEASE_MS) }),
   ...(env.HEARTBEAT_MS && { heartbeatMs: Number(env.HEARTBEAT_MS) }),
   ...(grace && { livenessGraceMs: grace === "off" ? null : Number(grace) }),
@@ -57,6 +59,7 @@ const worker = lh.worker({
 });
 worker.on("job:start", (job: { id: string; attempt: number }) => say(`started ${job.id} ${job.attempt} ${Date.now()}`));
 worker.on("job:end", (job: { id: string; attempt: number }) => say(`ended ${job.id} ${job.attempt} ${Date.now()}`));
+worker.on("identity:lost", () => say(`identity-lost ${Date.now()}`));
 await worker.start();
 say(`ready ${worker.id}`);
 process.on(

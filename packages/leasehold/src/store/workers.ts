@@ -35,35 +35,44 @@ const TRY_WORKER_LOCK = statement("retryWorkerLiveness", `SELECT pg_try_advisory
 const TAKE_OVER_WAIT_MS = 5_000;
 
 const LOCK_NAME = statement("lockWorkerName", `SELECT pg_try_advisory_lock(${KEY("name")}) AS acquired`, { acquired: "bool" });
+const WAIT_FOR_NAME = statement("waitForWorkerName", `SELECT true AS acquired FROM pg_advisory_lock(${KEY("name")})`, { acquired: "bool" });
+const UNLOCK_WORKER = statement("unlockWorkerLiveness", `SELECT pg_advisory_unlock($1::bigint) AS released`, { released: "bool" });
 
 /**
- * Takes the liveness lock of worker `id` on this session (held until the session ends; not
- * with `liveness: false`, a worker recovered by lease expiry only) and, with a name, the
- * name's lock. Returns the liveness key (null without one), or `nameTaken` if another live
- * session holds the name (then nothing is held).
+ * Takes the lock of worker `id` on this session, held until the session ends: the liveness the
+ * watchdog checks (with `liveness: false`, a worker recovered by lease expiry only, it is held
+ * but not announced) and the mark of this process's session. Then, with a name, the name's lock:
+ * waited for with `waitForName`, else tried once. Returns the liveness key (null without
+ * liveness), or `nameTaken` if another live session holds the name (then nothing is held).
+ *
+ * The worker's own lock comes first: a worker id is unique per process, so a session holding it
+ * is this process's earlier one, gone silent (a proxy stopped forwarding) while its backend
+ * lives on. That backend is ended, and with it the name's lock it held, which would otherwise
+ * make this process find its own name taken and stop.
  */
 export async function lockLiveness(
   db: Queryable,
-  p: { workerId: string; name?: string; liveness?: boolean },
+  p: { workerId: string; name?: string; liveness?: boolean; waitForName?: boolean },
 ): Promise<{ key: string | null } | { nameTaken: true }> {
-  if (p.name !== undefined) {
-    const [name] = await run(db, LOCK_NAME, [p.name]);
-    if (!name!.acquired) return { nameTaken: true };
-  }
-  if (p.liveness === false) return { key: null };
   const [worker] = await run(db, LOCK_WORKER, [p.workerId]);
   if (!worker!.acquired) {
-    // A worker id is unique per process, so the holder is this process's own earlier session:
-    // one that went silent (a proxy stopped forwarding) while its backend lives on. This
-    // session must hold the lock itself, or the old backend's end would later look like this
-    // worker's death: end that backend, then wait (briefly) for its lock.
+    // This session must hold the lock itself, or the old backend's end would later look like
+    // this worker's death: end that backend, then wait (briefly) for its lock.
     await run(db, TAKE_OVER_WORKER_LOCK, [worker!.key]);
     for (let waited = 0; !(await run(db, TRY_WORKER_LOCK, [worker!.key]))[0]!.acquired; waited += 50) {
       if (waited >= TAKE_OVER_WAIT_MS) throw new Error(`this worker's earlier session still holds its liveness lock after ${TAKE_OVER_WAIT_MS} ms`);
       await new Promise((r) => setTimeout(r, 50));
     }
   }
-  return { key: worker!.key };
+  if (p.name !== undefined) {
+    if (p.waitForName) {
+      await run(db, WAIT_FOR_NAME, [p.name]);
+    } else if (!(await run(db, LOCK_NAME, [p.name]))[0]!.acquired) {
+      await run(db, UNLOCK_WORKER, [worker!.key]);
+      return { nameTaken: true };
+    }
+  }
+  return { key: p.liveness === false ? null : worker!.key };
 }
 
 const ANNOUNCE_WORKER = statement(

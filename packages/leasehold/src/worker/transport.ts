@@ -305,9 +305,12 @@ export class DatabaseTransport implements WorkerTransport {
         },
       },
       onConnect: async (client) => {
-        if (p.name !== undefined && p.waitForName)
-          await client.query(`SELECT pg_advisory_lock(hashtextextended('leasehold:' || current_schema() || ':name:' || $1, 0))`, [p.name]);
-        const held = await store.lockLiveness(client, { workerId: p.workerId, name: p.name, liveness: p.livenessGraceMs !== null });
+        const held = await store.lockLiveness(client, {
+          workerId: p.workerId,
+          name: p.name,
+          liveness: p.livenessGraceMs !== null,
+          waitForName: p.waitForName,
+        });
         if ("nameTaken" in held) throw new WorkerNameInUseError(p.name!);
         await store.announceWorker(client, announce(held.key));
       },
