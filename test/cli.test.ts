@@ -193,6 +193,39 @@ export default {
   fs.rmSync(dir, { recursive: true, force: true });
 });
 
+test("worker --name: when another process takes the name while the worker's session is down, the command exits with that error instead of idling", async (t) => {
+  const schema = uniqueSchema("cli");
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-tasks-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const tasksFile = path.join(dir, "tasks.mjs");
+  fs.writeFileSync(tasksFile, "export default { noop: () => {} };\n");
+  const worker = await startCli(["worker", "--tasks", tasksFile, "--name", "pod-a", "--no-watchdog"], { schema, ready: /running noop/ });
+  t.after(() => void worker.stop("SIGKILL"));
+  const thief = await rawClient(schema);
+  t.after(() => thief.end());
+  // End the worker's session and queue for its name's lock in the same breath: the lock is
+  // handed over as the old backend exits, before the worker can connect again.
+  await thief.query(
+    `SELECT pg_terminate_backend(l.pid) FROM pg_locks AS l
+      WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+        AND ((l.classid::bigint << 32) | l.objid::bigint) = hashtextextended('leasehold:' || $1 || ':name:pod-a', 0);
+     SELECT pg_advisory_lock(hashtextextended('leasehold:' || $1 || ':name:pod-a', 0));`.replace(/\$1/g, `'${schema}'`),
+  );
+  const exited = await Promise.race([worker.stop("SIGCONT"), new Promise<null>((r) => setTimeout(() => r(null), 20_000))]);
+  assert.ok(exited, `the worker kept running without its name; stdout: ${worker.output()}`);
+  assert.equal(exited.code, 4, exited.stderr);
+  assert.match(exited.stderr, /worker name "pod-a" is held by another live process/);
+  assert.ok(
+    isOneLineError(
+      exited.stderr
+        .split("\n")
+        .filter((l) => !l.startsWith("{"))
+        .join("\n"),
+    ),
+    exited.stderr,
+  );
+});
+
 test("watchdog --once reaps an expired lease", async () => {
   const schema = uniqueSchema("cli");
   const enq = await runCli(["enqueue", "t", "--json"], { schema });

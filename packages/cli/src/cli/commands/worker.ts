@@ -128,6 +128,9 @@ export function registerWorker(program: Command, run: Run): void {
       }
       const metricsUrl = await startMetricsServer(cli, metrics, opts);
       printJobEvents(worker, (line) => process.stdout.write(line + "\n"), cli.json);
+      // Another process that took this worker's name (while its session was gone) stops it: the
+      // command then exits with that error, so a supervisor sees it instead of an idle process.
+      const identityLost = new Promise<Error>((resolve) => worker.once("identity:lost", resolve));
       await worker.start();
       cli.onClose(() => worker.stop());
       cli.result(
@@ -141,8 +144,9 @@ export function registerWorker(program: Command, run: Run): void {
           `worker ${worker.id} running ${Object.keys(handlers).join(", ")} from ${file} (${serverUrl ? `server ${serverUrl}` : nats ? "database, NATS dispatch" : "database"})` +
           `${metricsUrl ? `; metrics at ${metricsUrl}` : ""}; Ctrl-C stops it gracefully`,
       );
-      await untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released");
+      const stopped = await Promise.race([untilSignal(cli, "stopping the worker: running jobs may finish, the rest are released"), identityLost]);
       await worker.stop();
+      if (stopped instanceof Error) throw stopped;
     }),
   );
 }
