@@ -66,6 +66,13 @@ worker.on("job:end", (job: { id: string; attempt: number }, outcome: { state: st
   log.write({ ev: "end", t: Date.now(), w: workerId, job: job.id, attempt: job.attempt, outcome: outcome.state, reason });
 });
 
+// No other process of this name runs while this one lives (the supervisor restarts a process
+// only after it ended): losing the name is a defect, and exiting makes the run record it.
+worker.on("identity:lost", (err) => {
+  process.stderr.write(`worker lost its name while running: ${err.message}\n`);
+  process.exit(4);
+});
+
 try {
   await worker.start();
 } catch (err) {
