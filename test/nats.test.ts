@@ -158,6 +158,39 @@ test("a message for a cancelled job is acknowledged and skipped", async (t) => {
   assert.equal((await lh.getJob(id)).job.state, "cancelled");
 });
 
+test("a worker serving many queues keeps a pull waiting on every queue's consumer while idle, and runs a job in each at once", async (t) => {
+  const lh = await natsLeasehold(t);
+  const queues = ["q1", "q2", "q3", "q4", "q5", "q6"];
+  const worker = lh.worker({ queues, concurrency: 2, handlers: { tick: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  // Idle a while. When every pull reserved the worker's free capacity, the loop whose pull
+  // ended took it all back at once, and the other queues' loops never pulled: their jobs'
+  // messages stayed pending, and the lost-message check (which only looks at consumers with
+  // nothing pending) could not help.
+  await new Promise((r) => setTimeout(r, 2_500));
+  const nc = await connect({ servers: (lh.nats as NatsLink).options.servers });
+  t.after(() => nc.close());
+  const jsm = await jetstreamManager(nc);
+  const pulled = new Set<string>();
+  for (let i = 0; i < 20 && pulled.size < queues.length; i++) {
+    for (const q of queues) if ((await jsm.consumers.info((lh.nats as NatsLink).stream, consumerOf(q, "tick"))).num_waiting > 0) pulled.add(q);
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  assert.deepEqual(
+    queues.filter((q) => !pulled.has(q)),
+    [],
+    "queues whose consumer never had a pull waiting",
+  );
+  const enqueuedAt = Date.now();
+  const jobs = await Promise.all(queues.map((queue) => lh.enqueue("tick", {}, { queue })));
+  await eventually(async () => {
+    const states = await Promise.all(jobs.map(async ({ id }) => (await lh.getJob(id)).job.state));
+    return states.every((s) => s === "succeeded");
+  }, "a job in every queue ran");
+  assert.ok(Date.now() - enqueuedAt < 5_000, `the jobs took ${Date.now() - enqueuedAt} ms`);
+});
+
 test("ack_wait no longer than the lease is refused at start", async (t) => {
   const lh = await natsLeasehold(t, { url: NATS_URL!, ackWaitMs: 5_000 });
   const worker = lh.worker({ leaseMs: 10_000, handlers: { t: () => undefined } });

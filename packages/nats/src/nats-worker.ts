@@ -3,7 +3,9 @@
  * is configured. Two parts, both run by every NATS worker:
  *
  * - Consuming: one fetch loop per (queue, task) the worker serves, on that pair's durable pull
- *   consumer, asking for no more messages than the worker can take now. Each batch of messages
+ *   consumer, asking for no more messages than the worker can take now. A pair whose last pull
+ *   brought nothing asks for one message without reserving capacity, so every pair always has
+ *   a pull waiting and an idle pair never holds the capacity a busy one needs. Each batch of messages
  *   is claimed by (id, attempt) with the usual lease-granting claim, and acked once the claim
  *   has committed. A message that claims nothing (a duplicate, a job already claimed, finished,
  *   cancelled or not due) is acked and skipped; one whose job is still waiting (its row was
@@ -40,10 +42,20 @@ const PUBLISH_POLL_MS = 1_000;
 const START_WAIT_MS = 2_000;
 /** A message whose job's row was locked for a moment comes back after this. */
 const REDELIVER_DELAY_MS = 200;
+/** A message a worker had no room for when it came (an idle pair's pull) goes back for this long. */
+const NO_ROOM_DELAY_MS = 250;
 /** Lost doorbells (a purged stream, a message past its limits) are looked for this often. */
 const LOST_CHECK_MS = 10_000;
 /** A job ready this long with nothing pending on its consumer has lost its doorbell. */
 const LOST_AFTER_MS = 5_000;
+
+/** One fetch: how many jobs it still holds capacity for, whether it reserved any, what came. */
+interface Pull {
+  owed: number;
+  reserved: boolean;
+  came: number;
+  noRoom: number;
+}
 
 export interface NatsWorkerDispatchOptions {
   link: NatsLink;
@@ -172,17 +184,27 @@ export class NatsWorkerDispatch implements WorkerDispatch {
     });
   }
 
+  /**
+   * Pulls of one (queue, task). A pull that reserves capacity (its size counts against what the
+   * worker can take until its messages come or it expires) is made only while the pair's last
+   * pull brought messages. Otherwise the pair asks for one message and reserves nothing: a pull
+   * that reserved capacity and expired empty gave it back, and the loop that gave it took it
+   * again at once, so with idle and busy pairs the busy pair's consumer could go unpulled for
+   * good, its messages pending (seen in a chaos run: a worker serving six queues).
+   */
   private async consumeLoop(queue: string, task: string): Promise<void> {
+    let idle = false;
     while (!this.stopped) {
       if (this.polling || !this.o.link.connected) {
         await this.waitForKick(500);
         continue;
       }
-      const want = Math.min(FETCH_MAX, this.host.capacity() - this.asked);
-      if (want <= 0) {
+      const free = Math.min(FETCH_MAX, this.host.capacity() - this.asked);
+      if (!idle && free <= 0) {
         await this.waitForKick(250);
         continue;
       }
+      const want = idle ? 1 : free;
       let messages: ConsumerMessages;
       try {
         const consumer = await this.consumerFor(queue, task);
@@ -194,8 +216,8 @@ export class NatsWorkerDispatch implements WorkerDispatch {
         continue;
       }
       // Asked-for jobs count against capacity until their message arrives (then it is claimed).
-      const pull = { owed: want };
-      this.asked += want;
+      const pull: Pull = { owed: idle ? 0 : want, reserved: !idle, came: 0, noRoom: 0 };
+      this.asked += pull.owed;
       const taken = this.takeMessages(messages, pull, queue, task).catch((err: unknown) => {
         this.host.logger.warn({ err: String(err), queue, task }, "taking NATS messages failed; unclaimed ones are redelivered");
       });
@@ -209,6 +231,15 @@ export class NatsWorkerDispatch implements WorkerDispatch {
         this.asked -= pull.owed;
         pull.owed = 0;
       }
+      idle = pull.came === 0;
+      // Capacity this pull gave back goes to the loops waiting for it first (woken now, they
+      // run before this loop's next turn).
+      if (pull.reserved && pull.came < want) {
+        this.kick();
+        await new Promise((r) => setImmediate(r));
+      }
+      // A message there was no room for went back: wait for room before asking again.
+      if (pull.noRoom > 0) await this.waitForKick(NO_ROOM_DELAY_MS);
     }
   }
 
@@ -224,7 +255,7 @@ export class NatsWorkerDispatch implements WorkerDispatch {
   }
 
   /** Takes one pull's messages as they arrive; those that arrive together are claimed together. */
-  private async takeMessages(messages: ConsumerMessages, pull: { owed: number }, queue: string, task: string): Promise<void> {
+  private async takeMessages(messages: ConsumerMessages, pull: Pull, queue: string, task: string): Promise<void> {
     this.fetches.add(messages);
     // A batch is cut per event-loop turn.
     let batch: JsMsg[] = [];
@@ -232,9 +263,17 @@ export class NatsWorkerDispatch implements WorkerDispatch {
     let cut = false;
     try {
       for await (const m of messages) {
+        pull.came++;
         if (pull.owed > 0) {
           pull.owed--;
           this.asked--;
+        } else if (!pull.reserved && this.host.capacity() - this.asked <= 0) {
+          // An unreserved pull's message with no room here: another worker (or this one,
+          // once a handler ends) takes it.
+          pull.noRoom++;
+          m.nak(NO_ROOM_DELAY_MS);
+          this.host.metrics.natsMessages.inc({ result: "redelivered", kind: doorbellKind(m) });
+          continue;
         }
         batch.push(m);
         if (!cut) {
@@ -380,5 +419,14 @@ export class NatsWorkerDispatch implements WorkerDispatch {
     await Promise.all([...this.pulls]);
     await this.listener?.stop();
     if (this.polling) this.host.metrics.natsFallback.dec();
+  }
+}
+
+/** A message's kind for the metrics, without judging the message (the claim does that). */
+function doorbellKind(m: JsMsg): "new" | "recovery" {
+  try {
+    return m.json<DoorbellMessage>().recovery === true ? "recovery" : "new";
+  } catch {
+    return "new";
   }
 }
