@@ -209,8 +209,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     say(`faults over; ${producer.enqueued} jobs enqueued; draining`);
 
     const drainStart = Date.now();
-    await waitForDrain(admin, options.drainTimeoutMs, say);
+    const drained = await waitForDrain(admin, options.drainTimeoutMs, say);
     const drainMs = Date.now() - drainStart;
+    if (!drained) await describeStuck(admin, nats?.url, say);
     shuttingDown = true;
     await Promise.all(children.map((c) => c.stop()));
     say(`drained in ${(drainMs / 1000).toFixed(1)} s; processes stopped`);
@@ -283,7 +284,7 @@ async function natsDelivered(url: string, stream: string): Promise<NonNullable<C
  * Waits until no job is waiting or running. Gives up when nothing has finished for a while
  * (a stuck job) or at the overall limit; the checker then reports what is left.
  */
-async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) => void): Promise<void> {
+async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) => void): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
   let lastSaid = 0;
   let last = -1;
@@ -292,7 +293,7 @@ async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) 
     try {
       const { rows } = await admin.query<{ n: number }>("SELECT count(*)::int AS n FROM jobs");
       const n = rows[0]!.n;
-      if (n === 0) return;
+      if (n === 0) return true;
       if (n !== last) progressAt = Date.now();
       last = n;
       if (Date.now() - lastSaid > 5_000) {
@@ -305,6 +306,42 @@ async function waitForDrain(admin: pg.Pool, timeoutMs: number, say: (l: string) 
     await sleep(200);
   }
   say(`queue did not drain (${last} jobs left)`);
+  return false;
+}
+
+/**
+ * What a run that did not drain left behind, into the harness log (its database is gone after
+ * the run): the unfinished jobs by queue, task, state and attempt, whether they are due and owe a
+ * NATS message, and each NATS consumer's counts.
+ */
+async function describeStuck(admin: pg.Pool, natsUrl: string | undefined, say: (l: string) => void): Promise<void> {
+  const { rows } = await admin
+    .query<{ queue: string; task: string; state: string; attempt: number; due: boolean; owed: number; n: number; ids: string }>(
+      `SELECT j.queue, j.task, j.state, j.attempt, j.run_at <= now() AS due,
+              count(o.job_id)::int AS owed, count(*)::int AS n, string_agg(j.id::text, ' ' ORDER BY j.id) AS ids
+         FROM jobs AS j LEFT JOIN dispatch_outbox AS o ON o.job_id = j.id AND o.attempt = j.attempt
+        GROUP BY 1, 2, 3, 4, 5 ORDER BY n DESC`,
+    )
+    .catch(() => ({ rows: [] }));
+  for (const r of rows)
+    say(
+      `left: ${r.n} ${r.state} in ${r.queue} (${r.task}), attempt ${r.attempt}, ${r.due ? "due" : "not due"}, ${r.owed} owing a message; e.g. ${r.ids.slice(0, 80)}`,
+    );
+  if (!natsUrl) return;
+  const { connect } = await import("@nats-io/transport-node");
+  const { jetstreamManager } = await import("@nats-io/jetstream");
+  const nc = await connect({ servers: natsUrl });
+  try {
+    const jsm = await jetstreamManager(nc);
+    for await (const c of jsm.consumers.list(`leasehold_${CHAOS_SCHEMA}`)) {
+      say(
+        `NATS consumer ${c.name}: pending ${c.num_pending}, ack pending ${c.num_ack_pending}, waiting pulls ${c.num_waiting}, ` +
+          `delivered ${c.delivered.consumer_seq}, ack floor ${c.ack_floor.consumer_seq}`,
+      );
+    }
+  } finally {
+    await nc.close();
+  }
 }
 
 /** Retries back off 2 s at most and leases are seconds long: a minute without a change is a stuck job. */
