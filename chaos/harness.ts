@@ -6,6 +6,7 @@
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import type { ConsumerInfo } from "@nats-io/jetstream";
 import pg from "pg";
 import pino from "pino";
 import { Leasehold } from "../packages/leasehold/src/index.js";
@@ -260,24 +261,30 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   }
 }
 
-/** What JetStream delivered to the run's consumers (evidence that jobs came through NATS). */
-async function natsDelivered(url: string, stream: string): Promise<NonNullable<ChaosReport["nats"]>> {
+/** The stream's consumers as JetStream reports them now. */
+async function natsConsumers(url: string, stream: string): Promise<ConsumerInfo[]> {
   const { connect } = await import("@nats-io/transport-node");
   const { jetstreamManager } = await import("@nats-io/jetstream");
   const nc = await connect({ servers: url });
   try {
-    const jsm = await jetstreamManager(nc);
-    const total = { delivered: 0, redelivered: 0, pending: 0, ackPending: 0 };
-    for await (const c of jsm.consumers.list(stream)) {
-      total.delivered += c.delivered.consumer_seq;
-      total.redelivered += c.num_redelivered;
-      total.pending += c.num_pending;
-      total.ackPending += c.num_ack_pending;
-    }
-    return total;
+    const consumers: ConsumerInfo[] = [];
+    for await (const c of (await jetstreamManager(nc)).consumers.list(stream)) consumers.push(c);
+    return consumers;
   } finally {
     await nc.close();
   }
+}
+
+/** What JetStream delivered to the run's consumers (evidence that jobs came through NATS). */
+async function natsDelivered(url: string, stream: string): Promise<NonNullable<ChaosReport["nats"]>> {
+  const total = { delivered: 0, redelivered: 0, pending: 0, ackPending: 0 };
+  for (const c of await natsConsumers(url, stream)) {
+    total.delivered += c.delivered.consumer_seq;
+    total.redelivered += c.num_redelivered;
+    total.pending += c.num_pending;
+    total.ackPending += c.num_ack_pending;
+  }
+  return total;
 }
 
 /**
@@ -328,19 +335,16 @@ async function describeStuck(admin: pg.Pool, natsUrl: string | undefined, say: (
       `left: ${r.n} ${r.state} in ${r.queue} (${r.task}), attempt ${r.attempt}, ${r.due ? "due" : "not due"}, ${r.owed} owing a message; e.g. ${r.ids.slice(0, 80)}`,
     );
   if (!natsUrl) return;
-  const { connect } = await import("@nats-io/transport-node");
-  const { jetstreamManager } = await import("@nats-io/jetstream");
-  const nc = await connect({ servers: natsUrl });
-  try {
-    const jsm = await jetstreamManager(nc);
-    for await (const c of jsm.consumers.list(`leasehold_${CHAOS_SCHEMA}`)) {
-      say(
-        `NATS consumer ${c.name}: pending ${c.num_pending}, ack pending ${c.num_ack_pending}, waiting pulls ${c.num_waiting}, ` +
-          `delivered ${c.delivered.consumer_seq}, ack floor ${c.ack_floor.consumer_seq}`,
-      );
-    }
-  } finally {
-    await nc.close();
+  // Diagnostics only: NATS down at this moment must not cost the run its report.
+  const consumers = await natsConsumers(natsUrl, `leasehold_${CHAOS_SCHEMA}`).catch((err: unknown) => {
+    say(`NATS consumers not read: ${String(err)}`);
+    return [];
+  });
+  for (const c of consumers) {
+    say(
+      `NATS consumer ${c.name}: pending ${c.num_pending}, ack pending ${c.num_ack_pending}, waiting pulls ${c.num_waiting}, ` +
+        `delivered ${c.delivered.consumer_seq}, ack floor ${c.ack_floor.consumer_seq}`,
+    );
   }
 }
 
