@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF, silent } from "./helpers/db.js";
+import { freshLeasehold, databaseUrl, uniqueSchema, NO_BACKOFF, silent, eventually } from "./helpers/db.js";
 import type { Queryable } from "../packages/leasehold/src/store/db.js";
 import { ownsTurn, Watchdog } from "../packages/leasehold/src/maintenance/watchdog.js";
 
@@ -105,12 +105,21 @@ test("migrations are safe to run from many processes at once", async (t) => {
 
 test("a service's failing run is counted and does not stop the service", async (t) => {
   const lh = await freshLeasehold(t);
+  await lh.enqueue("t");
+  const [job] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
   const watchdog = lh.watchdog({ intervalMs: 20 });
+  t.after(() => watchdog.stop());
   await lh.pool.query("ALTER TABLE jobs RENAME TO jobs_gone");
   watchdog.start();
-  await new Promise((r) => setTimeout(r, 200));
-  assert.ok(watchdog.failures >= 1, "the failing runs were counted");
+  await eventually(async () => watchdog.failures >= 3, "the failing runs were counted, run after run");
   await lh.pool.query("ALTER TABLE jobs_gone RENAME TO jobs");
+  // Once a run has reaped the expired lease, every earlier run has ended (runs never overlap):
+  // a failure in flight while the table came back is counted by then.
+  await lh.pool.query("UPDATE jobs SET lease_until = now() - interval '1 ms' WHERE id = $1", [job!.id]);
+  await eventually(
+    async () => (await lh.pool.query("SELECT state FROM jobs WHERE id = $1", [job!.id])).rows[0].state !== "running",
+    "the same service reaps again once the table is back",
+  );
   const failures = watchdog.failures;
   await new Promise((r) => setTimeout(r, 200));
   await watchdog.stop();
