@@ -12,12 +12,15 @@ import pg from "pg";
 import pino from "pino";
 import { Registry } from "prom-client";
 import { Leasehold, type LeaseholdOptions } from "../packages/leasehold/src/client.js";
-import { ConfigError, WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
+import { ConfigError, JobNotFoundError, WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { databaseUrl, eventually, rawClient, silent, uniqueSchema } from "./helpers/db.js";
 import { cliWorker, workerChild } from "./helpers/processes.js";
 import { runCli } from "./helpers/cli.js";
+import { startServe, TOKEN } from "./helpers/server.js";
 import { findPgBouncer, PGBOUNCER_INSTALL_HINT, PgBouncer } from "./harness/pgbouncer.js";
+import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
+import { Worker } from "../packages/leasehold/src/worker/worker.js";
 
 const binary = process.env.LEASEHOLD_TEST_PGBOUNCER !== undefined ? process.env.LEASEHOLD_TEST_PGBOUNCER || undefined : findPgBouncer();
 const skip = binary ? false : `no pgbouncer: ${PGBOUNCER_INSTALL_HINT}`;
@@ -376,4 +379,82 @@ test("the CLI: worker and watchdog --pooling transaction through the pooler, the
 
   const watchdog = await runCli(["watchdog", "--once", ...flags], { schema });
   assert.equal(watchdog.code, 0, watchdog.stderr);
+});
+
+test("serve without a direct URL: a remote worker's long poll is woken by the once-a-second re-check, and a cancel reaches it at its heartbeat", async (t) => {
+  if (skip) return t.skip(skip);
+  const serve = await startServe(schema, ["--database-url", bouncer.url("lh"), "--pooling", "transaction", "--no-watchdog"]);
+  t.after(() => serve.stop());
+  const aborted: unknown[] = [];
+  // A 20 s long poll (the remote default): with no LISTEN, only the re-check can wake it sooner.
+  const worker = new Worker({
+    queues: ["served"],
+    leaseMs: 3_000,
+    heartbeatMs: 500,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    transport: new RemoteTransport({ serverUrl: serve.match[1]!, token: TOKEN, waitMs: 20_000 }),
+    handlers: {
+      echo: (p: unknown) => p,
+      hold: (_p: unknown, ctx: JobContext) =>
+        new Promise<void>((_resolve, reject) =>
+          ctx.signal.addEventListener("abort", () => {
+            aborted.push((ctx.signal.reason as { reason?: string }).reason);
+            reject(ctx.signal.reason as Error);
+          }),
+        ),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  // Let the worker's first claim find nothing and wait.
+  await new Promise((r) => setTimeout(r, 500));
+  const queued = performance.now();
+  const echo = await admin.enqueue("echo", { n: 1 }, { queue: "served" });
+  const ended = await admin.waitFor(echo.id, { timeoutMs: 15_000 });
+  assert.equal(ended.state, "succeeded");
+  const tookMs = performance.now() - queued;
+  assert.ok(tookMs < 8_000, `woken by the re-check, not by the 20 s poll's end (${Math.round(tookMs)} ms)`);
+
+  const hold = await admin.enqueue("hold", {}, { queue: "served" });
+  await eventually(async () => (await admin.getJob(hold.id)).job.state === "running", "the remote worker runs it");
+  assert.equal(await admin.cancel(hold.id), "cancel_requested");
+  assert.equal((await admin.waitFor(hold.id, { timeoutMs: 15_000 })).state, "cancelled");
+  assert.deepEqual(aborted, ["cancelled"]);
+  await worker.stop(0);
+  const { stderr } = await serve.stop();
+  assert.match(stderr, /without directDatabaseUrl: no LISTEN session/);
+});
+
+test("retention through the pooler: old generations are emptied (a lock and TRUNCATE in one pooled transaction) and dead jobs pruned", async (t) => {
+  if (skip) return t.skip(skip);
+  const lh = await connect();
+  t.after(() => lh.close());
+  const retention = lh.retention({ retainMs: 1_000, retainDeadMs: 1_000, batchSize: 1 });
+  await retention.runOnce();
+  const worker = lh.worker({
+    queues: ["retained"],
+    watchdog: false,
+    scheduler: false,
+    handlers: {
+      fine: () => "ok",
+      broken: () => {
+        throw new Error("for good");
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const jobs = [
+    await lh.enqueue("fine", {}, { queue: "retained" }),
+    await lh.enqueue("fine", {}, { queue: "retained" }),
+    await lh.enqueue("broken", {}, { queue: "retained", maxAttempts: 1 }),
+  ];
+  const states = await Promise.all(jobs.map(async (j) => (await lh.waitFor(j.id, { timeoutMs: 15_000 })).state));
+  assert.deepEqual(states, ["succeeded", "succeeded", "dead"]);
+  await worker.stop(0);
+  // Past a whole one-second generation, and past the dead jobs' retention.
+  await new Promise((r) => setTimeout(r, 2_100));
+  assert.ok((await retention.runOnce()) >= 3);
+  for (const job of jobs) await assert.rejects(lh.getJob(job.id), JobNotFoundError);
 });
