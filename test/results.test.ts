@@ -235,6 +235,25 @@ test("a success refused by a cancel keeps no result, a stale success changes not
   );
 });
 
+test("getJob reads the job, its attempts and its relations in one snapshot: never a finished job without its final attempt", async (t) => {
+  const lh = await freshLeasehold(t);
+  const jobs = await lh.enqueueMany(Array.from({ length: 200 }, () => ({ task: "t" })));
+  const claimed = await store.claimJobs(lh.pool, { queues: ["default"], limit: jobs.length, workerId: "w", leaseMs: 60_000, tasks: ["t"] });
+  assert.equal(claimed.length, jobs.length);
+  const torn: string[] = [];
+  // Each job is read while its completion commits: whichever side of it a read lands on, the
+  // state and the attempts must agree.
+  for (const job of claimed) {
+    const [read] = await Promise.all([
+      lh.getJob(job.id),
+      store.completeJobs(lh.pool, { workerId: "w", jobs: [{ id: job.id, attempt: job.attempt }] }),
+    ]);
+    const final = read.attempts.some((a) => a.attempt === job.attempt);
+    if ((read.job.state === "succeeded") !== final) torn.push(`${read.job.state} with attempts [${read.attempts.map((a) => a.outcome).join(", ")}]`);
+  }
+  assert.deepEqual(torn, []);
+});
+
 test("waitFor: already finished, woken when it finishes, dead and cancelled jobs; unknown ids, bad options, timeout and abort", async (t) => {
   const lh = await freshLeasehold(t);
   await lh.enqueueMany([{ task: "done" }, { task: "later" }, { task: "dies" }]);

@@ -435,11 +435,12 @@ export class Leasehold {
    */
   async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
     checkJobId(id);
-    const [job, attempts, relations] = await Promise.all([
-      store.getJob(this.pool, id),
-      store.getAttempts(this.pool, id),
-      store.getJobRelations(this.pool, id),
-    ]);
+    // One snapshot: read apart, a completion committing between the reads would show a
+    // finished job without its final attempt, or a running one with it.
+    const [job, attempts, relations] = await store.withSnapshot(
+      this.pool,
+      async (client) => [await store.getJob(client, id), await store.getAttempts(client, id), await store.getJobRelations(client, id)] as const,
+    );
     if (!job) throw new JobNotFoundError(id);
     return { job, attempts, ...relations };
   }

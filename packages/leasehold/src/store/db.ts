@@ -110,11 +110,23 @@ export async function checkOut(pool: pg.Pool): Promise<{ client: pg.PoolClient; 
 }
 
 /** Runs fn inside a transaction on one client of the pool. */
-export async function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+export function withTransaction<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  return inTransaction(pool, "BEGIN", fn);
+}
+
+/**
+ * Runs fn's reads in one read-only REPEATABLE READ transaction: every statement sees the same
+ * snapshot, so reads of one job's parts (its row, its attempts) cannot straddle a commit.
+ */
+export function withSnapshot<T>(pool: pg.Pool, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
+  return inTransaction(pool, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", fn);
+}
+
+async function inTransaction<T>(pool: pg.Pool, begin: string, fn: (client: pg.PoolClient) => Promise<T>): Promise<T> {
   const { client, release } = await checkOut(pool);
   let failed: unknown;
   try {
-    await client.query("BEGIN");
+    await client.query(begin);
     const result = await fn(client);
     await client.query("COMMIT");
     return result;

@@ -7,6 +7,7 @@ export {
   checkOut,
   guardClients,
   withTransaction,
+  withSnapshot,
   notifyChannel,
   cancelChannel,
   assertSchemaName,
