@@ -73,6 +73,45 @@ test("a failing job retries with backoff, then goes to the dead letter; manual r
   assert.equal(revived.job.attempt, 6, "the token kept growing through the manual retry");
 });
 
+test("what a handler set just before it ended is stored with its end: the checkpoint before a throw reaches the retry, the last progress stays with the finished job (also one finished by ctx.transaction)", async (t) => {
+  const lh = await freshLeasehold(t);
+  const resumedFrom: unknown[] = [];
+  const worker = lh.worker({
+    // No beat falls due while these handlers run: only the end can carry their values.
+    leaseMs: 60_000,
+    heartbeatMs: 20_000,
+    pollIntervalMs: 20,
+    handlers: {
+      resumable: {
+        handler: (_p: unknown, ctx: JobContext) => {
+          resumedFrom.push(ctx.previousCheckpoint);
+          if (ctx.attempt > 1) return;
+          ctx.checkpoint({ done: 40 });
+          throw new Error("item 41 failed");
+        },
+        backoff: NO_BACKOFF,
+      },
+      counted: (_p: unknown, ctx: JobContext) => ctx.progress({ done: 10, of: 10 }),
+      committed: async (_p: unknown, ctx: JobContext) => {
+        ctx.progress({ done: 3, of: 3 });
+        await ctx.transaction(async (tx) => tx.query("SELECT 1"));
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const resumable = await lh.enqueue("resumable", {}, { maxAttempts: 2 });
+  const counted = await lh.enqueue("counted");
+  assert.equal((await lh.waitFor(resumable.id, { timeoutMs: 10_000 })).state, "succeeded");
+  assert.deepEqual(resumedFrom, [null, { done: 40 }]);
+  const finished = await lh.waitFor(counted.id, { timeoutMs: 10_000 });
+  assert.equal(finished.state, "succeeded");
+  assert.deepEqual(finished.progress, { done: 10, of: 10 });
+  const committed = await lh.waitFor((await lh.enqueue("committed")).id, { timeoutMs: 10_000 });
+  assert.equal(committed.state, "succeeded");
+  assert.deepEqual(committed.progress, { done: 3, of: 3 }, "finished by ctx.transaction");
+});
+
 test("a handler that throws PermanentJobError goes to the dead letter at once", async (t) => {
   const lh = await freshLeasehold(t);
   const worker = lh.worker({

@@ -49,9 +49,9 @@ export interface JobContext {
   headers: JobHeaders | null;
   /** What an earlier attempt saved with `checkpoint()`, to resume from; null the first time. */
   previousCheckpoint: JsonValue | null;
-  /** Report progress; stored with the next heartbeat (the latest value wins). Each call counts as progress. */
+  /** Report progress; stored with the next heartbeat or before the attempt's end (the latest value wins). Each call counts as progress. */
   progress(data: JsonValue): void;
-  /** Save a checkpoint a retry can resume from; stored with the next heartbeat. Counts as progress. */
+  /** Save a checkpoint a retry can resume from; stored with the next heartbeat or before the attempt's end. Counts as progress. */
   checkpoint(data: JsonValue): void;
   /**
    * Writes a row of your own table unless a later claim (of any job) already wrote it, using

@@ -146,6 +146,19 @@ export class Heartbeater {
     return this.tick();
   }
 
+  /**
+   * Stores what `entry`'s handler set since the last beat (progress, a checkpoint) before its
+   * end is reported: a checkpoint saved just before a throw must reach the retry, and a
+   * finished job keep its last progress. Beats now (one beat carries every job ending in the
+   * same turn), and once more if the beat in flight was sent before the values were set. If
+   * beats fail, the end is reported anyway: the values are lost, never the end.
+   */
+  async sendPending(entry: InFlight): Promise<void> {
+    for (let i = 0; i < 2 && !this.stopped && !entry.lostReason && (entry.progressJson !== undefined || entry.checkpointJson !== undefined); i++) {
+      await this.beatNow();
+    }
+  }
+
   /** The configured interval, or faster if an in-flight job has a shorter lease of its own. */
   private interval(): number {
     let ms = this.heartbeatMs;

@@ -614,6 +614,8 @@ export class Worker extends WorkerEmitter {
     if (entry.within)
       throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
     if (entry.abortedWith) throw entry.abortedWith;
+    // The job finishes in this transaction: what the handler set before it is stored first.
+    if (entry.progressJson !== undefined || entry.checkpointJson !== undefined) await this.heartbeater.sendPending(entry);
     let result: CompleteWithinResult<T>;
     try {
       result = await this.transport.completeWithin({
@@ -741,6 +743,7 @@ export class Worker extends WorkerEmitter {
   private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
     this.reporting++;
     try {
+      if (entry.progressJson !== undefined || entry.checkpointJson !== undefined) await this.heartbeater.sendPending(entry);
       const result = await reportEnd(this, entry, err, outcome, message);
       // A handler that returned a result the worker refused threw nothing: the refusal is the error.
       this.ended(entry, result, err ?? (result.state === "dead" ? result.error : undefined));
