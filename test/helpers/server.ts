@@ -161,15 +161,18 @@ export function rawConnection(base: string) {
 /**
  * A TCP proxy in front of PostgreSQL that counts the statements its clients run: simple
  * queries ('Q') and extended-protocol executions ('E'), read from the client's byte stream.
+ * Each is also named (`ranSince`), so a count that is too high says what ran.
  */
 export async function statementCountingProxy(databaseUrl: string) {
   const target = new URL(databaseUrl);
   let statements = 0;
+  const ran: string[] = [];
   const sockets = new Set<net.Socket>();
   const server = net.createServer((client) => {
     const upstream = net.connect(Number(target.port || 5432), target.hostname);
     sockets.add(client).add(upstream);
     let pending = Buffer.alloc(0);
+    let parsed: string[] = [];
     let started = false; // the startup message has no type byte
     client.on("data", (chunk: Buffer) => {
       upstream.write(chunk);
@@ -184,6 +187,12 @@ export async function statementCountingProxy(databaseUrl: string) {
         if (pending.length < 5 || pending.length < 1 + pending.readInt32BE(1)) break;
         const type = String.fromCharCode(pending[0]!);
         if (type === "Q" || type === "E") statements++;
+        // What ran, for a failing count's message: a simple query's text, or the prepared
+        // statement a Bind names (the unnamed one: its Parse's text).
+        const body = pending.subarray(5, 1 + pending.readInt32BE(1));
+        if (type === "Q") ran.push(body.toString("utf8", 0, Math.min(body.length - 1, 80)));
+        if (type === "P") parsed = body.toString("utf8").split("\0");
+        if (type === "B") ran.push(body.toString("utf8").split("\0")[1] || parsed[1]!.slice(0, 80));
         pending = pending.subarray(1 + pending.readInt32BE(1));
       }
     });
@@ -202,6 +211,8 @@ export async function statementCountingProxy(databaseUrl: string) {
   return {
     url: proxied.toString(),
     statements: () => statements,
+    /** What ran since the `from`-th statement: each one's text (cut short) or prepared statement's name. */
+    ranSince: (from: number) => ran.slice(from),
     close: () => {
       for (const socket of sockets) socket.destroy();
       return new Promise((r) => server.close(r));

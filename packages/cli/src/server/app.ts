@@ -152,10 +152,27 @@ export function createServer(options: ServerOptions): FastifyInstance {
     }
   });
   const jobWaits = new JobWaits(limits.maxLongPolls);
+  // Requests being answered. Once none is left while closing, the connections still open are
+  // closed at once: kept-alive ones, and ones a client opened and never sent a request on,
+  // which Node does not count as idle (a stopped remote worker leaves those behind).
+  let answering = 0;
+  let closing = false;
+  const closeWhenAnswered = () => {
+    if (closing && answering === 0) app.server.closeAllConnections();
+  };
+  app.server.on("request", (_request: unknown, response: { once(event: "close", fn: () => void): void }) => {
+    answering++;
+    response.once("close", () => {
+      answering--;
+      closeWhenAnswered();
+    });
+  });
   app.addHook("preClose", async () => {
+    closing = true;
     cancels.close();
     jobWaits.close();
     await waiter.close();
+    closeWhenAnswered();
     // Requests still open after a grace period (a client that went silent) are cut: their
     // clients treat that as an ambiguous answer and retry, which the fence makes safe.
     setTimeout(() => app.server.closeAllConnections(), CLOSE_GRACE_MS).unref();
