@@ -354,7 +354,7 @@ const NO_PROGRESS_MS = 60_000;
 /** Jobs finished per second while an idle transaction was open, and the rest of the run. */
 async function idleTxnThroughput(admin: pg.Pool, faults: FaultRecord[], startedAt: number): Promise<ChaosReport["pressure"]> {
   const windows = faults.filter((f) => f.kind === "idle_txn" && !f.skipped).map((f) => [f.at, f.at + (f.durationMs ?? 0)] as const);
-  const { rows } = await admin.query<{ at: number }>("SELECT extract(epoch FROM finished_at) * 1000 AS at FROM finished_jobs");
+  const { rows } = await admin.query<{ at: number }>("SELECT (extract(epoch FROM finished_at) * 1000)::float8 AS at FROM finished_jobs");
   const end = Math.max(...rows.map((r) => r.at), startedAt + 1);
   const inside = (t: number) => windows.some(([a, b]) => t >= a && t <= b);
   let insideMs = 0;

@@ -137,6 +137,10 @@ const SPENDING = ["failed", "lease_expired", "worker_lost", "stalled", "timed_ou
 const RECOVERED = ["lease_expired", "worker_lost", "released", "stalled", "timed_out"];
 const MAX_LISTED = 20;
 
+/**
+ * Times come as float8 (ms since epoch): extract() returns numeric, which node-postgres reads
+ * as a string, and `ended + tolerance` then concatenated instead of adding.
+ */
 export async function loadRows(admin: pg.Pool) {
   const [unfinished, history, attempts, results, writes, effects] = await Promise.all([
     admin.query<{ id: string; state: string; attempt: number }>("SELECT id::text, state, attempt FROM jobs ORDER BY id"),
@@ -148,12 +152,12 @@ export async function loadRows(admin: pg.Pool) {
     ),
     admin.query<AttemptRow>(
       `SELECT job_id::text AS job, attempt, worker_id AS worker, outcome,
-              extract(epoch FROM started_at) * 1000 AS started, extract(epoch FROM ended_at) * 1000 AS ended
+              (extract(epoch FROM started_at) * 1000)::float8 AS started, (extract(epoch FROM ended_at) * 1000)::float8 AS ended
          FROM all_attempts ORDER BY job_id, attempt`,
     ),
     admin.query<{ job: string; token: number; worker: string }>(`SELECT job_id::text AS job, token, worker_id AS worker FROM ${RESULTS_TABLE}`),
     admin.query<{ job: string; token: number; worker: string; at: number }>(
-      "SELECT job_id::text AS job, token, worker_id AS worker, extract(epoch FROM at) * 1000 AS at FROM downstream_log ORDER BY n",
+      "SELECT job_id::text AS job, token, worker_id AS worker, (extract(epoch FROM at) * 1000)::float8 AS at FROM downstream_log ORDER BY n",
     ),
     admin.query<{ job: string; attempt: number; worker: string }>(
       `SELECT job_id::text AS job, attempt, worker_id AS worker FROM ${TX_EFFECTS_TABLE} ORDER BY job_id, attempt`,

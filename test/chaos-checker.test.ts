@@ -292,6 +292,29 @@ test("a beat accepted while a slow completion was committing is not stale; one s
   await lh.dispose();
 });
 
+test("when an end's answer was lost, a beat accepted up to a second after its ending statement began is not stale; one sent later is", async () => {
+  const { lh, jobs, logs, check } = await scenario();
+  const [a, , c] = jobs.map((j) => j.id);
+  // The completion's answer never came back (a reset connection): only the database's
+  // ended_at, the statement's start, says when it ran.
+  const complete = logs.find((l) => l.ev === "report" && l.kind === "complete")!;
+  Object.assign(complete, { accepted: null, error: "Error: read ECONNRESET" });
+  const { rows } = await lh.pool.query<{ ended: number }>("SELECT (extract(epoch FROM max(ended_at)) * 1000)::float8 AS ended FROM all_attempts");
+  const ended = rows[0]!.ended;
+  for (const [job, afterMs] of [
+    [a!, 500],
+    [c!, 1_500],
+  ] as const) {
+    logs.push({ ev: "report", kind: "heartbeat", t: ended + afterMs + 5, sentAt: ended + afterMs, w: "w1", sent: [[job, 1]], accepted: [job] });
+  }
+  const r = await check();
+  assert.deepEqual(
+    r.violations.map((v) => [v.invariant, v.job]),
+    [["no stale report applied", c]],
+  );
+  await lh.dispose();
+});
+
 test("a hung handler may end late by as long as a database restart held up its end, and no later", async () => {
   const { lh, jobs, logs } = await scenario();
   const a = jobs[0]!;
