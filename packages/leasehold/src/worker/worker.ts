@@ -613,9 +613,10 @@ export class Worker extends WorkerEmitter {
     }
     if (entry.within)
       throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
-    if (entry.abortedWith) throw entry.abortedWith;
-    // The job finishes in this transaction: what the handler set before it is stored first.
+    // The job finishes in this transaction: what the handler set before it is stored first
+    // (that beat may find the attempt cancelled or its lease gone: checked next).
     if (entry.progressJson !== undefined || entry.checkpointJson !== undefined) await this.heartbeater.sendPending(entry);
+    if (entry.abortedWith) throw entry.abortedWith;
     let result: CompleteWithinResult<T>;
     try {
       result = await this.transport.completeWithin({
