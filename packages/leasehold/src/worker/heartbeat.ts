@@ -71,6 +71,11 @@ export function attemptKey(job: { id: string; attempt: number }): string {
   return `${job.id}:${job.attempt}`;
 }
 
+/** The handler set progress or a checkpoint that no beat has carried yet. */
+export function hasUnsentValues(e: InFlight): boolean {
+  return e.progressJson !== undefined || e.checkpointJson !== undefined;
+}
+
 /**
  * How long before its lease could run out (by this process's clock) a worker gives up an
  * attempt: half a beat interval, and at least a tenth of the lease.
@@ -154,7 +159,7 @@ export class Heartbeater {
    * beats fail, the end is reported anyway: the values are lost, never the end.
    */
   async sendPending(entry: InFlight): Promise<void> {
-    for (let i = 0; i < 2 && !this.stopped && !entry.lostReason && (entry.progressJson !== undefined || entry.checkpointJson !== undefined); i++) {
+    for (let i = 0; i < 2 && !this.stopped && !entry.lostReason && hasUnsentValues(entry); i++) {
       await this.beatNow();
     }
   }

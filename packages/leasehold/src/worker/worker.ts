@@ -19,7 +19,7 @@ import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
 import { serializeResult } from "../jobs/validate.js";
-import { Heartbeater, attemptKey, canVouchFor, type InFlight } from "./heartbeat.js";
+import { Heartbeater, attemptKey, canVouchFor, hasUnsentValues, type InFlight } from "./heartbeat.js";
 import { FlowView, REFRESH_IDLE_MS } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
@@ -615,7 +615,7 @@ export class Worker extends WorkerEmitter {
       throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
     // The job finishes in this transaction: what the handler set before it is stored first
     // (that beat may find the attempt cancelled or its lease gone: checked next).
-    if (entry.progressJson !== undefined || entry.checkpointJson !== undefined) await this.heartbeater.sendPending(entry);
+    if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
     if (entry.abortedWith) throw entry.abortedWith;
     let result: CompleteWithinResult<T>;
     try {
@@ -744,7 +744,7 @@ export class Worker extends WorkerEmitter {
   private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
     this.reporting++;
     try {
-      if (entry.progressJson !== undefined || entry.checkpointJson !== undefined) await this.heartbeater.sendPending(entry);
+      if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
       const result = await reportEnd(this, entry, err, outcome, message);
       // A handler that returned a result the worker refused threw nothing: the refusal is the error.
       this.ended(entry, result, err ?? (result.state === "dead" ? result.error : undefined));
