@@ -14,7 +14,7 @@ import { Registry } from "prom-client";
 import { Leasehold, type LeaseholdOptions } from "../packages/leasehold/src/client.js";
 import { ConfigError, JobNotFoundError, WorkerNameInUseError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
-import { databaseUrl, eventually, rawClient, silent, uniqueSchema } from "./helpers/db.js";
+import { databaseUrl, eventually, rawClient, silent, uniqueSchema, untilAborted } from "./helpers/db.js";
 import { cliWorker, workerChild } from "./helpers/processes.js";
 import { runCli } from "./helpers/cli.js";
 import { startServe, TOKEN } from "./helpers/server.js";
@@ -328,13 +328,7 @@ test("a cancel: with a direct URL the handler hears it by notice; without, at it
       watchdog: false,
       scheduler: false,
       handlers: {
-        hold: (_p: unknown, ctx: JobContext) =>
-          new Promise<void>((_resolve, reject) =>
-            ctx.signal.addEventListener("abort", () => {
-              aborted.push((ctx.signal.reason as { reason?: string }).reason);
-              reject(ctx.signal.reason as Error);
-            }),
-          ),
+        hold: untilAborted(aborted),
       },
     });
     await worker.start();
@@ -396,13 +390,7 @@ test("serve without a direct URL: a remote worker's long poll is woken by the on
     transport: new RemoteTransport({ serverUrl: serve.match[1]!, token: TOKEN, waitMs: 20_000 }),
     handlers: {
       echo: (p: unknown) => p,
-      hold: (_p: unknown, ctx: JobContext) =>
-        new Promise<void>((_resolve, reject) =>
-          ctx.signal.addEventListener("abort", () => {
-            aborted.push((ctx.signal.reason as { reason?: string }).reason);
-            reject(ctx.signal.reason as Error);
-          }),
-        ),
+      hold: untilAborted(aborted),
     },
   });
   await worker.start();

@@ -8,7 +8,7 @@ import { Worker } from "../packages/leasehold/src/worker/worker.js";
 import { DatabaseTransport } from "../packages/leasehold/src/worker/transport.js";
 import { Registry } from "prom-client";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { freshLeasehold, recordEvents, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF } from "./helpers/db.js";
+import { freshLeasehold, recordEvents, waitForEvent, eventually, databaseUrl, silent, NO_BACKOFF, untilAborted } from "./helpers/db.js";
 import { TcpProxy } from "./helpers/proxy.js";
 import { Heartbeater, attemptKey, type InFlight } from "../packages/leasehold/src/worker/heartbeat.js";
 import { Outage } from "../packages/leasehold/src/worker/outage.js";
@@ -21,17 +21,6 @@ import { metricsFor } from "../packages/leasehold/src/metrics.js";
 type Ended = [{ id: string }, { state: string; reason?: string; error?: unknown }];
 const endOf = (worker: Worker, id: string, timeoutMs?: number) =>
   waitForEvent<Ended>(worker, "job:end", (job) => job.id === id, timeoutMs).then(([, outcome]) => outcome);
-
-/** A handler that runs until its signal aborts, and records the abort reason. */
-function untilAborted(reasons: unknown[]) {
-  return (_: unknown, ctx: JobContext) =>
-    new Promise((_, reject) =>
-      ctx.signal.addEventListener("abort", () => {
-        reasons.push((ctx.signal.reason as JobAbortedError).reason);
-        reject(ctx.signal.reason);
-      }),
-    );
-}
 
 test("a failing job retries with backoff, then goes to the dead letter; manual retry revives it", async (t) => {
   const lh = await freshLeasehold(t);

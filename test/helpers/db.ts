@@ -8,6 +8,7 @@ import pg from "pg";
 import pino from "pino";
 import { Registry } from "prom-client";
 import { Leasehold } from "../../packages/leasehold/src/client.js";
+import type { JobAbortedError, JobContext } from "../../packages/leasehold/src/worker/context.js";
 
 export const silent = pino({ level: process.env.TEST_LOG_LEVEL ?? "silent" });
 
@@ -104,4 +105,15 @@ export async function eventually<T>(check: () => Promise<T>, what: string, timeo
     if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms: ${what}`);
     await new Promise((r) => setTimeout(r, 25));
   }
+}
+
+/** A handler that runs until its signal aborts, and records the abort's reason (JobAbortedError.reason). */
+export function untilAborted(reasons: unknown[]) {
+  return (_: unknown, ctx: JobContext) =>
+    new Promise<never>((_, reject) =>
+      ctx.signal.addEventListener("abort", () => {
+        reasons.push((ctx.signal.reason as JobAbortedError).reason);
+        reject(ctx.signal.reason as Error);
+      }),
+    );
 }

@@ -160,7 +160,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
   const closeWhenAnswered = () => {
     if (closing && answering === 0) app.server.closeAllConnections();
   };
-  app.server.on("request", (_request: unknown, response: { once(event: "close", fn: () => void): void }) => {
+  app.server.on("request", (_request, response) => {
     answering++;
     response.once("close", () => {
       answering--;
