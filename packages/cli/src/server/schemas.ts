@@ -6,7 +6,15 @@
 export const NAME = { type: "string", pattern: "^[A-Za-z0-9_.:\\-/]{1,128}$" } as const;
 export const JOB_ID = { type: "string", pattern: "^[1-9][0-9]{0,18}$", description: "job id (a PostgreSQL bigint, as a string)" } as const;
 const ATTEMPT = { type: "integer", minimum: 1, maximum: 2147483647, description: "the fencing token of the claim" } as const;
-export const WORKER_ID = { type: "string", minLength: 1, maxLength: 300 } as const;
+/**
+ * Worker ids are stored and compared in PostgreSQL, which cannot hold a NUL: control
+ * characters are refused here, once, for every route that takes one (a 400 naming the field).
+ */
+export const WORKER_ID = {
+  type: "string",
+  pattern: "^[^\\u0000-\\u001f\\u007f]{1,300}$",
+  description: "the worker process's id, unique per process (no control characters)",
+} as const;
 const LEASE_MS = { type: "integer", minimum: 1000, maximum: 86400000 } as const;
 const LIMIT_MS = { type: "integer", minimum: 1000, maximum: 604800000 } as const;
 const NULLABLE_LIMIT = { type: ["integer", "null"], minimum: 1000, maximum: 604800000 } as const;
