@@ -89,11 +89,24 @@ UNION ALL
 SELECT f.id, f.final_state, NULL, extract(epoch FROM now() - f.last_beat_at)::float8, f.final_outcome FROM finished AS f`;
 
 /**
- * The retry delay from the job's task policy as its workers announced it, else the given
+ * The retry delay from the job's policy (HOLDER_POLICY), else the given
  * default ($1-$4): the formula itself is the schema's retry_delay_ms().
  */
 const POLICY_DELAY = `retry_delay_ms(j.spent_attempts, coalesce(p.backoff_base_ms, $1), coalesce(p.backoff_factor, $2),
                         coalesce(p.backoff_max_ms, $3), coalesce(p.backoff_jitter, $4))`;
+
+/**
+ * The policy a running job is recovered by, as `p`: its holder's own declaration (a remote
+ * worker declares limits for the jobs it holds only: worker_task_policies), else its task's
+ * fleet-wide one (task_policies, from workers on the database). No row: the defaults apply.
+ */
+const HOLDER_POLICY = `LEFT JOIN LATERAL (
+      SELECT o.task, o.backoff_base_ms, o.backoff_factor, o.backoff_max_ms, o.backoff_jitter, o.progress_timeout_ms, o.max_run_ms, 0 AS rank
+        FROM worker_task_policies AS o WHERE o.worker_id = j.locked_by AND o.task = j.task
+      UNION ALL
+      SELECT t.task, t.backoff_base_ms, t.backoff_factor, t.backoff_max_ms, t.backoff_jitter, t.progress_timeout_ms, t.max_run_ms, 1
+        FROM task_policies AS t WHERE t.task = j.task
+      ORDER BY rank LIMIT 1) AS p ON true`;
 
 const ENDED = { id: "int8", state: "text", woke: "text?", since_beat_s: "float8?", outcome: "text" } as const;
 
@@ -186,7 +199,7 @@ const REAP_EXPIRED_LEASES = ending(
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
          true AS recovery
     FROM jobs AS j
-    LEFT JOIN task_policies AS p ON p.task = j.task
+    ${HOLDER_POLICY}
    WHERE j.state = 'running' AND j.lease_until < now()
    ORDER BY j.lease_until
    LIMIT $5
@@ -216,7 +229,7 @@ const RECOVER_LOST_WORKERS = ending(
          true AS recovery
     FROM jobs AS j
     JOIN workers AS w ON w.id = j.locked_by
-    LEFT JOIN task_policies AS p ON p.task = j.task
+    ${HOLDER_POLICY}
    WHERE j.state = 'running' AND w.lost_at < now() - coalesce(w.liveness_grace_ms, $6::bigint) * interval '1 millisecond'
      -- Its lock is still free now: a session back within the grace (lock held again, its
      -- announcement not yet landed, or a liveness check not yet run) keeps its jobs.
@@ -253,9 +266,9 @@ const END_OVERDUE_ATTEMPTS = ending(
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
          true AS recovery
     FROM jobs AS j
-    LEFT JOIN task_policies AS p ON p.task = j.task
+    ${HOLDER_POLICY}
    CROSS JOIN LATERAL (
-         -- the job's own limit (or its opt-out), else its task's as its workers announced it
+         -- the job's own limit (or its opt-out), else its holder's or its task's (HOLDER_POLICY)
          -- (null: the task opted out), else the default ($6) for a task no worker announced
          SELECT CASE WHEN j.max_run_unlimited THEN NULL
                      WHEN j.max_run_ms IS NOT NULL THEN j.max_run_ms
@@ -297,7 +310,7 @@ const RELEASE_JOBS = ending(
          true AS recovery
     FROM jobs AS j
     JOIN unnest($5::bigint[], $6::int[]) AS r(id, attempt) ON j.id = r.id AND j.attempt = r.attempt
-    LEFT JOIN task_policies AS p ON p.task = j.task
+    ${HOLDER_POLICY}
    WHERE j.id = ANY($5::bigint[]) AND j.locked_by = $9
      FOR UPDATE OF j
 )`,
@@ -382,7 +395,7 @@ const RECOVER_EARLIER_PROCESS = ending(
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
          true AS recovery
     FROM jobs AS j
-    LEFT JOIN task_policies AS p ON p.task = j.task
+    ${HOLDER_POLICY}
    WHERE j.state = 'running' AND split_part(j.locked_by, '/', 1) = $5 AND j.locked_by <> $6
      FOR UPDATE OF j SKIP LOCKED
 )`,

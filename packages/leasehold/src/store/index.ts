@@ -40,8 +40,16 @@ export {
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended, RateLimited } from "./end-attempts.js";
 export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState } from "./flow.js";
 export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
-export { lockLiveness, announceWorker, markWorkerStopped, markLostWorkers, workerNameHeldElsewhere, pruneWorkers } from "./workers.js";
-export type { TaskPolicy, WorkerAnnouncement } from "./workers.js";
+export {
+  lockLiveness,
+  announceWorker,
+  attachRemoteWorker,
+  markWorkerStopped,
+  markLostWorkers,
+  workerNameHeldElsewhere,
+  pruneWorkers,
+} from "./workers.js";
+export type { TaskPolicy, WorkerAnnouncement, RemoteAttachment } from "./workers.js";
 export {
   getJob,
   getAttempts,

@@ -127,7 +127,10 @@ export interface WorkerAnnouncement {
   policies: TaskPolicy[];
 }
 
-/** Records (or refreshes) a live process and the policies of the tasks it runs. */
+/**
+ * Records (or refreshes) a live process on the database and the policies of the tasks it
+ * runs, for the whole fleet (a remote worker's are its own: attachRemoteWorker).
+ */
 export async function announceWorker(db: Queryable, a: WorkerAnnouncement): Promise<void> {
   await run(db, ANNOUNCE_WORKER, [
     a.workerId,
@@ -155,6 +158,53 @@ export async function announceWorker(db: Queryable, a: WorkerAnnouncement): Prom
     ps.map((t) => t.maxRunMs),
     a.workerId,
   ]);
+}
+
+const ATTACH_REMOTE_WORKER = statement(
+  "attachRemoteWorker",
+  `
+WITH attached AS (
+  INSERT INTO workers (id, name, kind, host, pid, queues, tasks, concurrency, liveness_key, lease_ms, heartbeat_ms)
+  VALUES ($1, $2, 'worker', $3, 0, $4, $5, $6, NULL, $7, $8)
+  ON CONFLICT (id) DO NOTHING
+  RETURNING id
+), declared AS (
+  INSERT INTO worker_task_policies (worker_id, task, backoff_base_ms, backoff_factor, backoff_max_ms, backoff_jitter,
+                                    progress_timeout_ms, max_run_ms)
+  SELECT a.id, p.* FROM attached AS a
+   CROSS JOIN unnest($5::text[], $9::bigint[], $10::float8[], $11::bigint[], $12::float8[], $13::int[], $14::int[]) AS p
+)
+SELECT EXISTS (SELECT 1 FROM attached) AS attached`,
+  { attached: "bool" },
+);
+
+export type RemoteAttachment = Omit<WorkerAnnouncement, "kind" | "pid" | "livenessKey" | "livenessGraceMs">;
+
+/**
+ * A remote worker (no database session) attaches under a worker id no process used before,
+ * and its policies are recorded as its own: they apply to the jobs it holds, never to the
+ * fleet's (a worker token is shared, so its holder speaks for itself only). Returns false,
+ * recording nothing, when the id is already known. Each task appears once in `policies`.
+ */
+export async function attachRemoteWorker(db: Queryable, a: RemoteAttachment): Promise<boolean> {
+  const ps = a.policies;
+  const [row] = await run(db, ATTACH_REMOTE_WORKER, [
+    a.workerId,
+    a.name ?? null,
+    a.host,
+    a.queues,
+    ps.map((t) => t.task),
+    a.concurrency ?? null,
+    a.leaseMs ?? null,
+    a.heartbeatMs ?? null,
+    ps.map((t) => t.backoff.baseMs),
+    ps.map((t) => t.backoff.factor),
+    ps.map((t) => t.backoff.maxMs),
+    ps.map((t) => t.backoff.jitter),
+    ps.map((t) => t.progressTimeoutMs),
+    ps.map((t) => t.maxRunMs),
+  ]);
+  return row!.attached;
 }
 
 const MARK_STOPPED = statement("markWorkerStopped", `UPDATE workers SET stopped_at = now(), in_flight = 0 WHERE id = $1`, {});
