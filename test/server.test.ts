@@ -125,15 +125,20 @@ test("the OpenAPI document describes every route the server has, with its method
 test("a remote worker's name stands for one live worker: a second attach with it is 409 name_in_use until the first detaches", async () => {
   const attach = (workerId: string) =>
     api("POST", "/v1/worker/attach", { workerId, name: "remote-pod", queues: ["default"], concurrency: 1, leaseMs: 5_000, policies: [] });
-  assert.equal((await attach("w-first")).status, 200);
-  assert.equal((await attach("w-first")).status, 200, "the same worker may attach again");
-  const second = await attach("w-second");
+  const first = await attach("remote-pod/first");
+  assert.equal(first.status, 200);
+  const again = await attach("remote-pod/first");
+  assert.equal(again.status, 409, "a worker id stands for one process: it attaches once");
+  assert.equal(again.json.error.code, "worker_id_in_use");
+  const second = await attach("remote-pod/second");
   assert.equal(second.status, 409);
   assert.equal(second.json.error.code, "name_in_use");
   assert.match(second.json.error.message, /remote-pod/);
-  assert.equal((await api("POST", "/v1/worker/detach", { workerId: "w-first", graceful: true })).status, 200);
-  assert.equal((await attach("w-second")).status, 200, "a name given back is free");
-  await api("POST", "/v1/worker/detach", { workerId: "w-second", graceful: true });
+  const detach = (workerId: string, identity: string) => api("POST", "/v1/worker/detach", { workerId, graceful: true, identity });
+  assert.equal((await detach("remote-pod/first", first.json.identity)).status, 200);
+  const third = await attach("remote-pod/third");
+  assert.equal(third.status, 200, "a name given back is free");
+  await detach("remote-pod/third", third.json.identity);
 });
 
 test("a stale heartbeat or report, even with its receipt, is 409 stale_lease and changes nothing", async () => {

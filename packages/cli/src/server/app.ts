@@ -26,6 +26,7 @@ import { registerMonitorRoutes } from "./monitor-routes.js";
 import { registerQueueRoutes } from "./queue-routes.js";
 import { capConnections, resolveLimits, serverOptions, type ServerLimits } from "./limits.js";
 import { Receipts } from "./receipts.js";
+import { WorkerIdentities } from "./identity.js";
 import { routes } from "./schemas.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
@@ -64,11 +65,13 @@ function tokensOf(options: ServerOptions): { operator: string; worker?: string }
 export function createServer(options: ServerOptions): FastifyInstance {
   const lh = options.leasehold;
   const scopeOf = scopeMatcher(tokensOf(options));
-  const receipts = new Receipts(
+  const receiptSecret =
     options.receiptKey === undefined
       ? options.token
-      : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key"),
-  );
+      : checkToken(options.receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
+  const receipts = new Receipts(receiptSecret);
+  // Worker identity proofs: a key of their own, derived from the same secret.
+  const identities = new WorkerIdentities(receiptSecret);
   const limits = resolveLimits(options.limits);
   const dashboard = options.dashboard ?? "on";
   if (!DASHBOARD_MODES.includes(dashboard))
@@ -185,8 +188,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
 
   app.register(async (api) => {
     registerClaimRoute(api, lh, waiter, receipts, limits);
-    registerCancelRoute(api, { leasehold: lh, waiter, cancels, receipts, metrics });
-    registerWorkerRoutes(api, { leasehold: lh, receipts, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
+    registerCancelRoute(api, { leasehold: lh, waiter, cancels, receipts, identities, metrics });
+    registerWorkerRoutes(api, { leasehold: lh, receipts, identities, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
     registerJobRoutes(api, lh, jobWaits);
     registerFlowRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
     registerQueueRoutes(api, lh);

@@ -17,6 +17,8 @@ const STATUS_BY_CODE: Record<string, number> = {
   invalid_state: 409,
   stale_lease: 409,
   name_in_use: 409,
+  worker_id_in_use: 409,
+  invalid_identity: 403,
 };
 
 export interface ErrorBody {

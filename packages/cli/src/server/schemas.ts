@@ -60,6 +60,12 @@ const RECEIPT = {
   maxLength: 128,
   description: "the receipt the claim returned for this attempt; without it the attempt is refused",
 } as const;
+/** Optional in the schema so that an older worker, which has none, gets the route's own answer (docs/upgrading.md). */
+const IDENTITY = {
+  type: "string",
+  maxLength: 200,
+  description: "the identity proof attach returned to this worker process; proves the caller is the worker it names",
+} as const;
 export const ATTEMPT_REF = object({ id: JOB_ID, attempt: ATTEMPT, receipt: RECEIPT }, ["id", "attempt"]);
 /** An attempt refused before the database was asked, and why. */
 const INVALID_ITEM = {
@@ -81,7 +87,7 @@ export const errorSchema = {
         code: {
           type: "string",
           description:
-            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, payload_too_large, server_unavailable, internal_error, not_found",
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, payload_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -97,9 +103,11 @@ export const errors = (...statuses: number[]) => Object.fromEntries(statuses.map
 const ERROR_TEXT: Record<number, string> = {
   400: "invalid request",
   401: "missing or wrong bearer token",
-  403: "the worker token may only use the /v1/worker/* routes; a read-only server (--dashboard read-only) changes nothing for the operator token",
+  403:
+    "the worker token may only use the /v1/worker/* routes; a read-only server (--dashboard read-only) changes nothing for the operator token; " +
+    "invalid_identity: the worker identity proof is missing or not the one attach returned to this worker",
   404: "no such job",
-  409: "the operation does not apply: stale lease (nothing changed) or wrong job state",
+  409: "the operation does not apply: stale lease (nothing changed), wrong job state, or a worker name or id already in use",
   413: "request body too large",
   503: "the server cannot reach its database",
 };
@@ -441,6 +449,12 @@ export const routes = {
             "attempts without a valid receipt are left out",
         },
         waitMs: { type: "integer", minimum: 0, maximum: MAX_WAIT_MS },
+        identity: {
+          ...IDENTITY,
+          description:
+            "the identity proof attach returned: required to wait for cancel notices (without it the poll checks `attempts` and " +
+            "answers at once; a wrong one is refused with 403 invalid_identity)",
+        },
       },
       ["workerId", "attempts"],
     ),
@@ -461,7 +475,7 @@ export const routes = {
           },
         },
       },
-      ...errors(...COMMON_ERRORS),
+      ...errors(...COMMON_ERRORS, 403),
     },
   },
   heartbeat: {
@@ -635,13 +649,37 @@ export const routes = {
     ...secured,
     tags: ["worker"],
     summary: "At start-up, recover the jobs an earlier (dead) process with this worker name still holds; each spends an attempt",
-    body: object({ workerName: WORKER_NAME, currentWorkerId: WORKER_ID, backoff: BACKOFF() }, ["workerName", "currentWorkerId"]),
-    response: { 200: { type: "object", properties: { released: { type: "integer", description: "jobs recovered" } } }, ...errors(...COMMON_ERRORS) },
+    body: object(
+      {
+        workerName: WORKER_NAME,
+        currentWorkerId: WORKER_ID,
+        identity: {
+          ...IDENTITY,
+          description:
+            "the identity proof attach returned to currentWorkerId, attached with workerName: only the jobs of earlier processes of that " +
+            "name are recovered. Without it nothing is recovered (skipped says why); a wrong one is refused with 403 invalid_identity",
+        },
+        backoff: { ...BACKOFF(), description: "ignored (accepted from older workers): each job backs off by its own policy, else the server's" },
+      },
+      ["workerName", "currentWorkerId"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          released: { type: "integer", description: "jobs recovered" },
+          skipped: { type: "string", description: "present when nothing was looked for: why (no identity proof was sent)" },
+        },
+      },
+      ...errors(...COMMON_ERRORS, 403),
+    },
   },
   attach: {
     ...secured,
     tags: ["worker"],
-    summary: "Announce a remote worker and its tasks' policies; a name already used by a live worker is refused",
+    summary:
+      "Announce a remote worker (a worker id no process used before) and its tasks' policies, which apply to the jobs it holds only; " +
+      "a name already used by a live worker is refused",
     body: object(
       {
         workerId: WORKER_ID,
@@ -658,14 +696,33 @@ export const routes = {
       },
       ["workerId", "queues", "concurrency", "leaseMs", "policies"],
     ),
-    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS, 409) },
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          ok: { type: "boolean" },
+          identity: { type: "string", description: "this worker's identity proof: send it with detach, reconcile and the cancel poll" },
+        },
+      },
+      ...errors(...COMMON_ERRORS, 409),
+    },
   },
   detach: {
     ...secured,
     tags: ["worker"],
     summary: "A remote worker stops; graceful: it gave its jobs back",
-    body: object({ workerId: WORKER_ID, graceful: { type: "boolean" } }, ["workerId"]),
-    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS) },
+    body: object(
+      {
+        workerId: WORKER_ID,
+        graceful: { type: "boolean" },
+        identity: {
+          ...IDENTITY,
+          description: "the identity proof attach returned to this worker: without it (or with a wrong one), 403 invalid_identity",
+        },
+      },
+      ["workerId"],
+    ),
+    response: { 200: { type: "object", properties: { ok: { type: "boolean" } } }, ...errors(...COMMON_ERRORS, 403) },
   },
   rateLimited: {
     ...secured,

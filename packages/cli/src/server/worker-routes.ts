@@ -6,15 +6,19 @@
  * heartbeat or report changes nothing and, when nothing in the request applied and every
  * attempt was refused by the fence, is answered 409 with
  * `{ error: { code: "stale_lease", jobs: [{ id, attempt, reason }] } }`.
+ *
+ * Attach hands the worker an identity proof (identity.ts); the routes that act on a worker
+ * rather than on an attempt (detach, reconcile) require it.
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
-import { WorkerNameInUseError, type LostLeaseReason } from "leasehold/internal/errors";
+import { ValidationError, WorkerNameInUseError, type LostLeaseReason } from "leasehold/internal/errors";
 import { sanitizeText, serializeResult } from "leasehold/internal/jobs/validate";
 import * as store from "leasehold/internal/store/index";
 import { DEFAULT_BACKOFF } from "leasehold/internal/worker/backoff";
 import { renewBeats } from "./beats.js";
 import { errorBody } from "./errors.js";
+import { InvalidIdentityError, provenIdentity, WorkerIdInUseError, type WorkerIdentities } from "./identity.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { checkLease, type LeaseBounds } from "./limits.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
@@ -23,6 +27,7 @@ import { routes } from "./schemas.js";
 interface Deps {
   leasehold: Leasehold;
   receipts: Receipts;
+  identities: WorkerIdentities;
   metrics: ServerMetrics;
   leases: LeaseBounds;
   /** The largest result a remote worker may report (its own cap may be larger). */
@@ -56,7 +61,7 @@ type RefusedKind = store.RefusedKind;
 /** Route config: the worker token may use these routes too. */
 const worker = { scope: "worker" } as const;
 
-export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, leases, maxResultBytes }: Deps): void {
+export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, receipts, identities, metrics, leases, maxResultBytes }: Deps): void {
   const pool = lh.pool;
   /** Attempts with a valid receipt; the others are counted and answered as refused. */
   const checked = <T extends ReceiptRef>(kind: Kind, items: T[], workerId: string) => {
@@ -69,30 +74,40 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
   app.post<{ Body: AttachBody }>("/v1/worker/attach", { schema: routes.attach, config: worker }, async (request) => {
     const a = request.body;
     checkLease(a.leaseMs, leases);
+    const tasks = new Set<string>();
+    for (const p of a.policies) {
+      if (tasks.has(p.task)) throw new ValidationError(`policies: task ${JSON.stringify(p.task)} is declared twice`);
+      tasks.add(p.task);
+    }
     if (a.name !== undefined) {
       const held = await store.workerNameHeldElsewhere(pool, { name: a.name, workerId: a.workerId, withinMs: REMOTE_NAME_HELD_LEASES * a.leaseMs });
       if (held) throw new WorkerNameInUseError(a.name);
     }
-    await store.announceWorker(pool, {
+    // A new id only: re-attaching a known one would let a token holder speak for that worker.
+    const attached = await store.attachRemoteWorker(pool, {
       workerId: a.workerId,
       name: a.name,
-      kind: "worker",
       host: request.ip,
-      pid: 0,
       queues: a.queues,
       concurrency: a.concurrency,
       leaseMs: a.leaseMs,
       heartbeatMs: a.heartbeatMs,
-      livenessKey: null,
       policies: a.policies,
     });
-    return { ok: true };
+    if (!attached) throw new WorkerIdInUseError(a.workerId);
+    return { ok: true, identity: identities.issue(a.workerId, a.name) };
   });
 
-  app.post<{ Body: { workerId: string; graceful?: boolean } }>("/v1/worker/detach", { schema: routes.detach, config: worker }, async (request) => {
-    if (request.body.graceful !== false) await store.markWorkerStopped(pool, request.body.workerId);
-    return { ok: true };
-  });
+  app.post<{ Body: { workerId: string; graceful?: boolean; identity?: string } }>(
+    "/v1/worker/detach",
+    { schema: routes.detach, config: worker },
+    async (request) => {
+      const { workerId, graceful, identity } = request.body;
+      if (!provenIdentity(identities, identity, workerId)) throw new InvalidIdentityError(workerId, "no identity proof");
+      if (graceful !== false) await store.markWorkerStopped(pool, workerId);
+      return { ok: true };
+    },
+  );
 
   app.post<{ Body: { workerId: string; leaseMs: number; beats: Beat[]; inFlight?: number; beatDelays?: number[] } }>(
     "/v1/worker/heartbeat",
@@ -239,14 +254,22 @@ export function registerWorkerRoutes(app: FastifyInstance, { leasehold: lh, rece
     };
   });
 
-  app.post<{ Body: { workerName: string; currentWorkerId: string; backoff?: store.BackoffPolicy } }>(
+  app.post<{ Body: { workerName: string; currentWorkerId: string; identity?: string } }>(
     "/v1/worker/reconcile",
     { schema: routes.reconcile, config: worker },
     async (request) => {
-      const { workerName, currentWorkerId, backoff } = request.body;
+      const { workerName, currentWorkerId, identity } = request.body;
+      const proven = provenIdentity(identities, identity, currentWorkerId);
+      // An older worker sends no proof: it starts as before, and what its earlier process held
+      // is recovered when the leases run out.
+      if (!proven) return { released: 0, skipped: "no identity proof was sent: nothing recovered (the jobs are recovered when their leases expire)" };
+      if (proven.name !== workerName)
+        throw new InvalidIdentityError(currentWorkerId, `the identity proof was not issued for worker name ${JSON.stringify(workerName)}`);
       // Attach refused a second live worker of this name, so what its earlier processes
-      // still hold was left by a process that died: recovered, spending an attempt each.
-      const recovered = await store.recoverJobsOfEarlierProcess(pool, { workerName, currentWorkerId, backoff: backoff ?? DEFAULT_BACKOFF });
+      // still hold was left by a process that died: recovered, spending an attempt each. The
+      // caller's backoff is not taken: each job backs off by its holder's or task's policy,
+      // else the server's default.
+      const recovered = await store.recoverJobsOfEarlierProcess(pool, { workerName, currentWorkerId, backoff: DEFAULT_BACKOFF });
       if (recovered.size > 0) lh.metrics.recoveries.inc({ cause: "reconciliation" }, recovered.size);
       return { released: recovered.size };
     },

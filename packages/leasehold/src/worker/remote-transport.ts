@@ -90,6 +90,8 @@ export class RemoteTransport implements WorkerTransport {
   private cancelPoll?: AbortController;
   private kickCancels?: () => void;
   private attachedAs?: string;
+  /** The identity proof attach returned: detach, reconcile and the cancel poll send it. */
+  private identity?: string;
   /** "id:attempt" of attempts whose cancel the worker was told of (not named in later polls). */
   private readonly cancelsTold = new Set<string>();
   /** "id:attempt" → the claim's receipt, the worker id it was issued to, and whether a report of it was refused. */
@@ -149,7 +151,7 @@ export class RemoteTransport implements WorkerTransport {
 
   async attach(p: AttachParams): Promise<Attachment> {
     this.wake = p.wake;
-    await this.post(
+    const res = await this.post<{ identity?: string }>(
       "/v1/worker/attach",
       {
         workerId: p.workerId,
@@ -163,6 +165,7 @@ export class RemoteTransport implements WorkerTransport {
       this.timeoutMs,
     );
     this.attachedAs = p.workerId;
+    this.identity = res.body.identity;
     if (this.waitMs > 0 && p.onCancelRequested) this.cancelLoop = this.pollCancels(p.workerId, p.onCancelRequested);
     return {
       detach: async (graceful) => {
@@ -171,7 +174,7 @@ export class RemoteTransport implements WorkerTransport {
         this.cancelPoll?.abort();
         this.kickCancels?.();
         await this.cancelLoop;
-        await this.post("/v1/worker/detach", { workerId: p.workerId, graceful }, this.timeoutMs).catch(() => {});
+        await this.post("/v1/worker/detach", { workerId: p.workerId, graceful, identity: this.identity }, this.timeoutMs).catch(() => {});
       },
     };
   }
@@ -311,7 +314,9 @@ export class RemoteTransport implements WorkerTransport {
   }
 
   async reconcile(p: { workerName: string; currentWorkerId: string; backoff: store.BackoffPolicy }): Promise<number> {
-    const res = await this.post<{ released: number }>("/v1/worker/reconcile", p, this.timeoutMs);
+    // The backoff is the server's to choose (each job's own policy); the proof says who asks.
+    const body = { workerName: p.workerName, currentWorkerId: p.currentWorkerId, identity: this.identity };
+    const res = await this.post<{ released: number }>("/v1/worker/reconcile", body, this.timeoutMs);
     return res.body.released;
   }
 
@@ -341,7 +346,7 @@ export class RemoteTransport implements WorkerTransport {
       try {
         const res = await this.post<{ cancels: Ref[]; waited: boolean }>(
           "/v1/worker/cancels",
-          { workerId, attempts, waitMs: this.waitMs },
+          { workerId, attempts, waitMs: this.waitMs, identity: this.identity },
           this.waitMs + this.timeoutMs,
           controller.signal,
         );
