@@ -17,6 +17,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   invalid_state: 409,
   stale_lease: 409,
   name_in_use: 409,
+  unique_key_conflict: 409,
 };
 
 export interface ErrorBody {

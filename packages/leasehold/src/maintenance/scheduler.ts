@@ -89,6 +89,8 @@ export class Scheduler extends MaintenanceService<number> {
             delayMs: 0,
             maxAttempts: s.jobOptions.maxAttempts ?? 25,
             uniqueKey: `schedule:${s.name}:${tick.toISOString()}`,
+            // The key names its schedule: whatever task the schedule had at that tick holds it.
+            uniqueScope: "global",
             leaseMs: s.jobOptions.leaseMs ?? null,
             progressTimeoutMs: s.jobOptions.progressTimeoutMs ?? null,
             maxRunMs: s.jobOptions.maxRunMs ?? null,
