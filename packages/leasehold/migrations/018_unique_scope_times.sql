@@ -1,5 +1,5 @@
 -- Leasehold schema, version 18: unique keys matched within a task; times in a sane range;
--- enqueue() never resolves a caller's temporary objects.
+-- enqueue() never resolves a caller's temporary objects; schedule backfills capped.
 --
 -- enqueue() as in version 15, plus:
 --   - "uniqueScope" (with a "uniqueKey"): which unfinished job holding the key counts as this
@@ -217,3 +217,6 @@ BEGIN
 END;
 $$;
 
+-- Schedules: how many missed ticks a backfill enqueues at most (the latest ones); NULL: the
+-- default (100). A previous release's scheduler ignores it.
+ALTER TABLE schedules ADD COLUMN backfill_limit integer CHECK (backfill_limit BETWEEN 1 AND 1000);

@@ -901,6 +901,10 @@ export const routes = {
                 payload: {},
                 jobOptions: { type: "object", additionalProperties: true },
                 backfill: { type: "boolean" },
+                backfillLimit: {
+                  type: ["integer", "null"],
+                  description: "with backfill: the most missed ticks enqueued after downtime (the latest)",
+                },
                 nextRunAt: TIME,
                 lastRunAt: TIME,
                 lastJobId: { type: ["string", "null"] },
