@@ -245,7 +245,9 @@ export async function enqueueReplacing(
     const byStatement = new Map<string, KeyGroup[]>();
     for (const g of pending) {
       const k = upsertKey(g.timeFrom !== undefined, g.scope);
-      byStatement.set(k, [...(byStatement.get(k) ?? []), g]);
+      const same = byStatement.get(k);
+      if (same) same.push(g);
+      else byStatement.set(k, [g]);
     }
     for (const [k, groupsOfStatement] of [...byStatement].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
       const rows = await run(db, st.upserts.get(k)!, jobArrays(groupsOfStatement.map((g) => rowOf(g, jobs)).sort(byKey)));
