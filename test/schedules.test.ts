@@ -74,6 +74,59 @@ test("after downtime a schedule enqueues only its latest missed tick, unless it 
   assert.equal(await lh.scheduler().runOnce(), 0, "nothing more is due");
 });
 
+test("a backfill after a long outage is capped: the latest 100 ticks by default, or the schedule's own limit up to 1000", async (t) => {
+  const lh = await freshLeasehold(t);
+  await lh.schedule({ name: "per-second", cron: "* * * * * *", task: "t", backfill: true });
+  await lh.schedule({ name: "per-second-5", cron: "* * * * * *", task: "t", backfill: 5 });
+  await lh.schedule({ name: "per-second-max", cron: "* * * * * *", task: "t", backfill: 1000 });
+  assert.deepEqual(
+    (await lh.listSchedules()).map((s) => [s.name, s.backfill, s.backfillLimit]),
+    [
+      ["per-second", true, 100],
+      ["per-second-5", true, 5],
+      ["per-second-max", true, 1000],
+    ],
+  );
+  // Down for a day: 86,400 missed ticks each.
+  await lh.pool.query("UPDATE schedules SET next_run_at = date_trunc('second', now()) - interval '1 day'");
+  const made = await lh.scheduler().runOnce();
+  const ticks = async (name: string) =>
+    (
+      await lh.pool.query<{ n: number; latest: boolean }>(
+        "SELECT count(*)::int AS n, max(run_at) >= date_trunc('second', now()) - interval '2 seconds' AS latest FROM jobs WHERE unique_key LIKE $1",
+        [`schedule:${name}:%`],
+      )
+    ).rows[0]!;
+  assert.deepEqual(await ticks("per-second"), { n: 100, latest: true }, "the latest 100, not 86,400");
+  assert.deepEqual(await ticks("per-second-5"), { n: 5, latest: true });
+  assert.deepEqual(await ticks("per-second-max"), { n: 1000, latest: true });
+  assert.equal(made, 1105);
+  // A schedule saved before the limit existed (backfill on, no limit stored) takes the default.
+  await lh.pool.query("DELETE FROM jobs");
+  await lh.pool.query("UPDATE schedules SET backfill_limit = NULL, next_run_at = date_trunc('second', now()) - interval '1 day'");
+  await lh.scheduler().runOnce();
+  assert.equal((await ticks("per-second-max")).n, 100);
+
+  // The CLI: --backfill N (checked as lh.schedule checks it).
+  const cli = (...args: string[]) => runCli(["schedules", "add", ...args], { schema: lh.schema });
+  const added = await cli("cli-5", "--cron", "* * * * * *", "--task", "t", "--backfill", "5", "--json");
+  assert.equal(added.code, 0, added.stderr);
+  assert.equal((await lh.listSchedules()).find((s) => s.name === "cli-5")?.backfillLimit, 5);
+  const tooMany = await cli("cli-big", "--cron", "* * * * * *", "--task", "t", "--backfill", "5000");
+  assert.notEqual(tooMany.code, 0);
+  assert.match(tooMany.stderr, /backfill must be true \(at most 100 missed ticks\), false, or .* from 1 to 1000 \(got 5000\)/);
+
+  for (const backfill of [0, 1001, 2.5, "yes", -1]) {
+    await assert.rejects(
+      lh.schedule({ name: "bad", cron: "* * * * *", task: "t", backfill: backfill as never }),
+      (err: Error) =>
+        err instanceof ValidationError &&
+        /schedule bad: backfill must be true \(at most 100 missed ticks\), false, or .* from 1 to 1000/.test(err.message),
+      String(backfill),
+    );
+  }
+});
+
 test("time zones: a daily 09:00 in New York is 09:00 there, summer or winter", async (t) => {
   const lh = await freshLeasehold(t);
   const saved = await lh.schedule({ name: "morning", cron: "0 9 * * *", timezone: "America/New_York", task: "t" });
@@ -81,7 +134,7 @@ test("time zones: a daily 09:00 in New York is 09:00 there, summer or winter", a
   assert.equal(local.format(saved.nextRunAt), "09:00");
   assert.ok(saved.nextRunAt.getTime() > Date.now() && saved.nextRunAt.getTime() <= Date.now() + 86_400_000);
   // Walk the next year's ticks through both DST changes: always 09:00 local.
-  await lh.pool.query("UPDATE schedules SET next_run_at = now() - interval '366 days', backfill = true");
+  await lh.pool.query("UPDATE schedules SET next_run_at = now() - interval '366 days', backfill = true, backfill_limit = 1000");
   await lh.scheduler().runOnce();
   const ticks = (await lh.pool.query<{ run_at: Date }>("SELECT run_at FROM jobs ORDER BY run_at")).rows.map((r) => r.run_at);
   assert.ok(ticks.length >= 365, `${ticks.length} ticks`);

@@ -14,7 +14,7 @@ import { ConfigError, JobNotFoundError, JobStateError, UnknownQueueError, Valida
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
 import { checkJobId } from "./jobs/ids.js";
-import { checkName, closestName, integerIn, normalizeJob } from "./jobs/validate.js";
+import { checkBatchKeyScopes, checkName, closestName, integerIn, normalizeJob } from "./jobs/validate.js";
 import { normalizeQueueLimits } from "./jobs/flow-limits.js";
 import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } from "./jobs/known-tasks.js";
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
@@ -307,12 +307,16 @@ export class Leasehold {
 
   private async writeJobs(jobs: NewJob[], target: EnqueueTarget): Promise<EnqueuedJob[]> {
     const normalized = jobs.map((j, i) => normalizeJob(j, `job ${i}`));
+    checkBatchKeyScopes(normalized, (i) => `job ${i}`);
     // Refusing must come first; a warning can be worked out while the jobs are written.
     const checking = this.knownTasks.check(normalized, (i) => `job ${i}`);
     if (this.knownTasks.mode === "refuse") await checking;
     // Replacing on a duplicate key frees a running job's key and enqueues its successor in
     // several statements: one transaction, always.
     const replacing = store.hasReplaceModes(normalized);
+    // A batch with unique keys may be refused after its insert (a key held outside a job's
+    // uniqueScope): one transaction, so the refusal writes nothing.
+    const atomic = replacing || (normalized.length > 1 && normalized.some((j) => j.uniqueKey !== null));
     const insertAll = async (db: Queryable, schema?: string) => {
       const out: EnqueuedJob[] = [];
       for (let i = 0; i < normalized.length; i += ENQUEUE_CHUNK) {
@@ -324,7 +328,7 @@ export class Leasehold {
     if (target.db !== undefined) {
       checkCallerClient(target.db);
       enqueued =
-        normalized.length <= ENQUEUE_CHUNK && !replacing
+        normalized.length <= ENQUEUE_CHUNK && !atomic
           ? await insertAll(target.db, this.schema)
           : await allOrNothing(target.db, () => insertAll(target.db!, this.schema));
     } else if (this.nats) {
@@ -339,12 +343,10 @@ export class Leasehold {
         return out;
       };
       const inserted =
-        normalized.length <= ENQUEUE_CHUNK && !replacing
-          ? await insertPublishing(this.pool)
-          : await store.withTransaction(this.pool, insertPublishing);
+        normalized.length <= ENQUEUE_CHUNK && !atomic ? await insertPublishing(this.pool) : await store.withTransaction(this.pool, insertPublishing);
       if (publishing !== undefined) await this.publishNew(normalized, inserted);
       enqueued = inserted.map(({ due: _due, ...job }) => job);
-    } else if (normalized.length <= ENQUEUE_CHUNK && !replacing) {
+    } else if (normalized.length <= ENQUEUE_CHUNK && !atomic) {
       enqueued = await store.enqueueJobs(this.pool, normalized);
     } else {
       enqueued = await store.withTransaction(this.pool, (client) => insertAll(client));

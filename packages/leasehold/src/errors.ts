@@ -78,6 +78,26 @@ export class JobStateError extends LeaseholdError {
 }
 
 /**
+ * An enqueue's unique key is held by an unfinished job outside the enqueue's `uniqueScope` (of
+ * another task, or in another queue): that job is not its duplicate, so it is neither answered,
+ * replaced nor cancelled, and nothing was written.
+ */
+export class UniqueKeyConflictError extends LeaseholdError {
+  constructor(
+    readonly uniqueKey: string,
+    readonly heldBy: { id: string; task: string; queue: string },
+    readonly scope: "task" | "queue",
+  ) {
+    super(
+      "unique_key_conflict",
+      `uniqueKey ${JSON.stringify(uniqueKey)} is held by unfinished job ${heldBy.id} of task ${JSON.stringify(heldBy.task)} in queue ` +
+        `${JSON.stringify(heldBy.queue)}: unique keys are matched within the ${scope} (uniqueScope), and a key is held by one ` +
+        `unfinished job at a time; use a key that names the ${scope}, or uniqueScope "global" to share it`,
+    );
+  }
+}
+
+/**
  * A worker's stable name is held by another live process: a name stands for one process at a
  * time (two with one name would each take the other for a dead predecessor).
  */

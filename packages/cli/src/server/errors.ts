@@ -19,6 +19,7 @@ const STATUS_BY_CODE: Record<string, number> = {
   name_in_use: 409,
   worker_id_in_use: 409,
   invalid_identity: 403,
+  unique_key_conflict: 409,
 };
 
 export interface ErrorBody {

@@ -227,6 +227,12 @@ const newJob = object(
         "waiting one this payload and run time (debounce), or frees the key from a running one and enqueues this job; replace_payload " +
         "as replace but a waiting job keeps its time; cancel_running as replace, and a running holder's cancel is requested",
     },
+    uniqueScope: {
+      type: "string",
+      description:
+        "which unfinished job holding uniqueKey is this job's duplicate (needs one; docs/api.md): task (default) one of the same task, " +
+        "queue one in the same queue, global any; a holder outside the scope is left alone and the enqueue refused (409 unique_key_conflict)",
+    },
     key: {
       type: "string",
       minLength: 1,
@@ -960,6 +966,10 @@ export const routes = {
                 payload: {},
                 jobOptions: { type: "object", additionalProperties: true },
                 backfill: { type: "boolean" },
+                backfillLimit: {
+                  type: ["integer", "null"],
+                  description: "with backfill: the most missed ticks enqueued after downtime (the latest)",
+                },
                 nextRunAt: TIME,
                 lastRunAt: TIME,
                 lastJobId: { type: ["string", "null"] },

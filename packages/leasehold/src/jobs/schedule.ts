@@ -6,7 +6,7 @@
  */
 import { Cron } from "croner";
 import { ValidationError } from "../errors.js";
-import type { ScheduleInput, ScheduleJobOptions } from "../store/schedules.js";
+import { DEFAULT_BACKFILL_LIMIT, MAX_BACKFILL_LIMIT, type ScheduleInput, type ScheduleJobOptions } from "../store/schedules.js";
 import { checkName, describeValue, normalizeJob, suggest } from "./validate.js";
 
 export interface ScheduleDefinition {
@@ -19,8 +19,11 @@ export interface ScheduleDefinition {
   queue?: string;
   /** An IANA time zone ("Europe/Paris"); default UTC. */
   timezone?: string;
-  /** After downtime, enqueue every missed tick (true), or only the latest (false, the default). */
-  backfill?: boolean;
+  /**
+   * After downtime: enqueue only the latest missed tick (false, the default), or the latest
+   * missed ticks up to a limit: true for 100, or a number from 1 to 1000. Older ones are skipped.
+   */
+  backfill?: boolean | number;
   priority?: number;
   maxAttempts?: number;
   leaseMs?: number;
@@ -100,9 +103,7 @@ export function normalizeSchedule(def: ScheduleDefinition): Omit<ScheduleInput, 
   const where = `schedule ${def.name}`;
   const timezone = def.timezone ?? "UTC";
   const parsed = parseCron(def.cron, timezone, `${where}: cron`);
-  if (def.backfill !== undefined && typeof def.backfill !== "boolean") {
-    throw new ValidationError(`${where}: backfill must be true or false (got ${describeValue(def.backfill)})`);
-  }
+  const backfillLimit = backfillLimitOf(def.backfill, where);
   const job = normalizeJob(
     {
       task: def.task,
@@ -126,7 +127,21 @@ export function normalizeSchedule(def: ScheduleDefinition): Omit<ScheduleInput, 
     queue: job.queue,
     payloadJson: job.payloadJson,
     jobOptions,
-    backfill: def.backfill ?? false,
+    backfill: backfillLimit !== null,
+    backfillLimit,
     parsed,
   };
+}
+
+/** A schedule's `backfill` as the most missed ticks it enqueues, or null for none but the latest. */
+function backfillLimitOf(backfill: unknown, where: string): number | null {
+  if (backfill === undefined || backfill === false) return null;
+  if (backfill === true) return DEFAULT_BACKFILL_LIMIT;
+  if (typeof backfill !== "number" || !Number.isInteger(backfill) || backfill < 1 || backfill > MAX_BACKFILL_LIMIT) {
+    throw new ValidationError(
+      `${where}: backfill must be true (at most ${DEFAULT_BACKFILL_LIMIT} missed ticks), false, or the most missed ticks to enqueue, ` +
+        `an integer from 1 to ${MAX_BACKFILL_LIMIT} (got ${describeValue(backfill)})`,
+    );
+  }
+  return backfill;
 }

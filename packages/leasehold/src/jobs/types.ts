@@ -39,6 +39,13 @@ export interface EnqueueOptions {
    */
   onDuplicate?: OnDuplicate;
   /**
+   * Which unfinished job holding `uniqueKey` is this job's duplicate (needs a `uniqueKey`):
+   * "task" (the default) one of the same task, "queue" one in the same queue, "global" any. A
+   * key is held by one unfinished job at a time: an enqueue meeting a holder outside its scope
+   * is refused (`UniqueKeyConflictError`), and that job is left untouched.
+   */
+  uniqueScope?: UniqueScope;
+  /**
    * The job's flow-control key (a tenant, a customer, an entity id): the queue's per-key limits
    * and rates count it, and keys take turns (docs/flow-control.md). 1-512 characters.
    */
@@ -72,6 +79,10 @@ export interface EnqueueOptions {
  */
 export type OnDuplicate = "keep" | "replace" | "replace_payload" | "cancel_running";
 export const ON_DUPLICATE_MODES: readonly OnDuplicate[] = ["keep", "replace", "replace_payload", "cancel_running"];
+
+/** See `EnqueueOptions.uniqueScope`. */
+export type UniqueScope = "task" | "queue" | "global";
+export const UNIQUE_SCOPES: readonly UniqueScope[] = ["task", "queue", "global"];
 
 /** A job's headers: names to string values (see `EnqueueOptions.headers`). */
 export type JobHeaders = Record<string, string>;

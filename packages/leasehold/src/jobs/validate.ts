@@ -3,7 +3,7 @@
  * fails the whole batch with an error that names the job and the problem.
  */
 import { ValidationError } from "../errors.js";
-import { ON_DUPLICATE_MODES, type NewJob, type OnDuplicate } from "./types.js";
+import { ON_DUPLICATE_MODES, UNIQUE_SCOPES, type NewJob, type OnDuplicate, type UniqueScope } from "./types.js";
 
 export const DEFAULT_QUEUE = "default";
 export const DEFAULT_MAX_ATTEMPTS = 25;
@@ -12,6 +12,10 @@ export const MIN_LEASE_MS = 1_000;
 export const MAX_LEASE_MS = 24 * 3600_000;
 export const MAX_UNIQUE_KEY_LENGTH = 512;
 export const MAX_FLOW_KEY_LENGTH = 512;
+/** How far ahead a job may be put off (`delayMs`, `runAt`): 3650 days. */
+export const MAX_DELAY_MS = 3650 * 86_400_000;
+/** The earliest `runAt`: a time before it is a mistake (a zero date, seconds taken for milliseconds). */
+export const MIN_RUN_AT = new Date("1970-01-01T00:00:00Z");
 /**
  * jsonb's parser recurses once per level; at PostgreSQL's smallest stack setting
  * (max_stack_depth 100kB) it accepted 500 levels and refused 1,000. 256 leaves room.
@@ -29,6 +33,7 @@ const JOB_KEYS = new Set([
   "maxAttempts",
   "uniqueKey",
   "onDuplicate",
+  "uniqueScope",
   "key",
   "leaseMs",
   "progressTimeoutMs",
@@ -51,6 +56,8 @@ export interface NormalizedJob {
   uniqueKey: string | null;
   /** What to do when an unfinished job holds the unique key; absent: "keep". */
   onDuplicate?: OnDuplicate;
+  /** Which holder of the unique key is a duplicate; absent: "task". */
+  uniqueScope?: UniqueScope;
   /** The flow-control key; null or absent when the job has none. */
   flowKey?: string | null;
   leaseMs: number | null;
@@ -105,22 +112,22 @@ export function normalizeJob(job: NewJob, where = "job"): NormalizedJob {
   if (job.runAt !== undefined && job.delayMs !== undefined) {
     throw new ValidationError(`${where}: give runAt or delayMs, not both`);
   }
-  if (job.runAt !== undefined && (!(job.runAt instanceof Date) || Number.isNaN(job.runAt.getTime()))) {
-    throw new ValidationError(`${where}: runAt must be a valid Date`);
-  }
+  if (job.runAt !== undefined) checkRunAt(job.runAt, `${where}: runAt`);
   if (job.uniqueKey !== undefined) checkText(job.uniqueKey, `${where}: uniqueKey`, MAX_UNIQUE_KEY_LENGTH);
   if (job.key !== undefined) checkText(job.key, `${where}: key`, MAX_FLOW_KEY_LENGTH);
   const onDuplicate = checkOnDuplicate(job, where);
+  const uniqueScope = checkUniqueScope(job, where);
   return {
     queue,
     task: job.task,
     payloadJson: serializePayload(job.payload === undefined ? {} : job.payload, where),
     priority: integerIn(job.priority ?? 0, -32768, 32767, `${where}: priority`),
     runAt: job.runAt ?? null,
-    delayMs: integerIn(job.delayMs ?? 0, 0, 10 * 365 * 86_400_000, `${where}: delayMs`),
+    delayMs: integerIn(job.delayMs ?? 0, 0, MAX_DELAY_MS, `${where}: delayMs`),
     maxAttempts: integerIn(job.maxAttempts ?? DEFAULT_MAX_ATTEMPTS, 1, 1000, `${where}: maxAttempts`),
     uniqueKey: job.uniqueKey ?? null,
     ...(onDuplicate !== "keep" && { onDuplicate }),
+    ...(uniqueScope !== "task" && { uniqueScope }),
     flowKey: job.key ?? null,
     leaseMs: job.leaseMs === undefined ? null : integerIn(job.leaseMs, MIN_LEASE_MS, MAX_LEASE_MS, `${where}: leaseMs`),
     progressTimeoutMs: optionalLimit(job.progressTimeoutMs, `${where}: progressTimeoutMs`),
@@ -146,6 +153,61 @@ function checkOnDuplicate(job: NewJob, where: string): OnDuplicate {
     );
   }
   return mode as OnDuplicate;
+}
+
+/**
+ * A run time: a valid Date from MIN_RUN_AT to MAX_DELAY_MS ahead. "Ahead" is this process's
+ * clock: a bound against mistakes, not a schedule, so a skewed clock only moves the bound.
+ */
+export function checkRunAt(value: unknown, what: string): asserts value is Date {
+  if (!(value instanceof Date) || Number.isNaN(value.getTime())) throw new ValidationError(`${what} must be a valid Date`);
+  if (value.getTime() < MIN_RUN_AT.getTime() || value.getTime() > Date.now() + MAX_DELAY_MS) {
+    throw new ValidationError(`${what} must be from ${MIN_RUN_AT.toISOString()} to 3650 days from now (got ${value.toISOString()})`);
+  }
+}
+
+/** The job's `uniqueScope`: one of the scopes, and only with a unique key. */
+function checkUniqueScope(job: NewJob, where: string): UniqueScope {
+  const scope: unknown = job.uniqueScope;
+  if (scope === undefined) return "task";
+  if (typeof scope !== "string" || !UNIQUE_SCOPES.includes(scope as UniqueScope)) {
+    const hint = typeof scope === "string" ? suggest(scope, UNIQUE_SCOPES) : "";
+    throw new ValidationError(
+      `${where}: uniqueScope must be one of ${UNIQUE_SCOPES.map((m) => `"${m}"`).join(", ")} (got ${describeValue(scope)})${hint}`,
+    );
+  }
+  if (job.uniqueKey === undefined) {
+    throw new ValidationError(`${where}: uniqueScope ${JSON.stringify(scope)} needs a uniqueKey (it says which job holding the key is a duplicate)`);
+  }
+  return scope as UniqueScope;
+}
+
+/**
+ * Jobs of one batch sharing a unique key are enqueued as if one after the other: each must
+ * take every earlier one as its duplicate (within its scope), or the batch is refused: the
+ * later one would be refused on its own, and a batch is written whole or not at all.
+ */
+export function checkBatchKeyScopes(jobs: readonly NormalizedJob[], where: (i: number) => string): void {
+  const first = new Map<string, { index: number; tasks: Set<string>; queues: Set<string> }>();
+  jobs.forEach((job, i) => {
+    if (job.uniqueKey === null) return;
+    const seen = first.get(job.uniqueKey);
+    if (!seen) {
+      first.set(job.uniqueKey, { index: i, tasks: new Set([job.task]), queues: new Set([job.queue]) });
+      return;
+    }
+    const scope = job.uniqueScope ?? "task";
+    const other =
+      scope === "task" ? [...seen.tasks].find((t) => t !== job.task) : scope === "queue" ? [...seen.queues].find((q) => q !== job.queue) : undefined;
+    if (other !== undefined) {
+      throw new ValidationError(
+        `${where(i)}: uniqueKey ${JSON.stringify(job.uniqueKey)} is shared with ${where(seen.index)} of ${scope} ${JSON.stringify(other)}, ` +
+          `outside this job's uniqueScope ${JSON.stringify(scope)} (a key is held by one unfinished job at a time)`,
+      );
+    }
+    seen.tasks.add(job.task);
+    seen.queues.add(job.queue);
+  });
 }
 
 /** A progress timeout or maximum run time: absent, or MIN_LIMIT_MS..MAX_LIMIT_MS. */

@@ -4,7 +4,9 @@
  * with one cheap statement (and sleeps until it, at most 5 s) and, when one is due, in a
  * single transaction: locks the due schedules (SKIP LOCKED: another scheduler takes the
  * rest), enqueues one job per tick to run (keyed `schedule:<name>:<tick>`, run_at = the
- * tick) and moves each schedule past them.
+ * tick) and moves each schedule past them. After downtime that is the latest missed tick, or
+ * with backfill the latest ones up to the schedule's limit (at most MAX_BACKFILL_LIMIT): a
+ * per-second schedule down for a day enqueues at most that many jobs, not 86,400.
  * Exactly one job per tick, however many schedulers there are. Ticks are computed on the
  * database's clock.
  */
@@ -19,8 +21,6 @@ import { MaintenanceService } from "./service.js";
 export const DEFAULT_SCHEDULER_INTERVAL_MS = 1_000;
 /** Schedules handled per transaction; more wait for the next run. */
 const SCHEDULES_PER_RUN = 100;
-/** Missed ticks enqueued per schedule per run when backfilling; the rest follow on later runs. */
-export const BACKFILL_PER_RUN = 1_000;
 
 /** With nothing due soon, the scheduler still looks this often (a new schedule's first tick is at most this late). */
 export const MAX_IDLE_PROBE_MS = 5_000;
@@ -72,11 +72,15 @@ export class Scheduler extends MaintenanceService<number> {
           this.logger.error({ schedule: s.name, err: (err as Error).message }, "schedule's pattern no longer parses; skipped");
           continue;
         }
-        const ticks = s.backfill ? ticksFrom(cron, s.nextRunAt, now) : [latestTick(cron, s.nextRunAt, now)].filter((t): t is Date => t !== null);
-        if (!s.backfill && ticks[0] && ticks[0].getTime() > s.nextRunAt.getTime()) {
+        const ticks = s.backfill
+          ? latestTicks(cron, s.nextRunAt, now, s.backfillLimit ?? 1)
+          : [latestTick(cron, s.nextRunAt, now)].filter((t): t is Date => t !== null);
+        if (ticks[0] && ticks[0].getTime() > s.nextRunAt.getTime()) {
           this.logger.warn(
-            { schedule: s.name, missedSince: s.nextRunAt, enqueued: ticks[0] },
-            "schedule missed ticks (no scheduler ran); only the latest is enqueued (backfill off)",
+            { schedule: s.name, missedSince: s.nextRunAt, enqueuedFrom: ticks[0], enqueued: ticks.length },
+            s.backfill
+              ? "schedule missed more ticks than its backfill limit (no scheduler ran); only the latest are enqueued"
+              : "schedule missed ticks (no scheduler ran); only the latest is enqueued (backfill off)",
           );
         }
         for (const tick of ticks) {
@@ -89,6 +93,8 @@ export class Scheduler extends MaintenanceService<number> {
             delayMs: 0,
             maxAttempts: s.jobOptions.maxAttempts ?? 25,
             uniqueKey: `schedule:${s.name}:${tick.toISOString()}`,
+            // The key names its schedule: whatever task the schedule had at that tick holds it.
+            uniqueScope: "global",
             leaseMs: s.jobOptions.leaseMs ?? null,
             progressTimeoutMs: s.jobOptions.progressTimeoutMs ?? null,
             maxRunMs: s.jobOptions.maxRunMs ?? null,
@@ -97,8 +103,7 @@ export class Scheduler extends MaintenanceService<number> {
           owners.push({ name: s.name });
         }
         const last = ticks[ticks.length - 1];
-        // After the last tick enqueued (a capped backfill goes on from there next run), or
-        // after now when nothing was due after all.
+        // After the last tick enqueued, or after now when nothing was due after all.
         const next = nextTick(cron, last ?? now);
         // A pattern with no more ticks (a date in the past) parks far in the future.
         advances.push({ name: s.name, nextRunAt: next ?? new Date("9999-12-31T00:00:00Z"), lastRunAt: last ?? null, lastJobId: null });
@@ -117,15 +122,21 @@ export class Scheduler extends MaintenanceService<number> {
   }
 }
 
-/** Every tick in [from, now], at most BACKFILL_PER_RUN. (`from` is a tick unless edited by hand: start at the first tick not before it.) */
-function ticksFrom(cron: ReturnType<typeof parseCron>, from: Date, now: Date): Date[] {
-  const ticks: Date[] = [];
-  for (
-    let t = nextTick(cron, new Date(from.getTime() - 1));
-    t && t.getTime() <= now.getTime() && ticks.length < BACKFILL_PER_RUN;
-    t = nextTick(cron, t)
-  ) {
-    ticks.push(t);
+/**
+ * The latest `limit` ticks in [from, now], oldest first. (`from` is a tick unless edited by
+ * hand: start at the first tick not before it.) Found by widening a window back from `now`
+ * (1 s, 2 s, 4 s, ...) until it holds `limit` ticks or reaches `from`: walking from `from`
+ * after a long outage of a per-second schedule would take millions of steps.
+ */
+function latestTicks(cron: ReturnType<typeof parseCron>, from: Date, now: Date, limit: number): Date[] {
+  if (from.getTime() > now.getTime()) return [];
+  for (let width = 1_000; ; width *= 2) {
+    const start = Math.max(from.getTime() - 1, now.getTime() - width);
+    const ticks: Date[] = [];
+    for (let t = nextTick(cron, new Date(start)); t && t.getTime() <= now.getTime(); t = nextTick(cron, t)) {
+      ticks.push(t);
+      if (ticks.length > limit) ticks.shift();
+    }
+    if (ticks.length >= limit || start <= from.getTime() - 1) return ticks;
   }
-  return ticks;
 }

@@ -24,6 +24,18 @@ import { run, statement, type Statement } from "./sql.js";
 import { JOB_COLUMNS, JOB_ROWS, jobArrays } from "./job-rows.js";
 import type { NormalizedJob } from "../jobs/validate.js";
 import type { EnqueuedJob } from "../jobs/types.js";
+import { UniqueKeyConflictError } from "../errors.js";
+
+/**
+ * Refuses a job whose unique key is held by an unfinished job outside its `uniqueScope` (of
+ * another task, or in another queue): that job is not its duplicate, and the key cannot be held
+ * twice (the index is on the key alone, as a previous release's enqueues expect).
+ */
+export function checkHolderInScope(job: NormalizedJob, holder: { id: string; task: string; queue: string }): void {
+  const scope = job.uniqueScope ?? "task";
+  if (scope === "task" && holder.task !== job.task) throw new UniqueKeyConflictError(job.uniqueKey!, holder, "task");
+  if (scope === "queue" && holder.queue !== job.queue) throw new UniqueKeyConflictError(job.uniqueKey!, holder, "queue");
+}
 
 interface Names {
   jobs: string;
@@ -35,13 +47,23 @@ interface Names {
 
 const OWN: Names = { jobs: "jobs", outbox: "dispatch_outbox", natsActive: "nats_dispatch_active", schemaName: "current_schema()" };
 
-const upsertText = (n: Names, moveTime: boolean) => `
+/**
+ * Which holders a group of jobs with one key may replace: of the same task, in the same queue
+ * (both for a group whose jobs ask for both), or any.
+ */
+interface Scope {
+  byTask: boolean;
+  byQueue: boolean;
+}
+
+const upsertText = (n: Names, moveTime: boolean, scope: Scope) => `
 WITH upserted AS (
   INSERT INTO ${n.jobs} AS cur ${JOB_COLUMNS}
   ${JOB_ROWS}
   ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
      SET payload = excluded.payload${moveTime ? ",\n         run_at = excluded.run_at" : ""}
-   WHERE cur.state <> 'running'
+   -- a holder outside the scope is left alone (and locked), and refused below
+   WHERE cur.state <> 'running'${scope.byTask ? " AND cur.task = excluded.task" : ""}${scope.byQueue ? " AND cur.queue = excluded.queue" : ""}
   -- xmax is 0 only on a row this statement inserted (an updated one carries our lock)
   RETURNING cur.id, cur.unique_key, cur.queue, cur.state, cur.run_at, cur.attempt, cur.xmax::text = '0' AS inserted
 )${
@@ -80,18 +102,43 @@ UPDATE ${n.jobs} AS j
  WHERE j.unique_key = f.unique_key AND j.state = 'running'
 RETURNING j.id, f.unique_key`;
 
+/** The holders of keys an upsert left alone (running, or outside the scope), locked by it. */
+const holdersText = (n: Names) => `
+SELECT id, unique_key, task, queue FROM ${n.jobs} WHERE unique_key = ANY($1::text[])`;
+
 const UPSERTED = { id: "int8", unique_key: "text", inserted: "bool" } as const;
-const REPLACE_JOBS = statement("enqueueJobs (replace on duplicate key)", upsertText(OWN, true), UPSERTED);
-const REPLACE_PAYLOADS = statement("enqueueJobs (replace payload on duplicate key)", upsertText(OWN, false), UPSERTED);
+type Upsert = Statement<typeof UPSERTED>;
+const SCOPES: Scope[] = [
+  { byTask: true, byQueue: false },
+  { byTask: false, byQueue: false },
+  { byTask: false, byQueue: true },
+  { byTask: true, byQueue: true },
+];
+const scopeName = (s: Scope) => (s.byTask ? (s.byQueue ? "task and queue" : "task") : s.byQueue ? "queue" : "global");
+const upsertName = (moveTime: boolean, s: Scope) =>
+  `enqueueJobs (${moveTime ? "replace" : "replace payload"} on duplicate key, ${scopeName(s)} scope)`;
+/** upsert statements by `${moveTime}/${byTask}/${byQueue}`. */
+const upsertKey = (moveTime: boolean, s: Scope) => `${moveTime}/${s.byTask}/${s.byQueue}`;
+const UPSERTS = new Map<string, Upsert>(
+  [true, false].flatMap((moveTime) =>
+    SCOPES.map((sc) => [upsertKey(moveTime, sc), statement(upsertName(moveTime, sc), upsertText(OWN, moveTime, sc), UPSERTED)] as const),
+  ),
+);
 const FREE_KEYS = statement("enqueueJobs (free keys of running jobs)", freeText(OWN), { id: "int8", unique_key: "text" });
+const HOLDERS = statement("enqueueJobs (holders of keys left alone)", holdersText(OWN), {
+  id: "int8",
+  unique_key: "text",
+  task: "text",
+  queue: "text",
+});
 
 interface DuplicateStatements {
-  replace: typeof REPLACE_JOBS;
-  replacePayload: typeof REPLACE_PAYLOADS;
+  upserts: Map<string, Upsert>;
   free: typeof FREE_KEYS;
+  holders: typeof HOLDERS;
 }
 
-const UNQUALIFIED: DuplicateStatements = { replace: REPLACE_JOBS, replacePayload: REPLACE_PAYLOADS, free: FREE_KEYS };
+const UNQUALIFIED: DuplicateStatements = { upserts: UPSERTS, free: FREE_KEYS, holders: HOLDERS };
 const qualified = new Map<string, DuplicateStatements>();
 
 /** The statements with the schema named, for a caller's client whose search_path is not ours. */
@@ -108,9 +155,13 @@ function statementsFor(schema: string | undefined): DuplicateStatements {
     };
     const as = <C extends Statement>(st: C, text: string): C => ({ ...st, text });
     s = {
-      replace: as(REPLACE_JOBS, upsertText(n, true)),
-      replacePayload: as(REPLACE_PAYLOADS, upsertText(n, false)),
+      upserts: new Map(
+        [true, false].flatMap((moveTime) =>
+          SCOPES.map((sc) => [upsertKey(moveTime, sc), as(UPSERTS.get(upsertKey(moveTime, sc))!, upsertText(n, moveTime, sc))] as const),
+        ),
+      ),
       free: as(FREE_KEYS, freeText(n)),
+      holders: as(HOLDERS, holdersText(n)),
     };
     qualified.set(schema, s);
   }
@@ -135,6 +186,8 @@ interface KeyGroup {
   freed: string[];
   cancelled?: string;
   answer?: { id: string; inserted: boolean };
+  /** Every member's scope at once: a holder any of them would refuse is refused. */
+  scope: Scope;
 }
 
 /** Whether a batch holds jobs for this module (a keyed job with a replace mode). */
@@ -168,9 +221,12 @@ export async function enqueueReplacing(
     const key = job.uniqueKey!;
     let g = groups.get(key);
     if (!g) {
-      g = { key, members: [], firstReplacer: -1, payloadFrom: job, timeFrom: undefined, freed: [] };
+      g = { key, members: [], firstReplacer: -1, payloadFrom: job, timeFrom: undefined, freed: [], scope: { byTask: false, byQueue: false } };
       groups.set(key, g);
     }
+    const scope = job.uniqueScope ?? "task";
+    if (scope === "task") g.scope.byTask = true;
+    if (scope === "queue") g.scope.byQueue = true;
     if (replaces(job)) {
       if (g.firstReplacer < 0) g.firstReplacer = g.members.length;
       g.payloadFrom = job;
@@ -185,19 +241,25 @@ export async function enqueueReplacing(
         `unique key ${JSON.stringify(pending[0]!.key)} was held by a running job in each of ${maxRounds} rounds; nothing more was written for it`,
       );
     }
-    const byTime = pending.filter((g) => g.timeFrom !== undefined);
-    const byPayload = pending.filter((g) => g.timeFrom === undefined);
-    for (const [groupsOfMode, st_] of [
-      [byTime, st.replace],
-      [byPayload, st.replacePayload],
-    ] as const) {
-      if (groupsOfMode.length === 0) continue;
-      // In key order: two batches that share keys lock their holders in the same order.
-      const rows = await run(db, st_, jobArrays(groupsOfMode.map((g) => rowOf(g, jobs)).sort(byKey)));
+    // In key order: two batches that share keys lock their holders in the same order.
+    const byStatement = new Map<string, KeyGroup[]>();
+    for (const g of pending) {
+      const k = upsertKey(g.timeFrom !== undefined, g.scope);
+      const same = byStatement.get(k);
+      if (same) same.push(g);
+      else byStatement.set(k, [g]);
+    }
+    for (const [k, groupsOfStatement] of [...byStatement].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))) {
+      const rows = await run(db, st.upserts.get(k)!, jobArrays(groupsOfStatement.map((g) => rowOf(g, jobs)).sort(byKey)));
       for (const r of rows) groups.get(r.unique_key)!.answer = { id: r.id, inserted: r.inserted };
     }
     pending = pending.filter((g) => g.answer === undefined);
     if (pending.length === 0) break;
+    // Left alone: a holder outside a member's scope is refused (the transaction rolls back).
+    for (const holder of await run(db, st.holders, [pending.map((g) => g.key)])) {
+      const g = groups.get(holder.unique_key)!;
+      for (const i of g.members) checkHolderInScope(jobs[i]!, holder);
+    }
     // Held by running jobs (locked by the upsert until we commit): free their keys.
     const freed = await run(db, st.free, [
       pending.map((g) => g.key),

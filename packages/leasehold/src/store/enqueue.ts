@@ -2,7 +2,7 @@ import { quoteIdent, type Queryable } from "./db.js";
 import { run, statement, type Statement } from "./sql.js";
 import type { NormalizedJob } from "../jobs/validate.js";
 import type { EnqueuedJob } from "../jobs/types.js";
-import { enqueueReplacing, hasReplaceModes, replacingIndexes } from "./duplicates.js";
+import { checkHolderInScope, enqueueReplacing, hasReplaceModes, replacingIndexes } from "./duplicates.js";
 import { JOB_COLUMNS, JOB_ROWS, jobArrays } from "./job-rows.js";
 
 /**
@@ -24,7 +24,7 @@ RETURNING id, unique_key${returning}`;
 
 const ON_KEY_CONFLICT = "\nON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING";
 const findByKeyText = (jobs: string) => `
-SELECT id, unique_key FROM ${jobs} WHERE unique_key = ANY($1::text[])`;
+SELECT id, unique_key, task, queue FROM ${jobs} WHERE unique_key = ANY($1::text[])`;
 
 /**
  * Keyed jobs make their queue a flow-controlled one (claimed round-robin between keys, through
@@ -40,7 +40,12 @@ ON CONFLICT (name) DO UPDATE SET keyed = true, updated_at = now()`;
 const INSERTED = { id: "int8", unique_key: "text?" } as const;
 const INSERT_JOBS = statement("enqueueJobs", insertJobsText("jobs", ""), INSERTED);
 const INSERT_KEYED_JOBS = statement("enqueueJobs (unique keys)", insertJobsText("jobs", ON_KEY_CONFLICT), INSERTED);
-const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKeyText("jobs"), { id: "int8", unique_key: "text" });
+const FIND_UNFINISHED_BY_KEY = statement("enqueueJobs (existing keys)", findByKeyText("jobs"), {
+  id: "int8",
+  unique_key: "text",
+  task: "text",
+  queue: "text",
+});
 const MARK_KEYED_QUEUES = statement("enqueueJobs (keyed queues)", markKeyedText("queues"), {});
 
 /**
@@ -162,6 +167,11 @@ export async function enqueueJobs(db: Queryable, jobs: NormalizedJob[], schema?:
     // The conflicting jobs are committed (ON CONFLICT waited for them), so a new
     // statement sees them, unless one finished in between: then enqueue that key again.
     const existing = await run(db, st.findByKey, [missing]);
+    const holders = new Map(existing.map((row) => [row.unique_key, row]));
+    jobs.forEach((job, i) => {
+      const holder = !result[i] && holders.get(job.uniqueKey!);
+      if (holder) checkHolderInScope(job, holder);
+    });
     for (const row of existing) byKey.set(row.unique_key, { id: row.id, created: false });
     const finishedMeanwhile = dedupeByKey(jobs.filter((j, i) => !result[i] && !byKey.has(j.uniqueKey!)));
     if (finishedMeanwhile.length > 0) {

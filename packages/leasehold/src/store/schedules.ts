@@ -16,6 +16,8 @@ export interface ScheduleRecord {
   payload: JsonValue;
   jobOptions: ScheduleJobOptions;
   backfill: boolean;
+  /** With backfill: the most missed ticks it enqueues (the latest); null without backfill. */
+  backfillLimit: number | null;
   nextRunAt: Date;
   lastRunAt: Date | null;
   lastJobId: string | null;
@@ -42,13 +44,14 @@ const SCHEDULE_COLUMNS = {
   payload: "jsonb",
   job_options: "jsonb",
   backfill: "bool",
+  backfill_limit: "int4?",
   next_run_at: "timestamptz",
   last_run_at: "timestamptz?",
   last_job_id: "int8?",
   created_at: "timestamptz",
   updated_at: "timestamptz",
 } as const;
-const SELECT_SCHEDULE = `name, cron, timezone, task, queue, payload, job_options, backfill, next_run_at, last_run_at,
+const SELECT_SCHEDULE = `name, cron, timezone, task, queue, payload, job_options, backfill, backfill_limit, next_run_at, last_run_at,
        last_job_id, created_at, updated_at`;
 
 function toRecord(r: RowOf<typeof SCHEDULE_COLUMNS>): ScheduleRecord {
@@ -61,6 +64,8 @@ function toRecord(r: RowOf<typeof SCHEDULE_COLUMNS>): ScheduleRecord {
     payload: r.payload,
     jobOptions: r.job_options as ScheduleJobOptions,
     backfill: r.backfill,
+    // A schedule saved by a release before the limit: the default one.
+    backfillLimit: r.backfill ? (r.backfill_limit ?? DEFAULT_BACKFILL_LIMIT) : null,
     nextRunAt: r.next_run_at,
     lastRunAt: r.last_run_at,
     lastJobId: r.last_job_id,
@@ -68,6 +73,11 @@ function toRecord(r: RowOf<typeof SCHEDULE_COLUMNS>): ScheduleRecord {
     updatedAt: r.updated_at,
   };
 }
+
+/** `backfill: true`: the latest 100 missed ticks at most. */
+export const DEFAULT_BACKFILL_LIMIT = 100;
+/** The most a schedule may ask to backfill (all enqueued in one scheduler run). */
+export const MAX_BACKFILL_LIMIT = 1_000;
 
 const DATABASE_NOW = statement("databaseNow", `SELECT now() AS now`, { now: "timestamptz" });
 
@@ -80,11 +90,12 @@ export async function databaseNow(db: Queryable): Promise<Date> {
 const UPSERT_SCHEDULE = statement(
   "upsertSchedule",
   `
-INSERT INTO schedules AS s (name, cron, timezone, task, queue, payload, job_options, backfill, next_run_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9)
+INSERT INTO schedules AS s (name, cron, timezone, task, queue, payload, job_options, backfill, next_run_at, backfill_limit)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb, $8, $9, $10)
 ON CONFLICT (name) DO UPDATE
    SET cron = EXCLUDED.cron, timezone = EXCLUDED.timezone, task = EXCLUDED.task, queue = EXCLUDED.queue,
        payload = EXCLUDED.payload, job_options = EXCLUDED.job_options, backfill = EXCLUDED.backfill,
+       backfill_limit = EXCLUDED.backfill_limit,
        -- The same pattern keeps its place (a redeploy neither skips nor repeats a tick); a new
        -- one starts from its next tick.
        next_run_at = CASE WHEN (s.cron, s.timezone) = (EXCLUDED.cron, EXCLUDED.timezone) THEN s.next_run_at
@@ -103,6 +114,8 @@ export interface ScheduleInput {
   payloadJson: string;
   jobOptions: ScheduleJobOptions;
   backfill: boolean;
+  /** With backfill: the most missed ticks enqueued after downtime; null without. */
+  backfillLimit: number | null;
   /** The first tick after now, used if the schedule is new or its pattern changed. */
   firstRunAt: Date;
 }
@@ -118,6 +131,7 @@ export async function upsertSchedule(db: Queryable, s: ScheduleInput): Promise<S
     JSON.stringify(s.jobOptions),
     s.backfill,
     s.firstRunAt,
+    s.backfillLimit,
   ]);
   return { ...toRecord(row!), created: row!.created };
 }

@@ -12,13 +12,15 @@ import { ENQUEUE_CHUNK, type Leasehold } from "leasehold/internal/client";
 import { LeaseholdError } from "leasehold/internal/errors";
 import {
   ON_DUPLICATE_MODES,
+  UNIQUE_SCOPES,
   type EnqueuedJob,
   type EnqueueOptions,
   type EnqueueWarning,
   type NewJob,
   type OnDuplicate,
+  type UniqueScope,
 } from "leasehold/internal/jobs/types";
-import { checkName, serializePayload } from "leasehold/internal/jobs/validate";
+import { checkName, checkRunAt, serializePayload } from "leasehold/internal/jobs/validate";
 import type { Cli, Run } from "../context.js";
 import { RemoteOperations, REMOTE_ENQUEUE_BATCH } from "../remote-operations.js";
 import { CliError, describeFailure, EXIT } from "../errors.js";
@@ -38,6 +40,7 @@ interface EnqueueFlags {
   maxAttempts?: number;
   uniqueKey?: string;
   onDuplicate?: string;
+  uniqueScope?: string;
   key?: string;
   lease?: number;
   maxRun?: number | "none";
@@ -62,6 +65,10 @@ export function registerEnqueue(program: Command, run: Run): void {
       "--on-duplicate <mode>",
       "with --unique-key, when an unfinished job holds the key: keep (default), replace (its payload and run time; a running one loses the key), replace_payload (keeps its time), cancel_running (as replace, and cancels a running one)",
     )
+    .option(
+      "--unique-scope <scope>",
+      "with --unique-key, which holder of the key is a duplicate: task (default, one of the same task), queue (one in the same queue), global (any)",
+    )
     .option("--key <key>", "the job's flow-control key (a tenant, a customer): the queue's per-key limits count it, and keys take turns")
     .option("--lease <duration>", "this job's lease (default: the worker's)", duration("--lease"))
     .option(
@@ -78,6 +85,7 @@ export function registerEnqueue(program: Command, run: Run): void {
       const sources = [flags.payload, flags.payloadFile, flags.payloads].filter((s) => s !== undefined).length;
       if (sources > 1) throw new CliError("give one of --payload, --payload-file or --payloads");
       if (flags.delay !== undefined && flags.runAt !== undefined) throw new CliError("give --delay or --run-at, not both");
+      if (flags.runAt !== undefined) checkRunAt(flags.runAt, "--run-at");
       if (flags.payloads !== undefined && flags.uniqueKey !== undefined)
         throw new CliError("--unique-key applies to one job; it cannot be used with --payloads");
       if (flags.onDuplicate !== undefined) {
@@ -87,6 +95,12 @@ export function registerEnqueue(program: Command, run: Run): void {
         if (flags.uniqueKey === undefined)
           throw new CliError("--on-duplicate needs --unique-key (it says what to do when an unfinished job holds the key)");
       }
+      if (flags.uniqueScope !== undefined) {
+        if (!UNIQUE_SCOPES.includes(flags.uniqueScope as UniqueScope)) {
+          throw new CliError(`--unique-scope must be one of ${UNIQUE_SCOPES.join(", ")} (got ${JSON.stringify(flags.uniqueScope)})`);
+        }
+        if (flags.uniqueKey === undefined) throw new CliError("--unique-scope needs --unique-key (it says which job holding the key is a duplicate)");
+      }
       const options: EnqueueOptions = {
         ...(flags.queue !== undefined && { queue: flags.queue }),
         ...(flags.priority !== undefined && { priority: flags.priority }),
@@ -95,6 +109,7 @@ export function registerEnqueue(program: Command, run: Run): void {
         ...(flags.maxAttempts !== undefined && { maxAttempts: flags.maxAttempts }),
         ...(flags.uniqueKey !== undefined && { uniqueKey: flags.uniqueKey }),
         ...(flags.onDuplicate !== undefined && { onDuplicate: flags.onDuplicate as OnDuplicate }),
+        ...(flags.uniqueScope !== undefined && { uniqueScope: flags.uniqueScope as UniqueScope }),
         ...(flags.key !== undefined && { key: flags.key }),
         ...(flags.lease !== undefined && { leaseMs: flags.lease }),
         ...(flags.maxRun !== undefined && { maxRunMs: noneAsNull(flags.maxRun) }),

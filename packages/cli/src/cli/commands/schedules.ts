@@ -13,7 +13,7 @@ interface AddFlags {
   payload?: string;
   queue?: string;
   timezone?: string;
-  backfill?: boolean;
+  backfill?: true | number;
   priority?: number;
   maxAttempts?: number;
   unknownTasks?: string;
@@ -41,7 +41,11 @@ export function registerScheduleCommands(program: Command, run: Run): void {
     .option("--payload <json>", "each job's payload (JSON, default {})")
     .option("--queue <queue>", "queue of the jobs (default: default)")
     .option("--timezone <tz>", "IANA time zone of the pattern, e.g. Europe/Paris (default UTC)")
-    .option("--backfill", "after downtime, enqueue every missed tick (default: only the latest)")
+    .option(
+      "--backfill [n]",
+      "after downtime, enqueue the latest missed ticks: at most n (1-1000; 100 without n) (default: only the latest)",
+      backfillFlag,
+    )
     .option("--priority <n>", "the jobs' priority (lower runs first)", int("--priority", -32768, 32767))
     .option("--max-attempts <n>", "the jobs' retry budget", int("--max-attempts", 1, 1000));
   unknownTasksOption(add).action(
@@ -55,7 +59,7 @@ export function registerScheduleCommands(program: Command, run: Run): void {
         ...(flags.payload !== undefined ? { payload: json(flags.payload, "--payload") } : {}),
         ...(flags.queue !== undefined ? { queue: flags.queue } : {}),
         ...(flags.timezone !== undefined ? { timezone: flags.timezone } : {}),
-        ...(flags.backfill ? { backfill: true } : {}),
+        ...(flags.backfill !== undefined ? { backfill: flags.backfill } : {}),
         ...(flags.priority !== undefined ? { priority: flags.priority } : {}),
         ...(flags.maxAttempts !== undefined ? { maxAttempts: flags.maxAttempts } : {}),
       });
@@ -89,6 +93,22 @@ function schedulesTable(list: ScheduleRecord[]): string {
   if (list.length === 0) return "no schedules";
   return table(
     ["NAME", "CRON", "TIMEZONE", "TASK", "QUEUE", "NEXT", "LAST", "BACKFILL"],
-    list.map((s) => [s.name, s.cron, s.timezone, s.task, s.queue, ago(s.nextRunAt), ago(s.lastRunAt), s.backfill ? "yes" : "no"]),
+    list.map((s) => [
+      s.name,
+      s.cron,
+      s.timezone,
+      s.task,
+      s.queue,
+      ago(s.nextRunAt),
+      ago(s.lastRunAt),
+      s.backfill ? `latest ${s.backfillLimit}` : "no",
+    ]),
   );
+}
+
+/** `--backfill` alone is true (the default limit); `--backfill 500` that limit, checked by lh.schedule. */
+function backfillFlag(value: string): number {
+  const n = Number(value);
+  if (!/^\d+$/.test(value) || !Number.isSafeInteger(n)) throw new CliError(`--backfill takes a whole number of ticks (got ${JSON.stringify(value)})`);
+  return n;
 }
