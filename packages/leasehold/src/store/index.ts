@@ -26,7 +26,7 @@ export { claimJobs, claimJobsById } from "./claim.js";
 export type { ClaimParams, ClaimedJobs } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
-export { completeJobs, completeWithin, supersedeJobs, resultsObject } from "./finish.js";
+export { beginWithin, completeJobs, completeWithin, supersedeJobs, resultsObject } from "./finish.js";
 export type { AttemptRef, Completion, Supersession } from "./finish.js";
 export {
   failJobs,
