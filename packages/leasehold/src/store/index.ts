@@ -18,7 +18,7 @@ export {
 export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations, checkSchemaVersion } from "./migrate.js";
 export type { SchemaVersion, AppliedMigration } from "./migrate.js";
-export { resolvePooling, explainStartupRefusal, checkPooledSchema, POOLING_MODES } from "./pooling.js";
+export { resolvePooling, explainStartupRefusal, checkPooledSchema, checkOwnBackend, POOLING_MODES } from "./pooling.js";
 export type { PoolingMode } from "./pooling.js";
 export { enqueueJobs } from "./enqueue.js";
 export { hasReplaceModes } from "./duplicates.js";

@@ -6,7 +6,7 @@
  */
 import { randomUUID } from "node:crypto";
 import os from "node:os";
-import type pg from "pg";
+import pg from "pg";
 import { ConfigError, TransactionMisuseError, WorkerNameInUseError } from "../errors.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
@@ -326,11 +326,13 @@ export class DatabaseTransport implements WorkerTransport {
     if (this.sessionUrl === null) return this.attachWithoutSession(p, announce);
     // One session per worker: it LISTENs, and holds the worker's liveness lock (and its name)
     // for as long as it lives; a new session after a reconnect takes them again.
+    const sessionUrl = this.sessionUrl;
+    const sessionOptions = `-c search_path=${store.quoteIdent(this.schema)}`;
     const listener = new Listener({
-      connectionString: this.sessionUrl,
+      connectionString: sessionUrl,
       channel: store.notifyChannel(this.schema),
       applicationName: "leasehold-worker",
-      sessionOptions: `-c search_path=${store.quoteIdent(this.schema)}`,
+      sessionOptions,
       onNotify: (queue) => {
         if (queue === QUEUE_SETTINGS_CHANGED || queue === undefined) p.onQueueSettings?.();
         if (queue === undefined || wanted.has(queue)) p.wake();
@@ -344,6 +346,17 @@ export class DatabaseTransport implements WorkerTransport {
         },
       },
       onConnect: async (client) => {
+        // Before any lock: a session a transaction pooler shares would leave them behind.
+        await store.checkOwnBackend(
+          client,
+          async () => {
+            const other = new pg.Client({ connectionString: sessionUrl, application_name: "leasehold-worker-check", options: sessionOptions });
+            other.on("error", () => {}); // a backend ended under it fails its query instead
+            await other.connect();
+            return other;
+          },
+          sessionUrl === this.connectionString ? "databaseUrl" : "directDatabaseUrl",
+        );
         const held = await store.lockLiveness(client, {
           workerId: p.workerId,
           name: p.name,
