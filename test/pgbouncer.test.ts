@@ -77,8 +77,8 @@ function capturingLogger(): { logger: pino.Logger; lines: () => { level: number;
 }
 
 /** Advisory locks held by the backends of the pooler's server connections. */
-async function locksOnPooledConnections(): Promise<number> {
-  const pids = await bouncer.serverPids();
+async function locksOnPooledConnections(pooler = bouncer): Promise<number> {
+  const pids = await pooler.serverPids();
   const raw = await rawClient(schema);
   try {
     const { rows } = await raw.query<{ n: number }>(`SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND pid = ANY($1::int[])`, [
@@ -353,6 +353,87 @@ test("a direct URL that goes through the pooler is refused at worker start: its 
   t.after(() => lh.close());
   const worker = lh.worker({ watchdog: false, scheduler: false, handlers: { quick: () => undefined } });
   await assert.rejects(worker.start(), (err: unknown) => err instanceof ConfigError && /directDatabaseUrl refused the `options`/.test(err.message));
+});
+
+/**
+ * A PgBouncer that drops the `options` start-up parameter instead of refusing it, with an alias
+ * in transaction pooling and one in session pooling, both on this file's schema. The session
+ * alias logs in as a role of its own whose search_path is that schema: in session pooling a
+ * leaving client's DISCARD ALL would undo a connect_query, but not the role's default.
+ */
+async function droppingOptions(t: { after(fn: () => Promise<void>): void }): Promise<PgBouncer> {
+  const role = { user: uniqueSchema("lh_sess"), password: `pw-${process.pid}` };
+  const raw = await rawClient(schema);
+  try {
+    await raw.query(`CREATE ROLE ${role.user} LOGIN SUPERUSER PASSWORD '${role.password}'`);
+    await raw.query(`ALTER ROLE ${role.user} SET search_path = ${schema}`);
+  } finally {
+    await raw.end();
+  }
+  const pooler = await PgBouncer.start(
+    databaseUrl(),
+    {
+      txn: { connectQuery: `SET search_path = ${schema}`, poolSize: 4 },
+      sess: { serverUser: role, poolSize: 20, poolMode: "session" },
+    },
+    binary,
+    { ignoreStartupParameters: ["options"] },
+  );
+  t.after(async () => {
+    await pooler.dispose();
+    const raw = await rawClient(schema);
+    await raw.query(`DROP ROLE ${role.user}`).catch(() => {});
+    await raw.end();
+  });
+  return pooler;
+}
+
+test("a transaction pooler that drops options, with pooling left at session: workers refuse to start, saying what to do, and leave no lock behind", async (t) => {
+  if (skip) return t.skip(skip);
+  const pooler = await droppingOptions(t);
+  // Through it, the client itself works: connect_query put its connections on the schema.
+  const lh = await Leasehold.connect({ databaseUrl: pooler.url("txn"), schema, poolSize: 2, logger: silent, metricsRegistry: new Registry() });
+  t.after(() => lh.close());
+  const explained = (err: unknown) =>
+    err instanceof ConfigError &&
+    /databaseUrl hands a session's PostgreSQL connection to other clients/.test(err.message) &&
+    /pooling: "transaction"/.test(err.message) &&
+    /directDatabaseUrl/.test(err.message);
+  // Twice with one name: a first start that took its locks would have the restart refused as
+  // "name in use" by its own leaked lock.
+  for (let i = 0; i < 2; i++) {
+    const worker = lh.worker({ name: `dropped-${schema}`, watchdog: false, scheduler: false, handlers: { quick: () => undefined } });
+    t.after(() => worker.stop(0).catch(() => {}));
+    await assert.rejects(worker.start(), explained);
+  }
+  assert.equal(await locksOnPooledConnections(pooler), 0, "no liveness or name lock on a pooled connection");
+  // As directDatabaseUrl it is refused too: the worker's session must be its own.
+  const pooled = await connect({ directDatabaseUrl: pooler.url("txn") });
+  t.after(() => pooled.close());
+  const worker = pooled.worker({ watchdog: false, scheduler: false, handlers: { quick: () => undefined } });
+  t.after(() => worker.stop(0).catch(() => {}));
+  await assert.rejects(
+    worker.start(),
+    (err: unknown) => err instanceof ConfigError && /^directDatabaseUrl hands/.test(err.message) && /must reach PostgreSQL itself/.test(err.message),
+  );
+  assert.equal(await locksOnPooledConnections(pooler), 0);
+});
+
+test("the same pooler in session pooling is a session of its own: a named worker starts, runs a job, and restarts with its name", async (t) => {
+  if (skip) return t.skip(skip);
+  const pooler = await droppingOptions(t);
+  const lh = await Leasehold.connect({ databaseUrl: pooler.url("sess"), schema, poolSize: 2, logger: silent, metricsRegistry: new Registry() });
+  t.after(() => lh.close());
+  for (let i = 0; i < 2; i++) {
+    const worker = lh.worker({ queues: ["sess"], name: `sess-${schema}`, watchdog: false, scheduler: false, handlers: { quick: () => "ran" } });
+    await worker.start();
+    try {
+      const job = await lh.enqueue("quick", {}, { queue: "sess" });
+      assert.equal((await lh.waitFor(job.id, { timeoutMs: 15_000 })).state, "succeeded");
+    } finally {
+      await worker.stop();
+    }
+  }
 });
 
 test("the CLI: worker and watchdog --pooling transaction through the pooler, the warn line on stderr; --name without --direct-database-url refused", async (t) => {

@@ -1,7 +1,7 @@
 /**
  * A throwaway PgBouncer in transaction pooling, in front of the test PostgreSQL, for the
  * pooler tests: on a free port, its config in a temp directory, one database alias per entry
- * of `aliases` (each with its own connect_query and pool size). PgBouncer refuses to run as
+ * of `aliases` (each with its own connect_query, pool size and, if given, pool mode). PgBouncer refuses to run as
  * root, so as root it runs as the `postgres` user, with its files owned by it. Found on the
  * PATH or in /usr/sbin (Debian's `pgbouncer`).
  */
@@ -24,6 +24,18 @@ export interface PgBouncerAlias {
   connectQuery?: string;
   /** Server connections of this alias at most (default 4). */
   poolSize?: number;
+  /** This alias's pool_mode (default: the pooler's, transaction). */
+  poolMode?: "session" | "transaction";
+  /** The role its server connections log in as (default: the database URL's user and password). */
+  serverUser?: { user: string; password: string };
+}
+
+export interface PgBouncerSettings {
+  /**
+   * Start-up parameters it accepts and drops instead of refusing (ignore_startup_parameters):
+   * with "options", a client's `options` (its search_path, say) silently never arrive.
+   */
+  ignoreStartupParameters?: string[];
 }
 
 /** A value for pgbouncer.ini's connection strings: single-quoted, quotes doubled. */
@@ -41,7 +53,12 @@ export class PgBouncer {
   ) {}
 
   /** Starts one in front of `databaseUrl`; throws if there is no pgbouncer binary. */
-  static async start(databaseUrl: string, aliases: Record<string, PgBouncerAlias>, binary = findPgBouncer()): Promise<PgBouncer> {
+  static async start(
+    databaseUrl: string,
+    aliases: Record<string, PgBouncerAlias>,
+    binary = findPgBouncer(),
+    settings: PgBouncerSettings = {},
+  ): Promise<PgBouncer> {
     if (!binary) throw new Error(`pgbouncer not found: ${PGBOUNCER_INSTALL_HINT}`);
     const target = new URL(databaseUrl);
     const user = decodeURIComponent(target.username) || os.userInfo().username;
@@ -59,10 +76,11 @@ export class PgBouncer {
         `host=${server.host}`,
         `port=${server.port}`,
         `dbname=${quoted(server.dbname)}`,
-        `user=${quoted(server.user)}`,
-        ...(server.password ? [`password=${quoted(server.password)}`] : []),
+        `user=${quoted(a.serverUser?.user ?? server.user)}`,
+        ...((a.serverUser?.password ?? server.password) ? [`password=${quoted(a.serverUser?.password ?? server.password)}`] : []),
         `pool_size=${a.poolSize ?? 4}`,
         ...(a.connectQuery ? [`connect_query=${quoted(a.connectQuery)}`] : []),
+        ...(a.poolMode ? [`pool_mode=${a.poolMode}`] : []),
       ];
       return `${alias} = ${parts.join(" ")}`;
     });
@@ -80,6 +98,7 @@ export class PgBouncer {
         `admin_users = ${user}`,
         `auth_file = ${path.join(dir, "users.txt")}`,
         "pool_mode = transaction",
+        ...(settings.ignoreStartupParameters ? [`ignore_startup_parameters = ${settings.ignoreStartupParameters.join(",")}`] : []),
         "max_client_conn = 200",
         "unix_socket_dir =",
         "",

@@ -134,6 +134,18 @@ export class ConfigError extends LeaseholdError {
 }
 
 /**
+ * A handler broke out of the transaction `ctx.transaction` gave it: it sent COMMIT, ROLLBACK,
+ * BEGIN (or the like) on `tx`, called `tx.release()`, or used `tx` after its callback
+ * returned. Its transaction was rolled back and the attempt fails (through the retry policy):
+ * the job's completion never commits apart from the handler's writes.
+ */
+export class TransactionMisuseError extends LeaseholdError {
+  constructor(message: string) {
+    super("transaction_misuse", message);
+  }
+}
+
+/**
  * The schema is not one this code can run against (docs/upgrading.md): `not_migrated`,
  * `schema_behind` (it lacks migrations this release needs: run `leasehold migrate` first) or
  * `schema_too_new` (a newer release applied a breaking migration). Nothing was changed.

@@ -113,17 +113,26 @@ export async function supersedeJobs(db: Queryable, p: { workerId: string; jobs: 
 }
 
 /**
+ * The transaction-local setting that marks the transaction ctx.transaction began. Transaction
+ * local (set_config's `true`), it is gone once that transaction ends, however it ended.
+ */
+const TRANSACTION_MARKER = "leasehold.transaction";
+
+/**
  * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's
  * own writes and this statement commit together or not at all. Fenced like any completion,
  * and also refused when a cancel was requested: the caller then rolls everything back, so a
  * cancelled job leaves none of its writes. $4 is the attempt's result (JSON) or null. The
  * text names the schema, because the caller's connection runs with its own search_path
- * (where its tables are).
+ * (where its tables are). $5 is the marker BEGIN_WITHIN set: nothing completes unless the
+ * statement runs in that very transaction (`ours`), so a handler that ended it (a COMMIT, a
+ * ROLLBACK) can never have the completion commit apart from its writes.
  */
 const completeWithinText = (s: string) => `
 WITH done AS (
   DELETE FROM ${s}jobs AS j
    WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running' AND j.cancel_requested_at IS NULL
+     AND current_setting('${TRANSACTION_MARKER}', true) = $5::text
   RETURNING j.*
 ), history AS (
   INSERT INTO ${s}job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
@@ -135,15 +144,31 @@ WITH done AS (
          $4::jsonb
     FROM done
 )
-SELECT count(*)::int AS completed FROM done`;
+SELECT (SELECT count(*) FROM done)::int AS completed,
+       coalesce(current_setting('${TRANSACTION_MARKER}', true) = $5::text, false) AS ours`;
 
-const COMPLETE_WITHIN = statement("completeWithin", completeWithinText(""), { completed: "int4" });
+const COMPLETE_WITHIN = statement("completeWithin", completeWithinText(""), { completed: "int4", ours: "bool" });
 const qualifiedCompleteWithin = new Map<string, typeof COMPLETE_WITHIN>();
 
-/** True if the attempt completed (pending the caller's commit); false: stale or cancelled. */
-export async function completeWithin(db: Queryable, schema: string, p: { workerId: string; job: Completion }): Promise<boolean> {
+/** BEGIN and the marker in one round trip (the simple protocol runs both); `marker` is a UUID. */
+export function beginWithin(marker: string): string {
+  if (!/^[0-9a-f-]{36}$/.test(marker)) throw new Error(`not a transaction marker: ${marker}`);
+  return `BEGIN; SELECT set_config('${TRANSACTION_MARKER}', '${marker}', true)`;
+}
+
+/**
+ * "completed" (pending the caller's commit); "stale": the attempt no longer holds its job, or
+ * its job is being cancelled; "not_ours": the statement did not run in the transaction marked
+ * with `marker` (the handler ended it), so nothing was done.
+ */
+export async function completeWithin(
+  db: Queryable,
+  schema: string,
+  p: { workerId: string; job: Completion; marker: string },
+): Promise<"completed" | "stale" | "not_ours"> {
   let st = qualifiedCompleteWithin.get(schema);
   if (!st) qualifiedCompleteWithin.set(schema, (st = { ...COMPLETE_WITHIN, text: completeWithinText(`${quoteIdent(schema)}.`) }));
-  const [row] = await run(db, st, [p.job.id, p.job.attempt, p.workerId, p.job.resultJson ?? null]);
-  return row!.completed === 1;
+  const [row] = await run(db, st, [p.job.id, p.job.attempt, p.workerId, p.job.resultJson ?? null, p.marker]);
+  if (!row!.ours) return "not_ours";
+  return row!.completed === 1 ? "completed" : "stale";
 }

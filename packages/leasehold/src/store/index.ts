@@ -18,7 +18,7 @@ export {
 export type { Queryable, PoolOptions } from "./db.js";
 export { migrate, loadMigrations, checkSchemaVersion } from "./migrate.js";
 export type { SchemaVersion, AppliedMigration } from "./migrate.js";
-export { resolvePooling, explainStartupRefusal, checkPooledSchema, POOLING_MODES } from "./pooling.js";
+export { resolvePooling, explainStartupRefusal, checkPooledSchema, checkOwnBackend, POOLING_MODES } from "./pooling.js";
 export type { PoolingMode } from "./pooling.js";
 export { enqueueJobs } from "./enqueue.js";
 export { hasReplaceModes } from "./duplicates.js";
@@ -26,7 +26,7 @@ export { claimJobs, claimJobsById } from "./claim.js";
 export type { ClaimParams, ClaimedJobs } from "./claim.js";
 export { extendLeases, describeLostLeases } from "./leases.js";
 export type { Beat, BeatResult, HeartbeatParams, LostLease } from "./leases.js";
-export { completeJobs, completeWithin, supersedeJobs, resultsObject } from "./finish.js";
+export { beginWithin, completeJobs, completeWithin, supersedeJobs, resultsObject } from "./finish.js";
 export type { AttemptRef, Completion, Supersession } from "./finish.js";
 export {
   failJobs,

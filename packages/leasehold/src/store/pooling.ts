@@ -7,6 +7,7 @@
  * `search_path` (checked at connect), and keeps what needs a session (LISTEN, the liveness and
  * name locks) on the direct URL, or goes without it.
  */
+import type pg from "pg";
 import { ConfigError } from "../errors.js";
 import type { Queryable } from "./db.js";
 
@@ -59,5 +60,52 @@ export async function checkPooledSchema(db: Queryable, schema: string): Promise<
       `not Leasehold's schema "${schema}". A transaction pooler cannot pass search_path for Leasehold: set it on the pooler's side, ` +
       `e.g. a PgBouncer database alias with connect_query = 'SET search_path = ${schema}; SET jit = off', ` +
       `or ALTER ROLE <user> SET search_path = ${schema} (docs/deployment.md#pgbouncer-and-other-connection-poolers)`,
+  );
+}
+
+const BACKEND_PID = "SELECT pg_backend_pid() AS pid";
+
+async function backendPid(db: Queryable): Promise<number> {
+  const { rows } = await db.query<{ pid: number }>(BACKEND_PID);
+  return rows[0]!.pid;
+}
+
+/**
+ * Whether `session` keeps its PostgreSQL backend to itself, as the worker's liveness and name
+ * locks need: checked once per session before they are taken (so a refusal leaves none behind
+ * on a pooled connection), at the cost of one more connection then and none per job. A
+ * transaction pooler that drops the `options` start-up parameter (PgBouncer with
+ * `ignore_startup_parameters = options`) is otherwise invisible. Between two statements of the
+ * session, `other` (a second client of the same URL) runs one: through a transaction pooler
+ * it is handed the session's backend (PgBouncer reuses the last one released), or, if that was
+ * busy, the session comes back on the one `other` just released. Either is impossible on a
+ * connection of its own (PostgreSQL itself, or a session-mode pool), so it never misfires there.
+ */
+export async function checkOwnBackend(
+  session: Queryable,
+  openOther: () => Promise<pg.Client>,
+  which: "databaseUrl" | "directDatabaseUrl",
+): Promise<void> {
+  const before = await backendPid(session);
+  const other = await openOther();
+  let others: number;
+  try {
+    others = await backendPid(other);
+  } finally {
+    await other.end().catch(() => {});
+  }
+  const after = await backendPid(session);
+  if (others !== before && after === before) return;
+  const what =
+    `${which} hands a session's PostgreSQL connection to other clients between its transactions: it goes through a ` +
+    "transaction pooler (PgBouncer pool_mode = transaction) that drops the `options` start-up parameter " +
+    "(ignore_startup_parameters = options). The worker's liveness and name locks would stay behind on a pooled connection " +
+    "(crash detection would not fire, and a restart with the same name would be refused). ";
+  throw new ConfigError(
+    which === "directDatabaseUrl"
+      ? what + "directDatabaseUrl must reach PostgreSQL itself, or a session-mode pool (docs/deployment.md#pgbouncer-and-other-connection-poolers)"
+      : what +
+          'Set pooling: "transaction" (LEASEHOLD_POOLING=transaction, --pooling transaction) and give directDatabaseUrl, straight to ' +
+          "PostgreSQL, for the worker's session (docs/deployment.md#pgbouncer-and-other-connection-poolers)",
   );
 }

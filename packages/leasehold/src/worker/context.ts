@@ -76,7 +76,10 @@ export interface JobContext {
    *
    * `tx` is a connection with the server's default search_path (your tables, not
    * Leasehold's schema), from a small pool of the worker's own; pass `{ pool }` to use yours
-   * (same database). Workers connected through `leasehold serve` cannot use it.
+   * (same database). Workers connected through `leasehold serve` cannot use it. The
+   * transaction is not the handler's to end: COMMIT, ROLLBACK, BEGIN (and the like) and
+   * `release()` on `tx` throw a TransactionMisuseError and fail the attempt (savepoints
+   * work), and `tx` is dead once `work` returns.
    *
    * The job finishes at this commit, so what the handler returns afterwards is not stored:
    * pass `{ result }` (a value, or a function of what `work` returned) to store the job's

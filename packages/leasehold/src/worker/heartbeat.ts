@@ -50,6 +50,8 @@ export interface InFlight {
   checkpointJson?: string;
   /** Set when the database refused this attempt's progress or checkpoint: it ends as a failure. */
   refusedValue?: string;
+  /** Set when the handler broke out of ctx.transaction's transaction: it ends as a failure. */
+  transactionMisuse?: Error;
   /** Set when the attempt met an error no retry can fix (ctx.transaction on a remote worker): a failure is final. */
   permanent?: boolean;
   /** Set when ctx.fencedWrite was refused (a newer claim wrote first): it ends as superseded. */

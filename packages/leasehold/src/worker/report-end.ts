@@ -38,6 +38,9 @@ export async function reportEnd(
   // A handler that returns after its progress was refused still fails: the job's recorded
   // state would otherwise miss what the handler reported.
   if (entry.refusedValue !== undefined && (err === undefined || err instanceof JobAbortedError)) err = new Error(entry.refusedValue);
+  // Likewise after a handler broke out of ctx.transaction (and caught the error): its writes
+  // were rolled back, so a success would record a job done without them.
+  if (entry.transactionMisuse !== undefined && (err === undefined || err instanceof JobAbortedError)) err = entry.transactionMisuse;
   let outcome: ReportOutcome;
   // The return value is the job's result: one that cannot be stored fails the attempt for
   // good (the same code would return the same value again), naming the problem and the cap.

@@ -4,12 +4,14 @@
  * talks to `leasehold serve` over HTTP. Both give the same fencing guarantees, because
  * the fence is in the SQL.
  */
+import { randomUUID } from "node:crypto";
 import os from "node:os";
-import type pg from "pg";
-import { ConfigError, WorkerNameInUseError } from "../errors.js";
+import pg from "pg";
+import { ConfigError, TransactionMisuseError, WorkerNameInUseError } from "../errors.js";
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
+import { guardTransaction } from "./transaction-guard.js";
 import { isConnectionError } from "../store/db.js";
 
 export { isConnectionError };
@@ -192,6 +194,19 @@ export function livenessPing(graceMs: number, when: () => boolean): { everyMs: n
   return { everyMs: fifth, timeoutMs: fifth, when };
 }
 
+/**
+ * A statement of the handler failed, the handler caught the error and returned: the
+ * transaction is aborted (25P02), so the completion cannot run. Said so, as a misuse: the
+ * attempt fails even if the handler catches this too.
+ */
+function explainAbortedTransaction(err: unknown, label: string): unknown {
+  if ((err as { code?: unknown } | null)?.code !== "25P02") return err;
+  return new TransactionMisuseError(
+    `ctx.transaction (${label}): a statement on tx failed and the callback went on and returned, so the transaction was ` +
+      "aborted and rolled back. Let the error end the callback, or run the statement under a SAVEPOINT and ROLLBACK TO it",
+  );
+}
+
 /** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
 const REPORT_TIMEOUT_MS = 10_000;
 
@@ -237,20 +252,44 @@ export class DatabaseTransport implements WorkerTransport {
   async completeWithin<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>> {
     const pool = p.pool ?? (this.appPool ??= store.createAppPool(this.connectionString));
     const { client, release } = await store.checkOut(pool);
+    const label = `job ${p.job.id} attempt ${p.job.attempt}`;
+    // The handler gets a guarded tx; the marker lets the completion prove it runs in the
+    // transaction begun here (see transaction-guard.ts).
+    const guard = guardTransaction(client, label);
+    const marker = randomUUID();
     let broken: unknown;
     try {
-      await client.query("BEGIN");
+      await client.query(store.beginWithin(marker));
       let value: T;
       try {
-        value = await p.work(client);
+        try {
+          value = await p.work(guard.tx);
+        } catch (err) {
+          throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
+        } finally {
+          guard.end();
+        }
+        // Refused before it was sent, and caught by the handler: the attempt fails all the same.
+        if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
         const resultJson = p.result?.(value);
         p.committing();
-        if (!(await store.completeWithin(client, this.schema, { workerId: p.workerId, job: { ...p.job, resultJson } }))) {
+        const done = await store.completeWithin(client, this.schema, { workerId: p.workerId, job: { ...p.job, resultJson }, marker }).catch((err) => {
+          throw explainAbortedTransaction(err, label);
+        });
+        if (done === "not_ours") {
+          throw new TransactionMisuseError(
+            `ctx.transaction (${label}): the handler ended the transaction ctx.transaction began (a COMMIT or ROLLBACK that ` +
+              "bypassed tx.query); the job was not completed and whatever now runs on the connection was rolled back",
+          );
+        }
+        if (done === "stale") {
           await client.query("ROLLBACK");
           return { completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) };
         }
       } catch (err) {
         await client.query("ROLLBACK").catch((e: unknown) => (broken = e));
+        // A connection the handler took out of our transaction may carry its state: not pooled again.
+        if (err instanceof TransactionMisuseError) broken ??= err;
         throw err;
       }
       try {
@@ -287,11 +326,13 @@ export class DatabaseTransport implements WorkerTransport {
     if (this.sessionUrl === null) return this.attachWithoutSession(p, announce);
     // One session per worker: it LISTENs, and holds the worker's liveness lock (and its name)
     // for as long as it lives; a new session after a reconnect takes them again.
+    const sessionUrl = this.sessionUrl;
+    const sessionOptions = `-c search_path=${store.quoteIdent(this.schema)}`;
     const listener = new Listener({
-      connectionString: this.sessionUrl,
+      connectionString: sessionUrl,
       channel: store.notifyChannel(this.schema),
       applicationName: "leasehold-worker",
-      sessionOptions: `-c search_path=${store.quoteIdent(this.schema)}`,
+      sessionOptions,
       onNotify: (queue) => {
         if (queue === QUEUE_SETTINGS_CHANGED || queue === undefined) p.onQueueSettings?.();
         if (queue === undefined || wanted.has(queue)) p.wake();
@@ -305,6 +346,17 @@ export class DatabaseTransport implements WorkerTransport {
         },
       },
       onConnect: async (client) => {
+        // Before any lock: a session a transaction pooler shares would leave them behind.
+        await store.checkOwnBackend(
+          client,
+          async () => {
+            const other = new pg.Client({ connectionString: sessionUrl, application_name: "leasehold-worker-check", options: sessionOptions });
+            other.on("error", () => {}); // a backend ended under it fails its query instead
+            await other.connect();
+            return other;
+          },
+          sessionUrl === this.connectionString ? "databaseUrl" : "directDatabaseUrl",
+        );
         const held = await store.lockLiveness(client, {
           workerId: p.workerId,
           name: p.name,

@@ -14,7 +14,7 @@ import { silentLogger, type Logger } from "../logger.js";
 import type { Counter, Histogram, Registry } from "prom-client";
 import type { ClaimedJob } from "../jobs/types.js";
 import type pg from "pg";
-import { ConfigError, StaleLeaseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import { ConfigError, StaleLeaseError, TransactionMisuseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
@@ -629,6 +629,8 @@ export class Worker extends WorkerEmitter {
       });
     } catch (err) {
       entry.within = undefined;
+      // The handler broke out of its transaction: the attempt fails, even if it catches this.
+      if (err instanceof TransactionMisuseError) entry.transactionMisuse ??= err;
       throw err;
     }
     if (!result.completed) {
