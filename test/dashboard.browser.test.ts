@@ -3,6 +3,7 @@
  * against a server and workers on the test database: sign-in, a progress bar that moves, a
  * job's attempt history after a reaped lease, retry of a dead job (one, and all matching a
  * filter, after a confirmation that says how many), pausing, resuming and limiting a queue,
+ * a handler's hold of a queue shown with the job that set it and cleared,
  * hostile payloads shown as text, calls without the token, read-only mode, and a phone's width. With LEASEHOLD_SCREENSHOTS=1 it
  * also takes the pictures in docs/dashboard.md.
  */
@@ -14,6 +15,7 @@ import { ThroughputSampler } from "../packages/leasehold/src/maintenance/through
 import { createServer } from "../packages/cli/src/server/app.js";
 import type { DashboardMode } from "../packages/cli/src/server/dashboard.js";
 import type { Worker } from "../packages/leasehold/src/worker/worker.js";
+import { RateLimitedError } from "../packages/leasehold/src/worker/context.js";
 import { eventually, freshLeasehold, NO_BACKOFF, silent } from "./helpers/db.js";
 import { CHROMIUM_HINT, findChromium, launchChromium, screenshot } from "./helpers/browser.js";
 import { TOKEN } from "./helpers/server.js";
@@ -66,7 +68,7 @@ before(async () => {
   worker = await lh
     .worker({
       name: "web-1",
-      queues: ["default", "reports", "mail", "billing", "guarded", "readonly", "flow"],
+      queues: ["default", "reports", "mail", "billing", "guarded", "readonly", "flow", "held"],
       concurrency: 8,
       leaseMs: 3_000,
       heartbeatMs: 200,
@@ -90,6 +92,10 @@ before(async () => {
           throw new Error("always fails");
         },
         quick: () => {},
+        // The first time: what it called said "429, retry in a day" (the docs' Retry-After example).
+        throttled: (_p: unknown, ctx) => {
+          if (countRun(ctx.jobId) === 1) throw new RateLimitedError(86_400_000, "queue");
+        },
         hostile: () => {
           throw new Error('<img src=x onerror="window.__pwned=1"><script>window.__pwned=1</script>');
         },
@@ -332,6 +338,32 @@ test("a queue is paused, resumed and limited from the overview, each after a con
     rate_window_ms: null,
     key_weights: null,
   });
+});
+
+test("a handler's hold of a queue shows on the overview with the job that set it, and is cleared after a confirmation", { skip }, async () => {
+  await lh.setQueueLimits("held", { allowQueueHold: true }, { create: true });
+  const { id } = await lh.enqueue("throttled", {}, { queue: "held" });
+  await eventually(
+    async () => (await lh.pool.query("SELECT held_by_job FROM queues WHERE name = 'held' AND held_until > now()")).rows[0]?.held_by_job === id,
+    "the handler held its queue",
+  );
+  const next = await lh.enqueue("quick", {}, { queue: "held" });
+  await page.goto(`${base}/#/`);
+  const hold = page.locator('[data-table="queues"] [data-hold="queue"]');
+  await hold.waitFor();
+  assert.match(await hold.innerText(), new RegExp(`held until .+ by job ${id}$`));
+  assert.equal(await hold.locator("a").getAttribute("href"), `#/jobs/${id}`);
+  assert.equal(await state(next.id), "waiting", "nothing of the queue starts while it is held");
+
+  await page.click('[data-table="queues"] [data-action="clear-hold"][data-queue="held"]');
+  assert.equal(await page.locator("dialog h2").innerText(), "Clear the hold on queue “held”?");
+  await page.click('dialog [data-confirm="yes"]');
+  await page.waitForSelector("text=Queue held: hold cleared.");
+  await eventually(
+    async () => (await state(next.id)) === "succeeded" && (await state(id)) === "succeeded",
+    "the queue's jobs run once its hold is cleared",
+  );
+  await page.waitForSelector('[data-table="queues"] [data-hold="queue"]', { state: "detached" });
 });
 
 test("payloads and errors holding HTML or script show as text and run nothing", { skip }, async () => {

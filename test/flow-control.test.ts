@@ -237,6 +237,8 @@ test("a killed worker's slot comes back with its lease: the limited queue's next
 test("RateLimitedError: the job waits X without spending an attempt; its key (or its queue) starts nothing for X, others go on", async (t) => {
   const lh = await freshLeasehold(t);
   const retryInMs = 1_500;
+  // A handler may hold a whole queue only where the operator allows it.
+  await lh.setQueueLimits("rq", { allowQueueHold: true }, { create: true });
   await flowWorkers(t, lh.schema, [
     { queues: ["rl", "rq", "other"], concurrency: 10 },
     { queues: ["rl", "rq", "other"], concurrency: 10 },

@@ -91,9 +91,9 @@ test("on the database: enqueue --key, queues list, pause, resume and limit store
   const table = await cli("queues", "list");
   assert.equal(table.code, 0, table.stderr);
   const [header, ...lines] = table.stdout.trimEnd().split("\n");
-  assert.match(header!, /^NAME\s+PAUSED\s+CONCURRENCY\s+KEY CONC\.\s+RATE\s+KEY RATE\s+WAITING\s+RUNNING$/);
+  assert.match(header!, /^NAME\s+PAUSED\s+CONCURRENCY\s+KEY CONC\.\s+RATE\s+KEY RATE\s+WAITING\s+RUNNING\s+HELD$/);
   assert.ok(
-    lines.some((l) => /^tenants\s+yes\s+10\s+1\s+50\/1s\s+100\/1m\s+1\s+0$/.test(l)),
+    lines.some((l) => /^tenants\s+yes\s+10\s+1\s+50\/1s\s+100\/1m\s+1\s+0\s+-$/.test(l)),
     table.stdout,
   );
   const json = await cli("queues", "list", "--json");
@@ -162,7 +162,7 @@ test("through a server (--server, no database): the same commands, the same erro
 
   const listed = await cli("queues", "list");
   assert.ok(
-    listed.stdout.split("\n").some((l) => /^remote-q\s+yes\s+-\s+2\s+5\/500ms\s+-\s+1\s+0$/.test(l)),
+    listed.stdout.split("\n").some((l) => /^remote-q\s+yes\s+-\s+2\s+5\/500ms\s+-\s+1\s+0\s+-$/.test(l)),
     listed.stdout,
   );
   const json = JSON.parse((await cli("queues", "list", "--json")).stdout) as { name: string; pausedAt: string }[];

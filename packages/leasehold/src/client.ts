@@ -545,10 +545,24 @@ export class Leasehold {
     return store.setQueuePaused(this.pool, name, true);
   }
 
-  /** Resumes a paused queue: sleeping workers are woken at once. */
+  /**
+   * Resumes a paused queue, and lifts the holds handlers set on it (as `clearQueueHolds`):
+   * "resume" means the queue runs again, whatever stopped it. Sleeping workers are woken at once.
+   */
   async resumeQueue(name: string, options: { create?: boolean } = {}): Promise<store.QueueSettings> {
     await this.checkQueue(name, options);
+    await store.clearQueueHolds(this.pool, name);
     return store.setQueuePaused(this.pool, name, false);
+  }
+
+  /**
+   * Lifts the holds handlers set with RateLimitedError on a queue: the queue's own and every
+   * key's, and makes its rate-limited jobs due now. Its next claims start jobs again. Returns
+   * what was lifted.
+   */
+  async clearQueueHolds(name: string): Promise<store.ClearedHolds> {
+    await this.checkQueue(name, {});
+    return store.clearQueueHolds(this.pool, name);
   }
 
   /**

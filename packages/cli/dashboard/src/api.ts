@@ -34,6 +34,10 @@ export class Api {
     return this.call<T>("PATCH", path, body);
   }
 
+  delete<T>(path: string): Promise<T> {
+    return this.call<T>("DELETE", path);
+  }
+
   private async call<T>(method: string, path: string, body?: unknown): Promise<T> {
     let response: Response;
     try {
@@ -134,7 +138,12 @@ export interface QueueSettings extends QueueLimits {
   paused: boolean;
   pausedAt: string | null;
   keyed: boolean;
+  /** A handler's RateLimitedError holds the whole queue until then (in force while in the future), set by this job. */
   heldUntil: string | null;
+  heldByJob: string | null;
+  /** The longest hold a handler may set (null: the default, 5 minutes), and whether it may hold the whole queue. */
+  maxHoldMs: number | null;
+  allowQueueHold: boolean;
   flow: boolean;
   updatedAt: string | null;
 }

@@ -1,11 +1,12 @@
 /**
- * Flow control on the overview: each queue's paused state and limits, and (unless the server
- * is read-only) pause / resume and a small limits form, each change after a confirmation. The
- * changes go through the operators' routes (POST /v1/queues/NAME/pause|resume, PATCH
- * /v1/queues/NAME/limits), whose checks and messages are the library's.
+ * Flow control on the overview: each queue's paused state, limits and a handler's hold of the
+ * whole queue, and (unless the server is read-only) pause / resume, lifting the hold and a small
+ * limits form, each change after a confirmation. The changes go through the operators' routes
+ * (POST /v1/queues/NAME/pause|resume, DELETE /v1/queues/NAME/hold, PATCH /v1/queues/NAME/limits),
+ * whose checks and messages are the library's.
  */
 import type { QueueLimits, QueueSettings, Rate } from "./api.js";
-import { badge, button, h } from "./dom.js";
+import { badge, button, h, jobLink } from "./dom.js";
 import { time } from "./format.js";
 import { confirmChange, type ViewContext } from "./view.js";
 
@@ -45,11 +46,16 @@ export function limitsText(q: QueueLimits): string {
     .join(" · ");
 }
 
+/** Whether a handler's hold of the whole queue is in force. */
+function isHeld(q: QueueSettings | undefined): boolean {
+  return q?.heldUntil != null && new Date(q.heldUntil).getTime() > Date.now();
+}
+
 /** What the overview's "Flow control" cell shows for a queue. */
 export function flowCell(q: QueueSettings | undefined): HTMLElement {
   if (!q) return h("span", { "data-flow": "none" }, "–");
   const limits = limitsText(q);
-  const held = q.heldUntil !== null && new Date(q.heldUntil).getTime() > Date.now();
+  const held = isHeld(q);
   return h(
     "span",
     { "data-flow": q.paused ? "paused" : "active" },
@@ -58,6 +64,13 @@ export function flowCell(q: QueueSettings | undefined): HTMLElement {
     (q.paused || held) && " ",
     limits || (q.paused || held ? "" : "–"),
     q.paused && q.pausedAt && h("span", { class: "sub" }, ` since ${time(q.pausedAt)}`),
+    held &&
+      h(
+        "span",
+        { class: "sub", "data-hold": "queue" },
+        ` held until ${time(q.heldUntil!)}`,
+        q.heldByJob !== null && h("span", {}, " by job ", jobLink(q.heldByJob)),
+      ),
   );
 }
 
@@ -73,8 +86,27 @@ export function queueActions(ctx: ViewContext, name: string, q: QueueSettings | 
     paused
       ? button("Resume", () => void setPaused(ctx, name, false, onChange), { class: "secondary", "data-action": "resume-queue", "data-queue": name })
       : button("Pause", () => void setPaused(ctx, name, true, onChange), { class: "secondary", "data-action": "pause-queue", "data-queue": name }),
+    isHeld(q) && button("Clear hold", () => void clearHold(ctx, name), { class: "secondary", "data-action": "clear-hold", "data-queue": name }),
     button("Limits…", () => void editLimits(ctx, name, q, onChange), { class: "secondary", "data-action": "edit-limits", "data-queue": name }),
   );
+}
+
+async function clearHold(ctx: ViewContext, name: string): Promise<void> {
+  const confirmed = await confirmChange(
+    `Clear the hold on queue “${name}”?`,
+    "A handler said the queue is rate-limited (RateLimitedError). Workers start its jobs again at once, the rate-limited ones too; if what they call still refuses them, a handler may hold it again.",
+    "Clear hold",
+  );
+  if (!confirmed) return;
+  try {
+    const { cleared } = await ctx.api.delete<{ cleared: { queue: boolean; keys: number; jobs: number } }>(
+      `/v1/queues/${encodeURIComponent(name)}/hold`,
+    );
+    ctx.flash(cleared.queue || cleared.keys > 0 || cleared.jobs > 0 ? `Queue ${name}: hold cleared.` : `Queue ${name} was no longer held.`);
+  } catch (err) {
+    ctx.flash(err instanceof Error ? err.message : String(err), "error");
+  }
+  ctx.refresh();
 }
 
 async function setPaused(ctx: ViewContext, name: string, pause: boolean, onChange: OnQueueChange): Promise<void> {

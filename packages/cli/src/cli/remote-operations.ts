@@ -10,7 +10,7 @@ import type { JobRelations } from "leasehold/internal/store/admin";
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
-import type { QueueDepth, QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
+import type { ClearedHolds, QueueDepth, QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
 /** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
@@ -31,6 +31,7 @@ export type JobOperations = Pick<
   | "pauseQueue"
   | "resumeQueue"
   | "setQueueLimits"
+  | "clearQueueHolds"
 >;
 
 /** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
@@ -144,7 +145,7 @@ export class RemoteOperations implements JobOperations {
 
   async listQueues(): Promise<QueueInfo[]> {
     const { queues } = await this.call<{ queues: Wire<QueueInfo>[] }>("GET", "/v1/queues");
-    return queues.map(settingsFromWire);
+    return queues.map((q) => ({ ...settingsFromWire(q), holds: q.holds.map((h) => ({ ...h, until: new Date(h.until) })) }));
   }
 
   async queueDepth(): Promise<QueueDepth[]> {
@@ -163,6 +164,10 @@ export class RemoteOperations implements JobOperations {
     return this.queueCall("PATCH", name, "limits", options, limits);
   }
 
+  async clearQueueHolds(name: string): Promise<ClearedHolds> {
+    return (await this.call<{ cleared: ClearedHolds }>("DELETE", `/v1/queues/${encodeURIComponent(name)}/hold`)).cleared;
+  }
+
   private async queueCall(method: "POST" | "PATCH", name: string, action: string, options: { create?: boolean }, body?: unknown) {
     const query = options.create ? "?create=true" : "";
     const { queue } = await this.call<{ queue: Wire<QueueSettings> }>(method, `/v1/queues/${encodeURIComponent(name)}/${action}${query}`, body);
@@ -174,7 +179,13 @@ export class RemoteOperations implements JobOperations {
     return this.call<T>("GET", path);
   }
 
-  private async call<T>(method: "GET" | "POST" | "PATCH", path: string, body?: unknown, jobId?: string, timeoutMs = TIMEOUT_MS): Promise<T> {
+  private async call<T>(
+    method: "GET" | "POST" | "PATCH" | "DELETE",
+    path: string,
+    body?: unknown,
+    jobId?: string,
+    timeoutMs = TIMEOUT_MS,
+  ): Promise<T> {
     let response: Response;
     let text: string;
     try {

@@ -1,6 +1,6 @@
 /**
  * Flow control for operators (docs/flow-control.md): list the queues with their settings,
- * pause and resume one, change its limits. Each goes through the library's method, so the
+ * pause and resume one, change its limits, lift its handlers' holds. Each goes through the library's method, so the
  * checks (a value out of range, an unknown queue) and their messages are the same as for
  * `lh.pauseQueue` and the CLI. A queue nobody has named yet is refused (404 unknown_queue)
  * unless `create=true` says to configure it before its first job. And every queue's depth,
@@ -27,6 +27,10 @@ export function registerQueueRoutes(app: FastifyInstance, lh: Leasehold): void {
 
   app.post<QueueRequest>("/v1/queues/:name/resume", { schema: routes.resumeQueue }, async (request) => ({
     queue: await lh.resumeQueue(request.params.name, { create: request.query.create === "true" }),
+  }));
+
+  app.delete<{ Params: { name: string } }>("/v1/queues/:name/hold", { schema: routes.clearQueueHolds }, async (request) => ({
+    cleared: await lh.clearQueueHolds(request.params.name),
   }));
 
   app.patch<QueueRequest & { Body: Partial<QueueLimits> & { create?: boolean } }>(

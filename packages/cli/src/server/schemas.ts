@@ -335,6 +335,15 @@ const LIMIT_FIELDS = {
   rate: RATE("starts of the whole queue"),
   keyRate: RATE("starts per key"),
   keyWeights: KEY_WEIGHTS,
+  maxHoldMs: {
+    type: ["integer", "null"],
+    description:
+      "the longest hold a handler's RateLimitedError may set in the queue, 1,000 to 86,400,000 ms; longer ones are clamped (null: 300,000, 5 minutes)",
+  },
+  allowQueueHold: {
+    type: "boolean",
+    description: "a handler may hold the whole queue (scope queue, or a keyless job); false (the default): only its own key",
+  },
 };
 
 /** A queue's flow-control settings (docs/flow-control.md). */
@@ -346,7 +355,8 @@ export const queueSettingsSchema = {
     pausedAt: TIME,
     ...LIMIT_FIELDS,
     keyed: { type: "boolean", description: "keyed jobs were enqueued in it: its claims go round-robin between keys" },
-    heldUntil: { ...TIME, description: "a handler asked the whole queue to hold back until then (RateLimitedError)" },
+    heldUntil: { ...TIME, description: "a handler asked the whole queue to hold back until then (RateLimitedError); in force while in the future" },
+    heldByJob: { type: ["string", "null"], description: "the job whose RateLimitedError set that hold" },
     flow: { type: "boolean", description: "claimed under flow control (paused, limited, keyed or held)" },
     updatedAt: TIME,
   },
@@ -357,6 +367,19 @@ const queueInfoSchema = {
     ...queueSettingsSchema.properties,
     waiting: { type: "integer", description: "jobs waiting, due or not" },
     running: { type: "integer", description: "jobs holding leases (running, or buffered by a worker)" },
+    holds: {
+      type: "array",
+      description: "the holds handlers set that are in force: the queue's (key null) first, then its keys' (the 10 ending last)",
+      items: {
+        type: "object",
+        properties: {
+          key: { type: ["string", "null"], description: "the held key; null: the whole queue" },
+          until: { type: "string", format: "date-time" },
+          jobId: { type: ["string", "null"], description: "the job whose RateLimitedError set the hold" },
+        },
+      },
+    },
+    heldKeys: { type: "integer", description: "keys held now, listed in holds or not" },
   },
 };
 /** One queue's depth: the queue_depth view's row (docs/deployment.md#autoscaling). */
@@ -748,11 +771,17 @@ export const routes = {
               id: JOB_ID,
               attempt: ATTEMPT,
               receipt: RECEIPT,
-              delayMs: { type: "integer", minimum: 1, maximum: 86400000, description: "how long the job (and its key or queue) waits" },
+              delayMs: {
+                type: "integer",
+                minimum: 1,
+                maximum: 86400000,
+                description: "how long the job waits; its key or queue waits as long, at most the queue's maxHoldMs",
+              },
               scope: {
                 type: "string",
                 enum: ["key", "queue", "job"],
-                description: "what waits: the job's key (a keyless job: its queue), the whole queue, or the job alone",
+                description:
+                  "what waits: the job's key, the whole queue (only where the queue's allowQueueHold is set; otherwise its key, or a keyless job alone), or the job alone",
               },
             },
             ["id", "attempt", "delayMs", "scope"],
@@ -804,10 +833,34 @@ export const routes = {
   resumeQueue: {
     ...secured,
     tags: ["queues"],
-    summary: "Resume a paused queue: waiting workers are woken at once",
+    summary: "Resume a paused queue and lift its handlers' holds: waiting workers are woken at once",
     params: queueParams,
     querystring: CREATE_QUERY,
     response: { 200: queueAnswer, ...QUEUE_ERRORS },
+  },
+  clearQueueHolds: {
+    ...secured,
+    tags: ["queues"],
+    summary:
+      "Lift the holds handlers set on a queue with RateLimitedError (the queue's and its keys') and make its rate-limited jobs due now: " +
+      "its next claims start jobs again",
+    params: queueParams,
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          cleared: {
+            type: "object",
+            properties: {
+              queue: { type: "boolean", description: "the queue's own hold was lifted" },
+              keys: { type: "integer", description: "how many keys' holds were lifted" },
+              jobs: { type: "integer", description: "how many rate-limited jobs waiting out their delay were made due now" },
+            },
+          },
+        },
+      },
+      ...QUEUE_ERRORS,
+    },
   },
   setQueueLimits: {
     ...secured,

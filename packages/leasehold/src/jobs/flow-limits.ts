@@ -18,7 +18,9 @@ export const MAX_RATE_WINDOW_MS = 86_400_000;
 export const MAX_KEY_WEIGHT = 100;
 export const MAX_KEY_WEIGHTS = 1_000;
 
-const LIMIT_KEYS = new Set(["concurrency", "keyConcurrency", "rate", "keyRate", "keyWeights"]);
+export const MIN_MAX_HOLD_MS = 1_000;
+
+const LIMIT_KEYS = new Set(["concurrency", "keyConcurrency", "rate", "keyRate", "keyWeights", "maxHoldMs", "allowQueueHold"]);
 
 /** Checks a partial set of limits: each given one is a valid value or null (no limit). */
 export function normalizeQueueLimits(limits: unknown): Partial<QueueLimits> {
@@ -36,6 +38,15 @@ export function normalizeQueueLimits(limits: unknown): Partial<QueueLimits> {
   if (given.rate !== undefined) out.rate = rate(given.rate, "rate");
   if (given.keyRate !== undefined) out.keyRate = rate(given.keyRate, "keyRate");
   if (given.keyWeights !== undefined) out.keyWeights = weights(given.keyWeights);
+  if (given.maxHoldMs !== undefined) {
+    out.maxHoldMs = given.maxHoldMs === null ? null : integerIn(given.maxHoldMs, MIN_MAX_HOLD_MS, MAX_RATE_WINDOW_MS, "maxHoldMs");
+  }
+  if (given.allowQueueHold !== undefined) {
+    if (typeof given.allowQueueHold !== "boolean") {
+      throw new ValidationError(`allowQueueHold must be true or false (got ${describeValue(given.allowQueueHold)})`);
+    }
+    out.allowQueueHold = given.allowQueueHold;
+  }
   return out;
 }
 
@@ -69,8 +80,9 @@ function weights(value: unknown): Record<string, number> | null {
 }
 
 /**
- * "Rate-limited, retry in X" from a handler: X in ms, 1 ms to a day. What the hold covers:
- * the job's key (a keyless job: its queue), the whole queue, or the job alone.
+ * "Rate-limited, retry in X" from a handler: X in ms, 1 ms to a day (the hold over other jobs
+ * is clamped to the queue's maxHoldMs in the database). What the hold covers: the job's key,
+ * the whole queue (where the queue allows it), or the job alone.
  */
 export function checkRetryIn(ms: unknown, scope: unknown): void {
   integerIn(ms, 1, MAX_RATE_WINDOW_MS, "RateLimitedError: retryInMs");

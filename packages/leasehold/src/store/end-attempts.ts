@@ -22,6 +22,7 @@
  */
 import type { Queryable } from "./db.js";
 import type { AttemptRef } from "./finish.js";
+import { DEFAULT_MAX_HOLD_MS } from "./flow.js";
 import { run, statement } from "./sql.js";
 import type { AttemptOutcome } from "../jobs/types.js";
 
@@ -340,17 +341,21 @@ export function releaseJobs(
 const RATE_LIMIT_JOBS = ending(
   "rateLimitJobs",
   `WITH asked AS (
-  SELECT j.id, j.attempt, j.queue, j.flow_key, r.delay_ms, r.scope
+  SELECT j.id, j.attempt, j.queue, j.flow_key, r.delay_ms AS asked_ms, r.scope,
+         least(r.delay_ms, coalesce(q.max_hold_ms, ${DEFAULT_MAX_HOLD_MS})) AS delay_ms
     FROM jobs AS j
     JOIN unnest($1::bigint[], $2::int[], $3::bigint[], $4::text[]) AS r(id, attempt, delay_ms, scope)
       ON j.id = r.id AND j.attempt = r.attempt
+    LEFT JOIN queues AS q ON q.name = j.queue
    WHERE j.id = ANY($1::bigint[]) AND j.locked_by = $5 AND j.state = 'running'
 ), held AS (
-  SELECT count(flow_hold(a.queue, CASE WHEN a.scope = 'key' THEN a.flow_key END, now() + a.delay_ms * interval '1 millisecond')) AS n
+  SELECT count(rate_limit_hold(a.queue, a.flow_key, a.scope = 'queue', a.delay_ms, a.id)) AS n
     FROM asked AS a WHERE a.scope <> 'job'
 ), ending AS (
   SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at,
-         'rate-limited: retry in ' || a.delay_ms || ' ms' || coalesce(': ' || $6, '') AS error,
+         'rate-limited: retry in ' || a.delay_ms || ' ms'
+           || CASE WHEN a.asked_ms > a.delay_ms THEN ' (asked ' || a.asked_ms || ' ms: the queue''s longest hold)' ELSE '' END
+           || coalesce(': ' || $6, '') AS error,
          a.delay_ms AS retry_delay_ms,
          false AS spend, false AS give_up, 'rate_limited' AS outcome,
          j.cancel_requested_at IS NOT NULL AS cancelled, j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at,
@@ -370,8 +375,11 @@ export interface RateLimited extends AttemptRef {
 
 /**
  * Attempts whose handlers were rate-limited by what they called (an HTTP 429): each job goes
- * back to waiting for its delay without spending its retry budget, and its key (a keyless job:
- * its queue) or queue starts nothing for that long. Fenced like a release.
+ * back to waiting for its delay without spending its retry budget, and its key starts nothing
+ * for that long (rate_limit_hold(), migration 019). The delay is clamped to the queue's hold cap
+ * for the job too, since a keyed job not yet due blocks its key's line. The whole queue is held
+ * (scope "queue", or a keyless job) only where the queue allows it: whoever holds a worker
+ * token must not be able to stop a queue. Fenced like a release.
  */
 export function rateLimitJobs(db: Queryable, p: { workerId: string; jobs: RateLimited[]; message?: string }): Promise<Ended> {
   if (p.jobs.length === 0) return Promise.resolve(new Map());

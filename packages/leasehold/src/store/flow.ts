@@ -24,6 +24,20 @@ export interface QueueLimits {
   keyRate: RateLimit | null;
   /** Round-robin weights of some keys (turns per round); the others weigh 1. */
   keyWeights: Record<string, number> | null;
+  /** The longest hold a handler's RateLimitedError may set; a longer one is clamped (null: DEFAULT_MAX_HOLD_MS). */
+  maxHoldMs: number | null;
+  /** A handler may hold the whole queue (scope "queue", or a keyless job); otherwise only its key. */
+  allowQueueHold: boolean;
+}
+
+/** The hold cap of a queue that sets none: long enough for a typical Retry-After, short enough that a mistake heals. */
+export const DEFAULT_MAX_HOLD_MS = 300_000;
+
+/** A handler's hold in force: its queue's (`key` null) or a key's, until when, and which job asked for it. */
+export interface QueueHold {
+  key: string | null;
+  until: Date;
+  jobId: string | null;
 }
 
 export interface QueueSettings extends QueueLimits {
@@ -32,8 +46,10 @@ export interface QueueSettings extends QueueLimits {
   pausedAt: Date | null;
   /** Keyed jobs were enqueued in it: its claims go round-robin between keys. */
   keyed: boolean;
-  /** A handler asked the queue to hold back until then ("rate-limited, retry in X"). */
+  /** A handler asked the queue to hold back until then ("rate-limited, retry in X"); in force while in the future. */
   heldUntil: Date | null;
+  /** The job whose RateLimitedError set that hold (null: unknown, or none). */
+  heldByJob: string | null;
   /** Claimed through claim_flow() (paused, limited, keyed or held). */
   flow: boolean;
   updatedAt: Date | null;
@@ -43,10 +59,18 @@ export interface QueueInfo extends QueueSettings {
   /** Jobs waiting (due or not) and holding leases (running or buffered by a worker). */
   waiting: number;
   running: number;
+  /** The holds in force: the queue's first, then its keys' (the latest-ending MAX_LISTED_HOLDS). */
+  holds: QueueHold[];
+  /** Keys held now, listed or not. */
+  heldKeys: number;
 }
 
+/** Key holds listed per queue; `heldKeys` counts them all. */
+export const MAX_LISTED_HOLDS = 10;
+
 const SETTINGS_COLUMNS = `name, paused, paused_at, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit,
-       key_rate_window_ms, key_weights, keyed, held_until, flow OR coalesce(held_until > now(), false) AS flow, updated_at`;
+       key_rate_window_ms, key_weights, max_hold_ms, allow_queue_hold, keyed, held_until, held_by_job,
+       flow OR coalesce(held_until > now(), false) AS flow, updated_at`;
 
 const SETTINGS = {
   name: "text",
@@ -59,8 +83,11 @@ const SETTINGS = {
   key_rate_limit: "int4?",
   key_rate_window_ms: "int4?",
   key_weights: "jsonb?",
+  max_hold_ms: "int4?",
+  allow_queue_hold: "bool",
   keyed: "bool",
   held_until: "timestamptz?",
+  held_by_job: "int8?",
   flow: "bool",
   updated_at: "timestamptz?",
 } as const;
@@ -76,8 +103,11 @@ function toSettings(r: RowOf<typeof SETTINGS>): QueueSettings {
     rate: rate(r.rate_limit, r.rate_window_ms),
     keyRate: rate(r.key_rate_limit, r.key_rate_window_ms),
     keyWeights: r.key_weights as Record<string, number> | null,
+    maxHoldMs: r.max_hold_ms,
+    allowQueueHold: r.allow_queue_hold,
     keyed: r.keyed,
     heldUntil: r.held_until,
+    heldByJob: r.held_by_job,
     flow: r.flow,
     updatedAt: r.updated_at,
   };
@@ -103,20 +133,37 @@ const LIST_QUEUES = statement(
 ), counts AS (
   SELECT queue, count(*) FILTER (WHERE state = 'waiting')::int AS waiting, count(*) FILTER (WHERE state = 'running')::int AS running
     FROM jobs GROUP BY queue
+), key_holds AS (
+  SELECT ks.queue, count(*)::int AS held_keys,
+         (array_agg(jsonb_build_object('key', ks.flow_key, 'until', ks.held_until, 'jobId', ks.held_by_job::text)
+                    ORDER BY ks.held_until DESC, ks.flow_key))[1:$1] AS listed
+    FROM flow_key_state AS ks WHERE ks.held_until > now() GROUP BY ks.queue
 )
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.concurrency, q.key_concurrency, q.rate_limit,
-       q.rate_window_ms, q.key_rate_limit, q.key_rate_window_ms, q.key_weights, coalesce(q.keyed, false) AS keyed,
-       q.held_until, coalesce(q.flow OR q.held_until > now(), q.flow, false) AS flow, q.updated_at,
-       coalesce(c.waiting, 0) AS waiting, coalesce(c.running, 0) AS running
+       q.rate_window_ms, q.key_rate_limit, q.key_rate_window_ms, q.key_weights, q.max_hold_ms,
+       coalesce(q.allow_queue_hold, false) AS allow_queue_hold, coalesce(q.keyed, false) AS keyed,
+       q.held_until, q.held_by_job, coalesce(q.flow OR q.held_until > now(), q.flow, false) AS flow, q.updated_at,
+       coalesce(c.waiting, 0) AS waiting, coalesce(c.running, 0) AS running,
+       to_jsonb(CASE WHEN q.held_until > now()
+                     THEN ARRAY[jsonb_build_object('key', NULL, 'until', q.held_until, 'jobId', q.held_by_job::text)]
+                     ELSE '{}' END || coalesce(k.listed, '{}')) AS holds,
+       coalesce(k.held_keys, 0) AS held_keys
   FROM names AS n
   LEFT JOIN queues AS q ON q.name = n.name
   LEFT JOIN counts AS c ON c.queue = n.name
+  LEFT JOIN key_holds AS k ON k.queue = n.name
  ORDER BY n.name`,
-  { ...SETTINGS, waiting: "int4", running: "int4" },
+  { ...SETTINGS, waiting: "int4", running: "int4", holds: "jsonb", held_keys: "int4" },
 );
 
 export async function listQueues(db: Queryable): Promise<QueueInfo[]> {
-  return (await run(db, LIST_QUEUES, [])).map((r) => ({ ...toSettings(r), waiting: r.waiting, running: r.running }));
+  return (await run(db, LIST_QUEUES, [MAX_LISTED_HOLDS])).map((r) => ({
+    ...toSettings(r),
+    waiting: r.waiting,
+    running: r.running,
+    holds: (r.holds as { key: string | null; until: string; jobId: string | null }[]).map((h) => ({ ...h, until: new Date(h.until) })),
+    heldKeys: r.held_keys,
+  }));
 }
 
 /** Whether a queue is known: it has settings or jobs (waiting, running or finished) or a worker. */
@@ -149,6 +196,40 @@ export async function setQueuePaused(db: Queryable, name: string, paused: boolea
 }
 
 /**
+ * Lifts the holds handlers set on a queue (RateLimitedError): its own and its keys', and makes
+ * its rate-limited jobs due now (a keyed job not yet due blocks its key's line, so the key would
+ * stay stopped without it). Its next claim starts jobs again (the update of queues wakes every
+ * worker); if what they call still refuses them, a handler may hold it again.
+ */
+const CLEAR_HOLDS = statement(
+  "clearQueueHolds",
+  `WITH key_holds AS (
+  UPDATE flow_key_state SET held_until = NULL, held_by_job = NULL WHERE queue = $1 AND held_until > now() RETURNING 1
+), queue_hold AS (
+  UPDATE queues SET held_until = NULL, held_by_job = NULL, updated_at = now() WHERE name = $1 AND held_until > now() RETURNING 1
+), due AS (
+  UPDATE jobs SET run_at = now()
+   WHERE queue = $1 AND state = 'waiting' AND run_at > now() AND last_outcome = 'rate_limited'
+  RETURNING 1
+)
+SELECT (SELECT count(*) FROM queue_hold)::int AS queue, (SELECT count(*) FROM key_holds)::int AS keys,
+       (SELECT count(*) FROM due)::int AS jobs`,
+  { queue: "int4", keys: "int4", jobs: "int4" },
+);
+
+/** What clearing a queue's holds lifted: its own hold, how many keys' holds, and how many rate-limited jobs it made due. */
+export interface ClearedHolds {
+  queue: boolean;
+  keys: number;
+  jobs: number;
+}
+
+export async function clearQueueHolds(db: Queryable, name: string): Promise<ClearedHolds> {
+  const r = (await run(db, CLEAR_HOLDS, [name]))[0]!;
+  return { queue: r.queue > 0, keys: r.keys, jobs: r.jobs };
+}
+
+/**
  * Forgets per-key flow state no claim needs: no hold in force and no start inside any rate
  * window (a window is at most a day). A key's row comes back with its next limited start.
  */
@@ -177,8 +258,9 @@ export async function pruneFlowKeyState(db: Queryable, p: { limit: number }): Pr
  */
 const SET_LIMITS = statement(
   "setQueueLimits",
-  `INSERT INTO queues AS q (name, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit, key_rate_window_ms, key_weights)
-   VALUES ($1, $3, $5, $7, $8, $10, $11, $13)
+  `INSERT INTO queues AS q (name, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit, key_rate_window_ms, key_weights,
+                           max_hold_ms, allow_queue_hold)
+   VALUES ($1, $3, $5, $7, $8, $10, $11, $13, $15, coalesce($17, false))
    ON CONFLICT (name) DO UPDATE
       SET concurrency = CASE WHEN $2 THEN EXCLUDED.concurrency ELSE q.concurrency END,
           key_concurrency = CASE WHEN $4 THEN EXCLUDED.key_concurrency ELSE q.key_concurrency END,
@@ -187,6 +269,8 @@ const SET_LIMITS = statement(
           key_rate_limit = CASE WHEN $9 THEN EXCLUDED.key_rate_limit ELSE q.key_rate_limit END,
           key_rate_window_ms = CASE WHEN $9 THEN EXCLUDED.key_rate_window_ms ELSE q.key_rate_window_ms END,
           key_weights = CASE WHEN $12 THEN EXCLUDED.key_weights ELSE q.key_weights END,
+          max_hold_ms = CASE WHEN $14 THEN EXCLUDED.max_hold_ms ELSE q.max_hold_ms END,
+          allow_queue_hold = CASE WHEN $16 THEN EXCLUDED.allow_queue_hold ELSE q.allow_queue_hold END,
           updated_at = now()
    RETURNING ${SETTINGS_COLUMNS}`,
   SETTINGS,
@@ -210,6 +294,10 @@ export async function setQueueLimits(db: Queryable, name: string, limits: Partia
         limits.keyRate?.windowMs ?? null,
         given("keyWeights"),
         limits.keyWeights ? JSON.stringify(limits.keyWeights) : null,
+        given("maxHoldMs"),
+        limits.maxHoldMs ?? null,
+        given("allowQueueHold"),
+        limits.allowQueueHold ?? null,
       ])
     )[0]!,
   );

@@ -38,8 +38,18 @@ export {
   recoverJobsOfEarlierProcess,
 } from "./end-attempts.js";
 export type { Failure, FailureOutcome, BackoffPolicy, EndState, Ended, RateLimited } from "./end-attempts.js";
-export { queueSettings, listQueues, queueKnown, setQueuePaused, setQueueLimits, pruneFlowKeyState } from "./flow.js";
-export type { QueueSettings, QueueInfo, QueueLimits, RateLimit } from "./flow.js";
+export {
+  queueSettings,
+  listQueues,
+  queueKnown,
+  setQueuePaused,
+  setQueueLimits,
+  clearQueueHolds,
+  pruneFlowKeyState,
+  DEFAULT_MAX_HOLD_MS,
+  MAX_LISTED_HOLDS,
+} from "./flow.js";
+export type { QueueSettings, QueueInfo, QueueLimits, QueueHold, ClearedHolds, RateLimit } from "./flow.js";
 export {
   lockLiveness,
   announceWorker,

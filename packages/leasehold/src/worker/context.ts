@@ -186,8 +186,11 @@ export class PermanentJobError extends Error {
 /**
  * Throw from a handler when what it called said "too many requests, try again in X" (an HTTP
  * 429 with Retry-After, say): the job waits `retryInMs` without spending an attempt, and its
- * key (`scope: "key"`, the default; a keyless job: its queue), its whole queue (`"queue"`) or
- * only the job (`"job"`) starts nothing for that long, fleet-wide (docs/flow-control.md).
+ * key (`scope: "key"`, the default) or its whole queue (`"queue"`) starts nothing for that long,
+ * fleet-wide. A delay longer than the queue's `maxHoldMs` (default 5 minutes) is clamped to it,
+ * for the job and its hold alike. The whole queue is held (for
+ * `"queue"`, or a keyless job) only if the queue's `allowQueueHold` is set; otherwise the key
+ * is, and a keyless job waits alone, as with `"job"` (docs/flow-control.md).
  */
 export class RateLimitedError extends Error {
   constructor(

@@ -1,11 +1,25 @@
 /**
- * `leasehold queues list|depth|pause|resume|limit`: flow control at run time, for the whole fleet
+ * `leasehold queues list|depth|pause|resume|limit|clear-hold`: flow control at run time, for the whole fleet
  * (docs/flow-control.md), and the queues' depth (docs/deployment.md#autoscaling). On the
  * database, or through a server with --server.
  */
 import type { Command } from "commander";
-import { MAX_CONCURRENCY_LIMIT, MAX_KEY_WEIGHT, MAX_RATE_LIMIT, MAX_RATE_WINDOW_MS, MIN_RATE_WINDOW_MS } from "leasehold/internal/jobs/flow-limits";
-import type { QueueDepth, QueueInfo, QueueLimits, QueueSettings, RateLimit } from "leasehold/internal/store/index";
+import {
+  MAX_CONCURRENCY_LIMIT,
+  MAX_KEY_WEIGHT,
+  MAX_RATE_LIMIT,
+  MAX_RATE_WINDOW_MS,
+  MIN_MAX_HOLD_MS,
+  MIN_RATE_WINDOW_MS,
+} from "leasehold/internal/jobs/flow-limits";
+import {
+  DEFAULT_MAX_HOLD_MS,
+  type QueueDepth,
+  type QueueInfo,
+  type QueueLimits,
+  type QueueSettings,
+  type RateLimit,
+} from "leasehold/internal/store/index";
 import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { table } from "../format.js";
@@ -17,6 +31,8 @@ interface LimitFlags {
   rate?: RateLimit | "none";
   keyRate?: RateLimit | "none";
   keyWeight?: Record<string, number> | "none";
+  maxHold?: number | "none";
+  allowQueueHold?: boolean;
   create?: boolean;
 }
 
@@ -61,13 +77,32 @@ export function registerQueueCommands(program: Command, run: Run): void {
 
   queues
     .command("resume <name>")
-    .description("resume a paused queue")
+    .description("resume a paused queue, and lift the holds its handlers set (as clear-hold)")
     .option("--create", CREATE_HELP)
     .action(
       run(async (cli, name: string, flags: { create?: boolean }) => {
         const lh = await cli.operations();
         const q = await lh.resumeQueue(name, { create: flags.create });
         cli.result(q, () => `queue ${name} resumed`);
+      }),
+    );
+
+  queues
+    .command("clear-hold <name>")
+    .description("lift the holds handlers set on a queue with RateLimitedError (the queue's and its keys') and make its rate-limited jobs due now")
+    .action(
+      run(async (cli, name: string) => {
+        const lh = await cli.operations();
+        const cleared = await lh.clearQueueHolds(name);
+        cli.result(cleared, () =>
+          !cleared.queue && cleared.keys === 0 && cleared.jobs === 0
+            ? `queue ${name}: no hold in force`
+            : `queue ${name}: lifted ${
+                [cleared.queue && "the queue's hold", cleared.keys > 0 && `${cleared.keys} key hold${cleared.keys === 1 ? "" : "s"}`]
+                  .filter(Boolean)
+                  .join(" and ") || "no hold"
+              }; ${cleared.jobs} rate-limited job${cleared.jobs === 1 ? "" : "s"} due now`,
+        );
       }),
     );
 
@@ -83,6 +118,16 @@ export function registerQueueCommands(program: Command, run: Run): void {
       "a key's turns per round-robin round (repeat for several; the weights given replace the queue's; none: all weigh 1)",
       keyWeight,
     )
+    .option(
+      "--max-hold <duration|none>",
+      "the longest hold a handler's RateLimitedError may set, e.g. 30s, 10m (1s to 1d; none: the default, 5m); longer ones are clamped",
+      maxHold,
+    )
+    .option(
+      "--allow-queue-hold <yes|no>",
+      "whether a handler may hold the whole queue (no, the default: only its own key)",
+      yesNo("--allow-queue-hold"),
+    )
     .option("--create", CREATE_HELP)
     .action(
       run(async (cli, name: string, flags: LimitFlags) => {
@@ -92,9 +137,13 @@ export function registerQueueCommands(program: Command, run: Run): void {
           ...(flags.rate !== undefined && { rate: noneAsNull(flags.rate) }),
           ...(flags.keyRate !== undefined && { keyRate: noneAsNull(flags.keyRate) }),
           ...(flags.keyWeight !== undefined && { keyWeights: noneAsNull(flags.keyWeight) }),
+          ...(flags.maxHold !== undefined && { maxHoldMs: noneAsNull(flags.maxHold) }),
+          ...(flags.allowQueueHold !== undefined && { allowQueueHold: flags.allowQueueHold }),
         };
         if (Object.keys(limits).length === 0)
-          throw new CliError("give at least one of --concurrency, --key-concurrency, --rate, --key-rate or --key-weight");
+          throw new CliError(
+            "give at least one of --concurrency, --key-concurrency, --rate, --key-rate, --key-weight, --max-hold or --allow-queue-hold",
+          );
         const lh = await cli.operations();
         const q = await lh.setQueueLimits(name, limits, { create: flags.create });
         cli.result(q, () => `queue ${name}: ${describeLimits(q)}`);
@@ -140,6 +189,29 @@ function rateOrNone(flag: string): (value: string) => RateLimit | "none" {
   };
 }
 
+/** A duration from 1s to 1d, or "none" (the default cap). */
+function maxHold(value: string): number | "none" {
+  if (value.trim() === "none") return "none";
+  let ms: number;
+  try {
+    ms = duration("--max-hold")(value);
+  } catch {
+    ms = NaN;
+  }
+  if (!(ms >= MIN_MAX_HOLD_MS && ms <= MAX_RATE_WINDOW_MS)) {
+    throw new CliError(`--max-hold must be a duration from 1s to 1d like 30s or 10m, or none for the default (got ${JSON.stringify(value)})`);
+  }
+  return ms;
+}
+
+function yesNo(flag: string): (value: string) => boolean {
+  return (value) => {
+    if (value === "yes" || value === "true") return true;
+    if (value === "no" || value === "false") return false;
+    throw new CliError(`${flag} must be yes or no (got ${JSON.stringify(value)})`);
+  };
+}
+
 /** KEY=WEIGHT, repeatable; "none" clears the weights. */
 function keyWeight(value: string, previous: Record<string, number> | "none" | undefined): Record<string, number> | "none" {
   if (value.trim() === "none") {
@@ -178,14 +250,30 @@ function describeLimits(q: QueueSettings): string {
           .join(", ");
   return (
     `${q.paused ? "paused" : "not paused"}; concurrency ${q.concurrency ?? "-"}, key concurrency ${q.keyConcurrency ?? "-"}, ` +
-    `rate ${rateText(q.rate)}, key rate ${rateText(q.keyRate)}, key weights ${weights}`
+    `rate ${rateText(q.rate)}, key rate ${rateText(q.keyRate)}, key weights ${weights}; ` +
+    `handlers hold at most ${durationText(q.maxHoldMs ?? DEFAULT_MAX_HOLD_MS)}${q.maxHoldMs === null ? " (default)" : ""}, ` +
+    `${q.allowQueueHold ? "the whole queue allowed" : "their own key only"}`
   );
+}
+
+function durationText(ms: number): string {
+  return rateText({ limit: 1, windowMs: ms }).slice(2);
+}
+
+/** The holds in force: "queue until 12:00:05 (job 42)", "key acme until ... (job 43)", "+3 keys". */
+function holdsText(q: QueueInfo): string {
+  if (q.holds.length === 0) return "-";
+  const listed = q.holds.map(
+    (h) => `${h.key === null ? "queue" : `key ${h.key}`} until ${h.until.toISOString()}${h.jobId ? ` (job ${h.jobId})` : ""}`,
+  );
+  const unlisted = q.heldKeys - q.holds.filter((h) => h.key !== null).length;
+  return [...listed, ...(unlisted > 0 ? [`+${unlisted} keys`] : [])].join("; ");
 }
 
 function queuesTable(list: QueueInfo[]): string {
   if (list.length === 0) return "no queues";
   return table(
-    ["NAME", "PAUSED", "CONCURRENCY", "KEY CONC.", "RATE", "KEY RATE", "WAITING", "RUNNING"],
+    ["NAME", "PAUSED", "CONCURRENCY", "KEY CONC.", "RATE", "KEY RATE", "WAITING", "RUNNING", "HELD"],
     list.map((q) => [
       q.name,
       q.paused ? "yes" : "no",
@@ -195,6 +283,7 @@ function queuesTable(list: QueueInfo[]): string {
       rateText(q.keyRate),
       String(q.waiting),
       String(q.running),
+      holdsText(q),
     ]),
   );
 }
