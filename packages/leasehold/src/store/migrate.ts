@@ -78,7 +78,9 @@ function migrateOnce(pool: pg.Pool, schema: string, migrations: Migration[]): Pr
     // One lock per schema: concurrent migrators wait here, then find nothing left to do.
     await client.query("SELECT pg_advisory_xact_lock(hashtext('leasehold-migrate:' || $1))", [schema]);
     await client.query(`CREATE SCHEMA IF NOT EXISTS ${quoteIdent(schema)}`);
-    await client.query(`SET LOCAL search_path = ${quoteIdent(schema)}`);
+    // pg_temp named last: functions created with `SET search_path FROM CURRENT` must never
+    // resolve a caller's temporary objects first (migration 018 says why).
+    await client.query(`SET LOCAL search_path = ${quoteIdent(schema)}, pg_temp`);
     await client.query(
       `CREATE TABLE IF NOT EXISTS schema_migrations (
          version integer PRIMARY KEY,
