@@ -590,7 +590,7 @@ test("while more jobs are buffered than the handlers can start, a claim waits un
     reporting: () => 0,
     deliver: () => {},
     idle: () => {},
-    queues: () => ({ queues: ["default"], flowQueues: [] }),
+    queues: () => ({ queues: ["default"], flowQueues: [], pacedQueues: [] }),
     queuesStale: () => {},
   };
   // Claims never answer: each asks once, and what it asked for stays counted as on its way.
@@ -614,4 +614,45 @@ test("while more jobs are buffered than the handlers can start, a claim waits un
   claimer.kick();
   assert.equal(asked.length, 1);
   assert.ok(asked[0]! >= prefetch / 2, `claimed ${asked[0]} of a prefetch of ${prefetch}`);
+});
+
+test("a rate-limited (paced) queue is claimed only for free handler slots: no prefetch, and none at all while every slot is busy", async () => {
+  const concurrency = 10;
+  let running = concurrency;
+  const asked: { limit: number; queues: string[]; flowQueues: string[] }[] = [];
+  let answer: (jobs: unknown[]) => void = () => {};
+  const host: ClaimerHost = {
+    buffered: () => 0,
+    running: () => running,
+    reporting: () => 0,
+    deliver: () => {},
+    idle: () => {},
+    queues: () => ({ queues: ["plain", "paced"], flowQueues: ["paced"], pacedQueues: ["paced"] }),
+    queuesStale: () => {},
+  };
+  const transport = {
+    claim: (p: { limit: number; queues: string[]; flowQueues: string[] }) => {
+      asked.push({ limit: p.limit, queues: p.queues, flowQueues: p.flowQueues });
+      return new Promise((resolve) => (answer = resolve));
+    },
+  } as unknown as WorkerTransport;
+  const settings = resolveWorkerSettings({ handlers: { t: () => undefined }, concurrency });
+  const claimer = new Claimer(host, transport, "paced", settings, ["t"], metricsFor(new Registry()), new Outage(silent), silent);
+  // A finishing rate of thousands of jobs/s: a prefetch of hundreds (250 ms of work).
+  for (let i = 0; i < 2_000; i++) claimer.jobFinished();
+  await new Promise((r) => setTimeout(r, 100));
+  assert.ok(claimer.target() - concurrency >= 100);
+
+  // Every slot busy: the prefetch claim leaves the paced queue out.
+  claimer.start();
+  assert.equal(asked.length, 1);
+  assert.deepEqual([asked[0]!.queues, asked[0]!.flowQueues], [["plain"], []]);
+  // Whatever it found (here nothing: the plain queue is drained) is in; 3 slots free up.
+  running = concurrency - 3;
+  answer([]);
+  await new Promise((r) => setImmediate(r));
+  assert.equal(asked.length, 2, "a freed slot claims the paced queue, though the plain one was drained");
+  assert.deepEqual(asked[1], { limit: 3, queues: ["plain", "paced"], flowQueues: ["paced"] });
+  answer([{}, {}, {}]);
+  await claimer.stop();
 });

@@ -11,9 +11,12 @@
  *   throttled {retryInMs, scope}: throws RateLimitedError on its first attempt, then succeeds
  *   hold      never ends (a job to kill the process under)
  *   quick     returns at once
+ *   stamp     {min, max}: records its start on the database's clock (a row of handler_starts, on
+ *             a connection of its own, one per handler slot), then sleeps as `sleep` does
  * Prints "ready <worker id>" once started and "started <job id> <Date.now()>" when a handler
  * starts (the test runs on the same machine: the same clock).
  */
+import pg from "pg";
 import pino from "pino";
 import { Leasehold } from "../../packages/leasehold/src/client.js";
 import { RateLimitedError, type JobContext } from "../../packages/leasehold/src/worker/context.js";
@@ -21,6 +24,10 @@ import { RateLimitedError, type JobContext } from "../../packages/leasehold/src/
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 const lh = await Leasehold.connect({ logger: pino({ level: "silent" }) });
+const concurrency = Number(process.env.CONCURRENCY ?? 10);
+// A connection per handler slot, opened before the worker starts: a start is stamped at once.
+const stamps = new pg.Pool({ connectionString: process.env.DATABASE_URL, max: concurrency, options: `-c search_path=${lh.schema}` });
+await Promise.all(Array.from({ length: concurrency }, () => stamps.query("SELECT pg_sleep(0.05)")));
 const worker = lh.worker({
   watchdog: false,
   queues: (process.env.QUEUES ?? "default").split(","),
@@ -33,6 +40,11 @@ const worker = lh.worker({
     throttled: (p: unknown, ctx: JobContext) => {
       const { retryInMs, scope } = p as { retryInMs: number; scope: "key" | "queue" | "job" };
       if (ctx.attempt === 1) throw new RateLimitedError(retryInMs, scope);
+    },
+    stamp: async (p: unknown, ctx: JobContext) => {
+      await stamps.query("INSERT INTO handler_starts (job_id, at) VALUES ($1, clock_timestamp())", [ctx.jobId]);
+      const { min, max } = p as { min: number; max: number };
+      await sleep(min + Math.random() * (max - min));
     },
     hold: () => new Promise(() => {}),
     quick: () => undefined,

@@ -80,6 +80,18 @@ export class FlowView {
     return this.claimable().filter((q) => this.settings.get(q)?.flow ?? false);
   }
 
+  /**
+   * Of those, the ones whose starts are limited by a rate (the queue's or its keys'): claimed
+   * only for free handler slots, never into the buffer, so each job starts as it is counted.
+   */
+  pacedQueues(): string[] {
+    if (!this.known) return this.claimable();
+    return this.flowQueues().filter((q) => {
+      const s = this.settings.get(q);
+      return s?.rate != null || s?.keyRate != null;
+    });
+  }
+
   private async read(): Promise<void> {
     let rows: QueueSettings[];
     this.readAt = performance.now();
@@ -98,7 +110,12 @@ export class FlowView {
   }
 
   private signature(): string {
-    return this.queues.map((q) => `${this.isPaused(q) ? "p" : ""}${this.settings.get(q)?.flow ? "f" : ""}`).join(",");
+    return this.queues
+      .map((q) => {
+        const s = this.settings.get(q);
+        return `${s?.paused ? "p" : ""}${s?.flow ? "f" : ""}${s?.rate || s?.keyRate ? "r" : ""}`;
+      })
+      .join(",");
   }
 
   private schedule(): void {

@@ -149,7 +149,7 @@ export class Worker extends WorkerEmitter {
         reporting: () => this.reporting,
         deliver: (j, at) => this.deliver(j, at),
         idle: () => this.emit("idle"),
-        queues: () => ({ queues: this.flow.claimable(), flowQueues: this.flow.flowQueues() }),
+        queues: () => ({ queues: this.flow.claimable(), flowQueues: this.flow.flowQueues(), pacedQueues: this.flow.pacedQueues() }),
         queuesStale: () => void this.flow.refresh(),
       },
       this.transport,
