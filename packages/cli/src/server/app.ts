@@ -123,7 +123,12 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
   app.setErrorHandler(handleError);
   recordRequests(app, metrics);
-  capConnections(app.server, limits, () => metrics.connectionsDropped.inc());
+  capConnections(
+    app.server,
+    limits,
+    () => metrics.connectionsDropped.inc(),
+    () => metrics.idleConnectionsEvicted.inc(),
+  );
   app.setNotFoundHandler((request, reply) => {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });

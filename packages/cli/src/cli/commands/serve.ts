@@ -31,8 +31,18 @@ export function registerServe(program: Command, run: Run): void {
     )
     .option("--body-limit <bytes>", "largest request body (default 4 MiB)", int("--body-limit", 1024, 256 * 1024 * 1024))
     .option("--request-timeout <ms>", "a request's headers and body must arrive within this (default 30000)", int("--request-timeout", 100, 600_000))
+    .option(
+      "--headers-timeout <ms>",
+      "close a connection that sent no complete request headers within this (default 5000)",
+      int("--headers-timeout", 100, 600_000),
+    )
     .option("--keep-alive-timeout <ms>", "close a kept-alive connection idle this long (default 10000)", int("--keep-alive-timeout", 100, 600_000))
     .option("--max-connections <n>", "close connections beyond this many as they arrive (default 1000)", int("--max-connections", 1, 1_000_000))
+    .option(
+      "--max-idle-per-address <n>",
+      "idle connections (no request being answered) one client address may hold; more close its oldest (default 64)",
+      int("--max-idle-per-address", 1, 1_000_000),
+    )
     .option(
       "--max-long-polls <n>",
       "claims that may wait for jobs at once; beyond, a claim answers at once (default 500)",
@@ -97,8 +107,10 @@ interface ServeOptions {
   receiptKey?: string;
   bodyLimit?: number;
   requestTimeout?: number;
+  headersTimeout?: number;
   keepAliveTimeout?: number;
   maxConnections?: number;
+  maxIdlePerAddress?: number;
   maxLongPolls?: number;
   minLease?: number;
   maxLease?: number;
@@ -132,8 +144,10 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
     limits: {
       bodyLimitBytes: opts.bodyLimit,
       requestTimeoutMs: opts.requestTimeout,
+      headersTimeoutMs: opts.headersTimeout,
       keepAliveTimeoutMs: opts.keepAliveTimeout,
       maxConnections: opts.maxConnections,
+      maxIdlePerAddress: opts.maxIdlePerAddress,
       maxLongPolls: opts.maxLongPolls,
       minLeaseMs: opts.minLease,
       maxLeaseMs: opts.maxLease,
