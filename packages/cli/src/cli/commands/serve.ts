@@ -26,6 +26,10 @@ export function registerServe(program: Command, run: Run): void {
     .option("--token <token>", "operator API token: every route (default: LEASEHOLD_TOKEN)")
     .option("--worker-token <token>", "a second token that may only use the workers' routes /v1/worker/* (default: LEASEHOLD_WORKER_TOKEN)")
     .option(
+      "--viewer-token <token>",
+      "a third token that may only read, and is shown no payloads: for a read-only dashboard's audience (default: LEASEHOLD_VIEWER_TOKEN)",
+    )
+    .option(
       "--receipt-key <secret>",
       "secret for the claim receipts' key; the same on every replica (default: LEASEHOLD_RECEIPT_KEY, else derived from the operator token)",
     )
@@ -57,6 +61,10 @@ export function registerServe(program: Command, run: Run): void {
       "on" as DashboardMode,
     )
     .option(
+      "--show-payloads",
+      "show payloads, results, checkpoints, progress and errors to read-only callers too (the viewer token; all under --dashboard read-only)",
+    )
+    .option(
       "--max-result-bytes <bytes>",
       "largest result (a handler's return value, as JSON) a remote worker may report; a larger one ends its job dead (default 65536)",
       int("--max-result-bytes", 1, MAX_RESULT_BYTES_LIMIT),
@@ -74,17 +82,21 @@ export function registerServe(program: Command, run: Run): void {
       if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
       const workerToken = opts.workerToken ?? (process.env.LEASEHOLD_WORKER_TOKEN || undefined);
       const receiptKey = opts.receiptKey ?? (process.env.LEASEHOLD_RECEIPT_KEY || undefined);
+      const viewerToken = opts.viewerToken ?? (process.env.LEASEHOLD_VIEWER_TOKEN || undefined);
       // Before connecting: a bad token should not cost a database start.
       checkToken(token);
       if (workerToken !== undefined) checkToken(workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
       if (workerToken === token) throw new CliError("the worker token must differ from the operator token");
       if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
+      if (viewerToken !== undefined) checkToken(viewerToken, "the viewer token", "LEASEHOLD_VIEWER_TOKEN or pass --viewer-token");
+      if (viewerToken !== undefined && (viewerToken === token || viewerToken === workerToken))
+        throw new CliError("the viewer token must differ from the operator and worker tokens");
       const logger = cli.logger("info");
       cli.useNats(opts.nats);
       // The server's enqueue routes warn about (or refuse) tasks no worker runs, as this says.
       cli.unknownTasks = opts.unknownTasks;
       const lh = await cli.connect({ logger, poolSize: 20, graceful: true });
-      const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
+      const url = await startServer(cli, lh, { ...opts, token, workerToken, viewerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
       startScheduler(cli, lh, opts);
       const dashboard = opts.dashboard === "off" ? null : `${url}/`;
@@ -104,7 +116,9 @@ interface ServeOptions {
   port: number;
   token?: string;
   workerToken?: string;
+  viewerToken?: string;
   receiptKey?: string;
+  showPayloads?: boolean;
   bodyLimit?: number;
   requestTimeout?: number;
   headersTimeout?: number;
@@ -138,6 +152,8 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
     leasehold: lh,
     token: opts.token,
     workerToken: opts.workerToken,
+    viewerToken: opts.viewerToken,
+    showPayloads: opts.showPayloads,
     receiptKey: opts.receiptKey,
     dashboard: opts.dashboard,
     sampleIntervalMs: DEFAULT_SAMPLE_INTERVAL_MS,
