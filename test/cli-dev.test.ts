@@ -47,6 +47,10 @@ async function libraryEmbedded(cwd: string, task: string, payload: unknown): Pro
 test("leasehold dev runs the examples on the embedded database; other commands reach it; Ctrl-C stops it cleanly", { timeout: 180_000 }, async () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-dev-"));
   fs.chmodSync(dir, 0o755); // as root, the embedded server runs as `postgres` and must enter it
+  // A dev.json left behind, readable by all: dev's write must close it, not keep its mode.
+  fs.mkdirSync(path.join(dir, ".leasehold"));
+  fs.writeFileSync(path.join(dir, ".leasehold", "dev.json"), "{}\n", { mode: 0o644 });
+  fs.chmodSync(path.join(dir, ".leasehold", "dev.json"), 0o644);
   const opts = { schema: "unused", env: NO_DATABASE, cwd: dir };
   let running: Awaited<ReturnType<typeof startCli>> | undefined;
   try {

@@ -48,8 +48,11 @@ const countRun = (key: string) => {
 };
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
+/** The token a read-only dashboard's audience is given: it may only read, and is shown no payloads. */
+const VIEWER_TOKEN = "viewer-token-0123456789abcdef";
+
 async function startServer(dashboard: DashboardMode): Promise<string> {
-  const app = createServer({ leasehold: lh, token: TOKEN, dashboard, sampleIntervalMs: 1_000 });
+  const app = createServer({ leasehold: lh, token: TOKEN, viewerToken: VIEWER_TOKEN, dashboard, sampleIntervalMs: 1_000 });
   servers.push(app);
   await app.listen({ host: "127.0.0.1", port: 0 });
   const address = app.server.address() as { port: number };
@@ -416,39 +419,46 @@ test("a call without the token changes nothing", { skip }, async () => {
   assert.equal(await state(id), "dead");
 });
 
-test("read-only mode: no buttons that change jobs, and the server refuses them", { skip }, async () => {
-  const { id } = await lh.enqueue("doomed", null, { maxAttempts: 1, queue: "readonly" });
-  await eventually(async () => (await state(id)) === "dead", "dead");
-  const readOnlyBase = await startServer("read-only");
-  const p = await context.newPage();
-  // The link `leasehold dev` prints: the token in the fragment, which the browser never sends.
-  await p.goto(`${readOnlyBase}/#token=${encodeURIComponent(TOKEN)}`);
-  await p.waitForSelector(".badge.read-only");
-  assert.equal(new URL(p.url()).hash, "#/", "the token left the address");
-  await p.waitForSelector('[data-table="queues"]');
-  assert.equal(await p.locator('[data-action="pause-queue"], [data-action="edit-limits"]').count(), 0);
-  await p.goto(`${readOnlyBase}/#/jobs/${id}`);
-  await p.waitForSelector("h1 >> text=dead");
-  assert.equal(await p.locator('[data-action="retry"]').count(), 0);
-  await p.goto(`${readOnlyBase}/#/jobs?state=dead`);
-  await p.waitForSelector('[data-table="jobs"]');
-  assert.equal(await p.locator('[data-action="bulk-retry"]').count(), 0);
-  const answers = await p.evaluate(async (jobId) => {
-    const auth = {
-      authorization: `Bearer ${(globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")}`,
-      "content-type": "application/json",
-    };
-    const one = await fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", headers: auth, body: "{}" });
-    const bulk = await fetch("/v1/bulk/retry", { method: "POST", headers: auth, body: JSON.stringify({ state: "dead", confirmed: 100 }) });
-    const pause = await fetch("/v1/queues/readonly/pause", { method: "POST", headers: auth });
-    const limits = await fetch("/v1/queues/readonly/limits", { method: "PATCH", headers: auth, body: JSON.stringify({ concurrency: 1 }) });
-    return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status, pause.status, limits.status];
-  }, id);
-  assert.deepEqual(answers, [403, "read_only", 403, 403, 403]);
-  assert.equal((await lh.pool.query("SELECT 1 FROM queues WHERE name = 'readonly'")).rowCount, 0);
-  assert.equal(await state(id), "dead");
-  await p.close();
-});
+test(
+  "read-only mode with the viewer token: no buttons that change jobs, the server refuses them, and payloads and errors are hidden",
+  { skip },
+  async () => {
+    const { id } = await lh.enqueue("doomed", { card: "4242-4242-secret" }, { maxAttempts: 1, queue: "readonly" });
+    await eventually(async () => (await state(id)) === "dead", "dead");
+    const readOnlyBase = await startServer("read-only");
+    const p = await context.newPage();
+    // The link `leasehold dev --dashboard read-only` prints: the viewer token in the fragment, which the browser never sends.
+    await p.goto(`${readOnlyBase}/#token=${encodeURIComponent(VIEWER_TOKEN)}`);
+    await p.waitForSelector(".badge.read-only");
+    assert.equal(new URL(p.url()).hash, "#/", "the token left the address");
+    await p.waitForSelector('[data-table="queues"]');
+    assert.equal(await p.locator('[data-action="pause-queue"], [data-action="edit-limits"]').count(), 0);
+    await p.goto(`${readOnlyBase}/#/jobs/${id}`);
+    await p.waitForSelector("h1 >> text=dead");
+    assert.equal(await p.locator('[data-action="retry"]').count(), 0);
+    assert.equal(await p.locator('[data-field="payload"]').textContent(), '"[hidden]"');
+    assert.equal(await p.locator('[data-field="last-error"]').textContent(), "[hidden]");
+    assert.ok(!(await p.content()).includes("4242-4242-secret"), "the page shows the payload");
+    await p.goto(`${readOnlyBase}/#/jobs?state=dead`);
+    await p.waitForSelector('[data-table="jobs"]');
+    assert.equal(await p.locator('[data-action="bulk-retry"]').count(), 0);
+    const answers = await p.evaluate(async (jobId) => {
+      const auth = {
+        authorization: `Bearer ${(globalThis as unknown as InPage).sessionStorage.getItem("leasehold.token")}`,
+        "content-type": "application/json",
+      };
+      const one = await fetch(`/v1/jobs/${jobId}/retry`, { method: "POST", headers: auth, body: "{}" });
+      const bulk = await fetch("/v1/bulk/retry", { method: "POST", headers: auth, body: JSON.stringify({ state: "dead", confirmed: 100 }) });
+      const pause = await fetch("/v1/queues/readonly/pause", { method: "POST", headers: auth });
+      const limits = await fetch("/v1/queues/readonly/limits", { method: "PATCH", headers: auth, body: JSON.stringify({ concurrency: 1 }) });
+      return [one.status, ((await one.json()) as { error: { code: string } }).error.code, bulk.status, pause.status, limits.status];
+    }, id);
+    assert.deepEqual(answers, [403, "read_only", 403, 403, 403]);
+    assert.equal((await lh.pool.query("SELECT 1 FROM queues WHERE name = 'readonly'")).rowCount, 0);
+    assert.equal(await state(id), "dead");
+    await p.close();
+  },
+);
 
 test("usable at a phone's width: nothing wider than the screen, every view reachable", { skip }, async () => {
   await lh.schedule({ name: "nightly-report", cron: "0 3 * * *", task: "crunch", queue: "reports", timezone: "Europe/Paris" });

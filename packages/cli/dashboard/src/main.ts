@@ -66,7 +66,10 @@ function showSignIn(message?: string): void {
     h(
       "p",
       {},
-      "The server's API token (LEASEHOLD_TOKEN; `leasehold dev` prints it). It is sent with each request in a header, and kept only in this tab until it closes.",
+      (readOnly
+        ? "The viewer token you were given for this read-only dashboard (LEASEHOLD_VIEWER_TOKEN)."
+        : "The server's API token (LEASEHOLD_TOKEN; `leasehold dev` prints it).") +
+        " It is sent with each request in a header, and kept only in this tab until it closes.",
     ),
     h("label", {}, "API token ", input),
     h("button", { type: "submit" }, "Sign in"),

@@ -3,6 +3,7 @@
  * 0600: it holds the API token) with its database URL, schema and API address, and removes
  * it on exit. A file whose process is gone is ignored.
  */
+import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 
@@ -29,10 +30,21 @@ export function readDevState(dataDir: string): DevState | undefined {
   return typeof state.pid === "number" && isAlive(state.pid) && typeof state.databaseUrl === "string" ? state : undefined;
 }
 
+/**
+ * A new file (0600 from its first byte) renamed over the old one: writeFileSync's mode applies
+ * only when it creates the file, so writing in place would keep a left-behind file's wider mode
+ * (and follow a symbolic link planted at its name).
+ */
 export function writeDevState(dataDir: string, state: DevState): void {
   fs.mkdirSync(dataDir, { recursive: true });
   const file = devStatePath(dataDir);
-  fs.writeFileSync(file, JSON.stringify(state, null, 2) + "\n", { mode: 0o600 });
+  const tmp = `${file}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`;
+  try {
+    fs.writeFileSync(tmp, JSON.stringify(state, null, 2) + "\n", { mode: 0o600, flag: "wx" });
+    fs.renameSync(tmp, file);
+  } finally {
+    fs.rmSync(tmp, { force: true });
+  }
 }
 
 export function removeDevState(dataDir: string): void {

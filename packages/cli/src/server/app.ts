@@ -7,7 +7,7 @@
  * <token>`: the operator token, or for the /v1/worker/* routes also the worker token.
  */
 import pino from "pino";
-import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance } from "fastify";
+import Fastify, { LogController, type FastifyBaseLogger, type FastifyInstance, type FastifyRequest } from "fastify";
 import swagger from "@fastify/swagger";
 import type { Leasehold } from "leasehold/internal/client";
 import * as store from "leasehold/internal/store/index";
@@ -28,6 +28,7 @@ import { capConnections, resolveLimits, serverOptions, type ServerLimits } from 
 import { Receipts } from "./receipts.js";
 import { WorkerIdentities } from "./identity.js";
 import { routes } from "./schemas.js";
+import { hideUserData } from "./user-data.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
 /** How long a stopping server lets requests in flight finish. */
@@ -46,20 +47,37 @@ export interface ServerOptions {
   logRequests?: boolean;
   /**
    * The dashboard at `/` (default "on"). "read-only": the operator token may only read (every
-   * other method is refused with 403 read_only), for a server that shows the dashboard to a
-   * wide audience; the worker token keeps its routes. "off": no page (the API is the same).
+   * other method is refused with 403 read_only) and is shown no payloads (as the viewer token),
+   * for a server that shows the dashboard to a wide audience; the worker token keeps its
+   * routes. "off": no page (the API is the same).
    */
   dashboard?: DashboardMode;
+  /**
+   * A third token that may only read (GET and HEAD on the operator's routes): the one to give
+   * a read-only dashboard's audience. Its answers hide payloads, results, checkpoints, progress
+   * and error messages unless `showPayloads`.
+   */
+  viewerToken?: string;
+  /** Show payloads (and results, checkpoints, progress, errors) to read-only credentials too (default: hidden). */
+  showPayloads?: boolean;
   /** The interval of the throughput sampler that feeds /v1/activity (see maintenance/throughput.ts). */
   sampleIntervalMs?: number;
 }
 
-function tokensOf(options: ServerOptions): { operator: string; worker?: string } {
+function tokensOf(options: ServerOptions): { operator: string; worker?: string; viewer?: string } {
   const operator = checkToken(options.token);
-  if (options.workerToken === undefined) return { operator };
-  const worker = checkToken(options.workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
+  const worker =
+    options.workerToken === undefined
+      ? undefined
+      : checkToken(options.workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
+  const viewer =
+    options.viewerToken === undefined
+      ? undefined
+      : checkToken(options.viewerToken, "the viewer token", "LEASEHOLD_VIEWER_TOKEN or pass --viewer-token");
   if (worker === operator) throw new ConfigError("the worker token must differ from the operator token");
-  return { operator, worker };
+  if (viewer !== undefined && (viewer === operator || viewer === worker))
+    throw new ConfigError("the viewer token must differ from the operator and worker tokens");
+  return { operator, worker, viewer };
 }
 
 export function createServer(options: ServerOptions): FastifyInstance {
@@ -126,10 +144,16 @@ export function createServer(options: ServerOptions): FastifyInstance {
   });
   app.setErrorHandler(handleError);
   recordRequests(app, metrics);
-  capConnections(app.server, limits, () => metrics.connectionsDropped.inc());
+  capConnections(
+    app.server,
+    limits,
+    () => metrics.connectionsDropped.inc(),
+    () => metrics.idleConnectionsEvicted.inc(),
+  );
   app.setNotFoundHandler((request, reply) => {
     reply.status(404).send(errorBody("not_found", `no route ${request.method} ${request.url.split("?")[0]}`));
   });
+  const hidesUserData = new WeakSet<FastifyRequest>();
   app.addHook("onRequest", async (request, reply) => {
     const config = request.routeOptions.config;
     if (config?.public) return;
@@ -147,13 +171,28 @@ export function createServer(options: ServerOptions): FastifyInstance {
     if (scope === "worker" && config?.scope !== "worker" && !request.is404) {
       return reply.status(403).send(errorBody("forbidden", "the worker token may only use the /v1/worker/* routes"));
     }
-    // Read-only: whoever holds the operator token here may look, never change (nor act as a worker).
-    if (readOnly && scope === "operator" && request.method !== "GET" && request.method !== "HEAD") {
+    // The viewer token reads the operator's routes; it never acts as a worker.
+    if (scope === "viewer" && config?.scope === "worker") {
+      return reply.status(403).send(errorBody("forbidden", "the viewer token may not use the /v1/worker/* routes"));
+    }
+    // Read-only: whoever holds the operator token here, or the viewer token anywhere, may look, never change.
+    const readOnlyCaller = scope === "viewer" || (readOnly && scope === "operator");
+    if (readOnlyCaller && request.method !== "GET" && request.method !== "HEAD") {
       return reply
         .status(403)
-        .send(errorBody("read_only", "this server is read-only (--dashboard read-only): it changes nothing for the operator token"));
+        .send(
+          errorBody(
+            "read_only",
+            scope === "viewer"
+              ? "the viewer token may only read: it changes nothing"
+              : "this server is read-only (--dashboard read-only): it changes nothing for the operator token",
+          ),
+        );
     }
+    if (readOnlyCaller && !options.showPayloads) hidesUserData.add(request);
   });
+  // What users put in jobs, hidden from read-only callers (unless --show-payloads): see user-data.ts.
+  app.addHook("preSerialization", async (request, _reply, payload) => (hidesUserData.has(request) ? hideUserData(payload) : payload));
   const jobWaits = new JobWaits(limits.maxLongPolls);
   // Requests being answered. Once none is left while closing, the connections still open are
   // closed at once: kept-alive ones, and ones a client opened and never sent a request on,

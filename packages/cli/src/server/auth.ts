@@ -30,23 +30,27 @@ export function checkToken(token: string | undefined, what = "the API token", so
 const digest = (s: string) => createHash("sha256").update(s).digest();
 
 /**
- * Two scopes: the operator token may use every route; the optional worker token only the
- * remote workers' routes (/v1/worker/*), so a worker host cannot enqueue, cancel or read jobs.
+ * Three scopes: the operator token may use every route; the optional worker token only the
+ * remote workers' routes (/v1/worker/*), so a worker host cannot enqueue, cancel or read jobs;
+ * the optional viewer token may only read the operator's routes (GET and HEAD), and is not
+ * shown what users put in jobs (user-data.ts), for a dashboard shown to a wide audience.
  */
-export type Scope = "operator" | "worker";
+export type Scope = "operator" | "worker" | "viewer";
 
 /** Returns the scope an `Authorization` header value grants, if any. */
-export function scopeMatcher(tokens: { operator: string; worker?: string }): (header: string | undefined) => Scope | undefined {
+export function scopeMatcher(tokens: { operator: string; worker?: string; viewer?: string }): (header: string | undefined) => Scope | undefined {
   const operator = digest(tokens.operator);
   const worker = tokens.worker === undefined ? undefined : digest(tokens.worker);
+  const viewer = tokens.viewer === undefined ? undefined : digest(tokens.viewer);
   return (header) => {
     const match = /^Bearer\s+(\S+)\s*$/i.exec(header ?? "");
-    // Hash and compare against both even when the header is missing, so every path costs the same.
+    // Hash and compare against every token even when the header is missing, so every path costs the same.
     const given = digest(match?.[1] ?? "");
     const isOperator = timingSafeEqual(given, operator);
     const isWorker = worker !== undefined && timingSafeEqual(given, worker);
+    const isViewer = viewer !== undefined && timingSafeEqual(given, viewer);
     if (match === null) return undefined;
-    return isOperator ? "operator" : isWorker ? "worker" : undefined;
+    return isOperator ? "operator" : isWorker ? "worker" : isViewer ? "viewer" : undefined;
   };
 }
 

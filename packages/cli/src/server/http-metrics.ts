@@ -11,6 +11,7 @@ export interface ServerMetrics {
   requests: Counter<"route" | "method" | "status">;
   duration: Histogram<"route">;
   connectionsDropped: Counter;
+  idleConnectionsEvicted: Counter;
   longPollsWaiting: Gauge;
   longPollsRefused: Counter;
   invalidReceipts: Counter<"kind">;
@@ -41,6 +42,11 @@ export function serverMetrics(registry: Registry): ServerMetrics {
     connectionsDropped: new Counter({
       name: "leasehold_server_connections_dropped_total",
       help: "Connections closed on arrival because the server had --max-connections open.",
+      registers,
+    }),
+    idleConnectionsEvicted: new Counter({
+      name: "leasehold_server_idle_connections_evicted_total",
+      help: "Idle connections (none of their requests being answered) closed because their client address opened more than --max-idle-per-address.",
       registers,
     }),
     longPollsWaiting: new Gauge({

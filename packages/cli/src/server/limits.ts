@@ -7,14 +7,19 @@
 import type http from "node:http";
 import { ConfigError, ValidationError } from "leasehold/internal/errors";
 import { DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_LIMIT } from "leasehold/internal/jobs/validate";
+import { boundIdleConnections } from "./idle-connections.js";
 import { MAX_WAIT_MS } from "./schemas.js";
 
 /** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
 export const DEFAULT_BODY_LIMIT_BYTES = 4 * 1024 * 1024;
 /** A request's headers and body must have arrived within this (a slow sender is cut with 408). */
 export const DEFAULT_REQUEST_TIMEOUT_MS = 30_000;
-/** The headers alone must have arrived within this (or the request timeout, if shorter). */
-export const DEFAULT_HEADERS_TIMEOUT_MS = 10_000;
+/**
+ * The headers alone must have arrived within this (or the request timeout, if shorter): a
+ * connection that sent no complete request in this time is closed. Any real client sends its
+ * headers at once; only a silent or trickling one, which has shown no token, waits here.
+ */
+export const DEFAULT_HEADERS_TIMEOUT_MS = 5_000;
 /** An idle kept-alive connection is closed after this. */
 export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 10_000;
 /**
@@ -25,6 +30,11 @@ export const DEFAULT_KEEP_ALIVE_TIMEOUT_MS = 10_000;
 export const SOCKET_IDLE_TIMEOUT_MS = MAX_WAIT_MS + 30_000;
 /** Open connections beyond this are closed as they arrive. */
 export const DEFAULT_MAX_CONNECTIONS = 1_000;
+/**
+ * Idle connections one client address may hold (none being answered: silent, or kept alive
+ * between requests); opening more closes its oldest idle one. See idle-connections.ts.
+ */
+export const DEFAULT_MAX_IDLE_PER_ADDRESS = 64;
 /** Claims waiting at once; beyond this a claim answers at once with what it finds. */
 export const DEFAULT_MAX_LONG_POLLS = 500;
 /** Largest claim answer: jobs beyond it are released at once (always at least one job). */
@@ -58,8 +68,10 @@ export function checkLease(leaseMs: number, bounds: LeaseBounds): void {
 export interface ServerLimits extends LeaseBounds {
   bodyLimitBytes: number;
   requestTimeoutMs: number;
+  headersTimeoutMs: number;
   keepAliveTimeoutMs: number;
   maxConnections: number;
+  maxIdlePerAddress: number;
   maxLongPolls: number;
   /** The largest result a remote worker may report (serialised); a larger one ends its job dead. */
   maxResultBytes: number;
@@ -69,8 +81,10 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
   const limits: ServerLimits = {
     bodyLimitBytes: given.bodyLimitBytes ?? DEFAULT_BODY_LIMIT_BYTES,
     requestTimeoutMs: given.requestTimeoutMs ?? DEFAULT_REQUEST_TIMEOUT_MS,
+    headersTimeoutMs: given.headersTimeoutMs ?? DEFAULT_HEADERS_TIMEOUT_MS,
     keepAliveTimeoutMs: given.keepAliveTimeoutMs ?? DEFAULT_KEEP_ALIVE_TIMEOUT_MS,
     maxConnections: given.maxConnections ?? DEFAULT_MAX_CONNECTIONS,
+    maxIdlePerAddress: given.maxIdlePerAddress ?? DEFAULT_MAX_IDLE_PER_ADDRESS,
     maxLongPolls: given.maxLongPolls ?? DEFAULT_MAX_LONG_POLLS,
     minLeaseMs: given.minLeaseMs ?? DEFAULT_MIN_LEASE_MS,
     maxLeaseMs: given.maxLeaseMs ?? DEFAULT_MAX_LEASE_MS,
@@ -82,8 +96,10 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
   };
   check("bodyLimitBytes", 1024, 256 * 1024 * 1024);
   check("requestTimeoutMs", 100, 600_000);
+  check("headersTimeoutMs", 100, 600_000);
   check("keepAliveTimeoutMs", 100, 600_000);
   check("maxConnections", 1, 1_000_000);
+  check("maxIdlePerAddress", 1, 1_000_000);
   check("maxLongPolls", 0, 1_000_000);
   check("minLeaseMs", 1_000, 86_400_000);
   check("maxLeaseMs", limits.minLeaseMs, 86_400_000);
@@ -91,9 +107,13 @@ export function resolveLimits(given: Partial<ServerLimits> = {}): ServerLimits {
   return limits;
 }
 
+function headersTimeoutOf(limits: ServerLimits): number {
+  return Math.min(limits.headersTimeoutMs, limits.requestTimeoutMs);
+}
+
 /** The fastify (and node:http) options that enforce the limits above. */
 export function serverOptions(limits: ServerLimits) {
-  const headersTimeout = Math.min(DEFAULT_HEADERS_TIMEOUT_MS, limits.requestTimeoutMs);
+  const headersTimeout = headersTimeoutOf(limits);
   return {
     bodyLimit: limits.bodyLimitBytes,
     // Counts until the whole request has arrived; a long poll waits after that, so it is not cut.
@@ -108,8 +128,12 @@ export function serverOptions(limits: ServerLimits) {
   };
 }
 
-/** Closes connections beyond the cap as they arrive; `onDrop` counts them. */
-export function capConnections(server: http.Server, limits: ServerLimits, onDrop: () => void): void {
+/**
+ * Closes connections beyond the cap as they arrive (`onDrop` counts them), and an address's
+ * oldest idle connection when it holds more than its share (`onEvict`).
+ */
+export function capConnections(server: http.Server, limits: ServerLimits, onDrop: () => void, onEvict: () => void): void {
   server.maxConnections = limits.maxConnections;
   server.on("drop", onDrop);
+  boundIdleConnections(server, { firstRequestMs: headersTimeoutOf(limits), maxIdlePerAddress: limits.maxIdlePerAddress }, onEvict);
 }

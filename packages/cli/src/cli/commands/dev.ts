@@ -37,13 +37,28 @@ export function registerDev(program: Command, run: Run): void {
     .option("--token <token>", "API token (default: LEASEHOLD_TOKEN, else a random one)")
     .option("--concurrency <n>", "jobs at once", int("--concurrency", 1, 1000), 5)
     .option("--no-examples", "do not enqueue the example jobs at start")
-    .option("--dashboard <mode>", "the dashboard at / : on, read-only or off", dashboardMode, "on" as DashboardMode)
+    .option(
+      "--dashboard <mode>",
+      "the dashboard at / : on, read-only (its link carries a viewer token, which may only read) or off",
+      dashboardMode,
+      "on" as DashboardMode,
+    )
+    .option("--show-payloads", "with --dashboard read-only: show payloads, results, checkpoints, progress and errors (default: hidden)")
     .option("--nats <url>", "NATS JetStream dispatch (docs/nats.md), e.g. nats://127.0.0.1:4222 (default: LEASEHOLD_NATS_URL; none: polling only)")
     .action(
       run(
         async (
           cli,
-          opts: { tasks?: string; port?: number; token?: string; concurrency: number; examples: boolean; dashboard: DashboardMode; nats?: string },
+          opts: {
+            tasks?: string;
+            port?: number;
+            token?: string;
+            concurrency: number;
+            examples: boolean;
+            dashboard: DashboardMode;
+            showPayloads?: boolean;
+            nats?: string;
+          },
         ) => {
           const running = readDevState(cli.dataDir);
           if (running)
@@ -60,7 +75,18 @@ export function registerDev(program: Command, run: Run): void {
           cli.useNats(opts.nats);
           const lh = await cli.connect({ logger, poolSize: 20, quiet: true, graceful: true });
           const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
-          const serverOpts = { host: "127.0.0.1", token, watchdog: false, logger, dashboard: opts.dashboard };
+          // A read-only dashboard's link carries a token that can only read, never the operator's.
+          const viewerToken = opts.dashboard === "read-only" ? randomBytes(18).toString("base64url") : undefined;
+          const dashboardToken = viewerToken ?? token;
+          const serverOpts = {
+            host: "127.0.0.1",
+            token,
+            viewerToken,
+            showPayloads: opts.showPayloads,
+            watchdog: false,
+            logger,
+            dashboard: opts.dashboard,
+          };
           let apiUrl: string;
           try {
             apiUrl = await startServer(cli, lh, { ...serverOpts, port: opts.port ?? DEFAULT_PORT });
@@ -91,6 +117,7 @@ export function registerDev(program: Command, run: Run): void {
                 api: apiUrl,
                 dashboard: opts.dashboard === "off" ? null : `${apiUrl}/`,
                 token,
+                ...(viewerToken && { viewerToken }),
                 database: redactUrl(lh.databaseUrl),
                 schema: lh.schema,
                 tasks: taskNames,
@@ -102,6 +129,7 @@ export function registerDev(program: Command, run: Run): void {
               apiUrl,
               dashboard: opts.dashboard,
               token,
+              dashboardToken,
               lh,
               cli,
               taskNames,
@@ -134,6 +162,7 @@ function printBanner(
   b: {
     apiUrl: string;
     token: string;
+    dashboardToken: string;
     lh: Leasehold;
     cli: Cli;
     taskNames: string[];
@@ -147,8 +176,8 @@ function printBanner(
   say("");
   say("Leasehold dev is running.");
   if (b.dashboard !== "off") {
-    const note = b.dashboard === "read-only" ? "read-only; " : "";
-    say(`  Dashboard  ${dashboardLink(apiUrl, token)}   (${note}opens signed in; the token stays in the browser)`);
+    const note = b.dashboard === "read-only" ? "read-only, with a token that may only read; " : "";
+    say(`  Dashboard  ${dashboardLink(apiUrl, b.dashboardToken)}   (${note}opens signed in; the token stays in the browser)`);
   }
   say(`  API        ${apiUrl}   token: ${token}   (OpenAPI: ${apiUrl}/openapi.json)`);
   say(

@@ -26,13 +26,27 @@ export function registerServe(program: Command, run: Run): void {
     .option("--token <token>", "operator API token: every route (default: LEASEHOLD_TOKEN)")
     .option("--worker-token <token>", "a second token that may only use the workers' routes /v1/worker/* (default: LEASEHOLD_WORKER_TOKEN)")
     .option(
+      "--viewer-token <token>",
+      "a third token that may only read, and is shown no payloads: for a read-only dashboard's audience (default: LEASEHOLD_VIEWER_TOKEN)",
+    )
+    .option(
       "--receipt-key <secret>",
       "secret for the claim receipts' key; the same on every replica (default: LEASEHOLD_RECEIPT_KEY, else derived from the operator token)",
     )
     .option("--body-limit <bytes>", "largest request body (default 4 MiB)", int("--body-limit", 1024, 256 * 1024 * 1024))
     .option("--request-timeout <ms>", "a request's headers and body must arrive within this (default 30000)", int("--request-timeout", 100, 600_000))
+    .option(
+      "--headers-timeout <ms>",
+      "close a connection that sent no complete request headers within this (default 5000)",
+      int("--headers-timeout", 100, 600_000),
+    )
     .option("--keep-alive-timeout <ms>", "close a kept-alive connection idle this long (default 10000)", int("--keep-alive-timeout", 100, 600_000))
     .option("--max-connections <n>", "close connections beyond this many as they arrive (default 1000)", int("--max-connections", 1, 1_000_000))
+    .option(
+      "--max-idle-per-address <n>",
+      "idle connections (no request being answered) one client address may hold; more close its oldest (default 64)",
+      int("--max-idle-per-address", 1, 1_000_000),
+    )
     .option(
       "--max-long-polls <n>",
       "claims that may wait for jobs at once; beyond, a claim answers at once (default 500)",
@@ -45,6 +59,10 @@ export function registerServe(program: Command, run: Run): void {
       "the dashboard at / : on, read-only (the operator token may only read: for wide audiences) or off",
       dashboardMode,
       "on" as DashboardMode,
+    )
+    .option(
+      "--show-payloads",
+      "show payloads, results, checkpoints, progress and errors to read-only callers too (the viewer token; all under --dashboard read-only)",
     )
     .option(
       "--max-result-bytes <bytes>",
@@ -64,17 +82,21 @@ export function registerServe(program: Command, run: Run): void {
       if (!token) throw new CliError("serve needs an API token: set LEASEHOLD_TOKEN or pass --token");
       const workerToken = opts.workerToken ?? (process.env.LEASEHOLD_WORKER_TOKEN || undefined);
       const receiptKey = opts.receiptKey ?? (process.env.LEASEHOLD_RECEIPT_KEY || undefined);
+      const viewerToken = opts.viewerToken ?? (process.env.LEASEHOLD_VIEWER_TOKEN || undefined);
       // Before connecting: a bad token should not cost a database start.
       checkToken(token);
       if (workerToken !== undefined) checkToken(workerToken, "the worker token", "LEASEHOLD_WORKER_TOKEN or pass --worker-token");
       if (workerToken === token) throw new CliError("the worker token must differ from the operator token");
       if (receiptKey !== undefined) checkToken(receiptKey, "the receipt key", "LEASEHOLD_RECEIPT_KEY or pass --receipt-key");
+      if (viewerToken !== undefined) checkToken(viewerToken, "the viewer token", "LEASEHOLD_VIEWER_TOKEN or pass --viewer-token");
+      if (viewerToken !== undefined && (viewerToken === token || viewerToken === workerToken))
+        throw new CliError("the viewer token must differ from the operator and worker tokens");
       const logger = cli.logger("info");
       cli.useNats(opts.nats);
       // The server's enqueue routes warn about (or refuse) tasks no worker runs, as this says.
       cli.unknownTasks = opts.unknownTasks;
       const lh = await cli.connect({ logger, poolSize: 20, graceful: true });
-      const url = await startServer(cli, lh, { ...opts, token, workerToken, receiptKey, logger });
+      const url = await startServer(cli, lh, { ...opts, token, workerToken, viewerToken, receiptKey, logger });
       startRetention(cli, lh, opts);
       startScheduler(cli, lh, opts);
       const dashboard = opts.dashboard === "off" ? null : `${url}/`;
@@ -94,11 +116,15 @@ interface ServeOptions {
   port: number;
   token?: string;
   workerToken?: string;
+  viewerToken?: string;
   receiptKey?: string;
+  showPayloads?: boolean;
   bodyLimit?: number;
   requestTimeout?: number;
+  headersTimeout?: number;
   keepAliveTimeout?: number;
   maxConnections?: number;
+  maxIdlePerAddress?: number;
   maxLongPolls?: number;
   minLease?: number;
   maxLease?: number;
@@ -126,14 +152,18 @@ export async function startServer(cli: Cli, lh: Leasehold, opts: Omit<ServeOptio
     leasehold: lh,
     token: opts.token,
     workerToken: opts.workerToken,
+    viewerToken: opts.viewerToken,
+    showPayloads: opts.showPayloads,
     receiptKey: opts.receiptKey,
     dashboard: opts.dashboard,
     sampleIntervalMs: DEFAULT_SAMPLE_INTERVAL_MS,
     limits: {
       bodyLimitBytes: opts.bodyLimit,
       requestTimeoutMs: opts.requestTimeout,
+      headersTimeoutMs: opts.headersTimeout,
       keepAliveTimeoutMs: opts.keepAliveTimeout,
       maxConnections: opts.maxConnections,
+      maxIdlePerAddress: opts.maxIdlePerAddress,
       maxLongPolls: opts.maxLongPolls,
       minLeaseMs: opts.minLease,
       maxLeaseMs: opts.maxLease,
