@@ -91,7 +91,7 @@ export {
   takeDueDoorbells,
   nextDoorbellIn,
   deletePublishedDoorbells,
-  spellsStillWaiting,
+  missedSpells,
   readySpellsOf,
   oweDoorbellsAgain,
   dispatchChannel,
