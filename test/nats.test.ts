@@ -190,6 +190,23 @@ test("a forged message naming a job of another queue is refused once, and the jo
   assert.equal(await metric(lh, "natsMessages", { result: "refused" }), 1, "refused once, not redelivered");
 });
 
+test("a forged message that took a future doorbell's message id first does not hold that doorbell back", async (t) => {
+  const lh = await natsLeasehold(t);
+  const worker = lh.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const first = await lh.enqueue("t");
+  await eventually(async () => (await lh.getJob(first.id)).job.state === "succeeded", "the first job ran");
+  // Job ids are a sequence: the next one is easy to predict. JetStream's duplicate window is
+  // the stream's, so the subject the outsider uses does not matter.
+  const next = String(BigInt(first.id) + 1n);
+  for (const attempt of [0, 1]) await forge(t, `${(lh.nats as NatsLink).stream}.elsewhere.t`, {}, `${next}:${attempt}`);
+  const { id } = await lh.enqueue("t");
+  assert.equal(id, next, "the id was predicted");
+  // Well inside the two-minute window (and past the 10 s lost-message check's first chance).
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 10_000);
+});
+
 test("a message naming a job id past bigint's range is dropped as invalid, not given back for ever with the jobs claimed beside it", async (t) => {
   const lh = await natsLeasehold(t);
   const worker = lh.worker({ handlers: { t: () => undefined } });
