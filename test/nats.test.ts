@@ -207,6 +207,41 @@ test("a forged message that took a future doorbell's message id first does not h
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 10_000);
 });
 
+test("a cancelled job retried runs at once: a delayed one not at its old time, a published one not swallowed as a duplicate", async (t) => {
+  const lh = await natsLeasehold(t);
+  // A NATS worker running switches the outbox on: the delayed job below owes its doorbell there.
+  const first = lh.worker({ handlers: { delayed: () => undefined } });
+  await first.start();
+  t.after(() => first.stop(0));
+  // Owed for two minutes from now when it is cancelled.
+  const delayed = await lh.enqueue("delayed", {}, { delayMs: 120_000 });
+  assert.equal(await lh.cancel(delayed.id), "cancelled");
+  // Published at once (no worker runs its task yet) and cancelled; then its message is
+  // consumed and skipped, so only the retry's own message can run it.
+  const published = await lh.enqueue("published");
+  assert.equal(await lh.cancel(published.id), "cancelled");
+  const second = lh.worker({ handlers: { published: () => undefined } });
+  await second.start();
+  t.after(() => second.stop(0));
+  await eventually(async () => (await metric(lh, "natsMessages", { result: "skipped" })) === 1, "the cancelled job's message was skipped");
+  for (const { id } of [delayed, published]) await lh.retry(id);
+  for (const { id } of [delayed, published]) {
+    // Well before the lost-message check (every 10 s, for jobs ready 5 s) could find them.
+    await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", `the retried job ${id} ran`, 5_000);
+  }
+});
+
+test("a job made due by SQL while its doorbell waits for its old time is found by the lost-message check", async (t) => {
+  const lh = await natsLeasehold(t);
+  const worker = lh.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("t", {}, { delayMs: 120_000 });
+  // An operator brings it forward; its outbox row still says two minutes from now.
+  await lh.pool.query(`UPDATE jobs SET run_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 25_000);
+});
+
 test("a message naming a job id past bigint's range is dropped as invalid, not given back for ever with the jobs claimed beside it", async (t) => {
   const lh = await natsLeasehold(t);
   const worker = lh.worker({ handlers: { t: () => undefined } });

@@ -184,11 +184,15 @@ export async function readySpellsOf(
   return run(db, READY_WITHOUT_MESSAGE, [p.queue, p.task, p.olderThanMs, p.limit]);
 }
 
+/**
+ * A row already owed for the spell but due later is stale (the job is ready now): it is made
+ * due now, or it would hold the job back until its old time.
+ */
 const OWE_AGAIN = statement(
   "oweDoorbellsAgain",
-  `INSERT INTO dispatch_outbox (job_id, attempt, publish_at, recovery)
+  `INSERT INTO dispatch_outbox AS o (job_id, attempt, publish_at, recovery)
    SELECT id, attempt, now(), false FROM unnest($1::bigint[], $2::int[]) AS s(id, attempt)
-   ON CONFLICT DO NOTHING`,
+   ON CONFLICT (job_id, attempt) DO UPDATE SET publish_at = excluded.publish_at WHERE o.publish_at > excluded.publish_at`,
   {},
 );
 
