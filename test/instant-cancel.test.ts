@@ -147,6 +147,7 @@ test("database worker: a job claimed but not started is given back as cancelled 
   const claimed = await store.claimJobsById(lh.pool, {
     workerId: worker.id,
     leaseMs: LEASE_MS,
+    queues: ["default"],
     tasks: ["hold"],
     spells: [{ id: buffered, attempt: (await lh.getJob(buffered)).job.attempt }],
   });

@@ -158,6 +158,103 @@ test("a message for a cancelled job is acknowledged and skipped", async (t) => {
   assert.equal((await lh.getJob(id)).job.state, "cancelled");
 });
 
+/** Publishes as an outsider with access to the stream's subjects would: a raw JetStream client. */
+async function forge(t: T, subject: string, body: unknown, msgID?: string): Promise<void> {
+  const nc = await connect({ servers: NATS_URL! });
+  t.after(() => nc.close());
+  await jetstream(nc).publish(subject, JSON.stringify(body), msgID === undefined ? undefined : { msgID });
+}
+
+test("a forged message naming a job of another queue is refused once, and the job runs on a worker of its queue", async (t) => {
+  const lh = await natsLeasehold(t);
+  const stream = (lh.nats as NatsLink).stream;
+  const ranOn: string[] = [];
+  const wrong = lh.worker({ queues: ["public"], handlers: { t: () => void ranOn.push("public") } });
+  await wrong.start();
+  t.after(() => wrong.stop(0));
+  // Its real message waits on the consumer of "private", which no worker serves yet.
+  const { id } = await lh.enqueue("t", {}, { queue: "private" });
+  await forge(t, subjectOf(stream, "public", "t"), { id, attempt: 0, queue: "public", task: "t", recovery: false });
+  await eventually(async () => (await metric(lh, "natsMessages", { result: "refused" })) === 1, "the forged message was refused");
+  const left = (await lh.getJob(id)).job;
+  assert.deepEqual([left.state, left.attempt], ["waiting", 0], "the job was left alone");
+  await eventually(async () => {
+    const i = await consumerInfo(lh, "public", "t");
+    return i.num_pending + i.num_ack_pending === 0;
+  }, "the forged message was acknowledged, not given back");
+  const right = lh.worker({ queues: ["private"], handlers: { t: () => void ranOn.push("private") } });
+  await right.start();
+  t.after(() => right.stop(0));
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran");
+  assert.deepEqual(ranOn, ["private"]);
+  assert.equal(await metric(lh, "natsMessages", { result: "refused" }), 1, "refused once, not redelivered");
+});
+
+test("a forged message that took a future doorbell's message id first does not hold that doorbell back", async (t) => {
+  const lh = await natsLeasehold(t);
+  const worker = lh.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const first = await lh.enqueue("t");
+  await eventually(async () => (await lh.getJob(first.id)).job.state === "succeeded", "the first job ran");
+  // Job ids are a sequence: the next one is easy to predict. JetStream's duplicate window is
+  // the stream's, so the subject the outsider uses does not matter.
+  const next = String(BigInt(first.id) + 1n);
+  for (const attempt of [0, 1]) await forge(t, `${(lh.nats as NatsLink).stream}.elsewhere.t`, {}, `${next}:${attempt}`);
+  const { id } = await lh.enqueue("t");
+  assert.equal(id, next, "the id was predicted");
+  // Well inside the two-minute window (and past the 10 s lost-message check's first chance).
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 10_000);
+});
+
+test("a cancelled job retried runs at once: a delayed one not at its old time, a published one not swallowed as a duplicate", async (t) => {
+  const lh = await natsLeasehold(t);
+  // A NATS worker running switches the outbox on: the delayed job below owes its doorbell there.
+  const first = lh.worker({ handlers: { delayed: () => undefined } });
+  await first.start();
+  t.after(() => first.stop(0));
+  // Owed for two minutes from now when it is cancelled.
+  const delayed = await lh.enqueue("delayed", {}, { delayMs: 120_000 });
+  assert.equal(await lh.cancel(delayed.id), "cancelled");
+  // Published at once (no worker runs its task yet) and cancelled; then its message is
+  // consumed and skipped, so only the retry's own message can run it.
+  const published = await lh.enqueue("published");
+  assert.equal(await lh.cancel(published.id), "cancelled");
+  const second = lh.worker({ handlers: { published: () => undefined } });
+  await second.start();
+  t.after(() => second.stop(0));
+  await eventually(async () => (await metric(lh, "natsMessages", { result: "skipped" })) === 1, "the cancelled job's message was skipped");
+  for (const { id } of [delayed, published]) await lh.retry(id);
+  for (const { id } of [delayed, published]) {
+    // Well before the lost-message check (every 10 s, for jobs ready 5 s) could find them.
+    await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", `the retried job ${id} ran`, 5_000);
+  }
+});
+
+test("a job made due by SQL while its doorbell waits for its old time is found by the lost-message check", async (t) => {
+  const lh = await natsLeasehold(t);
+  const worker = lh.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("t", {}, { delayMs: 120_000 });
+  // An operator brings it forward; its outbox row still says two minutes from now.
+  await lh.pool.query(`UPDATE jobs SET run_at = now() - interval '10 seconds' WHERE id = $1`, [id]);
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job ran", 25_000);
+});
+
+test("a message naming a job id past bigint's range is dropped as invalid, not given back for ever with the jobs claimed beside it", async (t) => {
+  const lh = await natsLeasehold(t);
+  const worker = lh.worker({ handlers: { t: () => undefined } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await forge(t, subjectOf((lh.nats as NatsLink).stream, "default", "t"), { id: "9999999999999999999", attempt: 0 });
+  await eventually(async () => (await metric(lh, "natsMessages", { result: "skipped", kind: "invalid" })) === 1, "the message was dropped");
+  const { id } = await lh.enqueue("t");
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "a real job still runs");
+  const info = await consumerInfo(lh, "default", "t");
+  assert.deepEqual([info.num_pending, info.num_ack_pending], [0, 0]);
+});
+
 test("a worker serving many queues keeps a pull waiting on every queue's consumer while idle, and runs a job in each at once", async (t) => {
   const lh = await natsLeasehold(t);
   const queues = ["q1", "q2", "q3", "q4", "q5", "q6"];

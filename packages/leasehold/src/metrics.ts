@@ -288,7 +288,7 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
     }),
     natsMessages: new prom.Counter({
       name: "leasehold_nats_messages_total",
-      help: "NATS dispatch: messages workers received, by result (claimed; skipped: their job was claimed, finished, cancelled or had moved on; redelivered: given back to JetStream) and kind (new, recovery).",
+      help: "NATS dispatch: messages workers received, by result (claimed; skipped: their job was claimed, finished, cancelled or had moved on; redelivered: given back to JetStream; refused: their job is of another queue or task than the consumer they came on, so not published by Leasehold) and kind (new, recovery).",
       labelNames: ["result", "kind"],
       registers,
     }),

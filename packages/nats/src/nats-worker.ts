@@ -282,7 +282,7 @@ export class NatsWorkerDispatch implements WorkerDispatch {
             cut = false;
             const taken = batch;
             batch = [];
-            claims = claims.then(() => this.claim(taken));
+            claims = claims.then(() => this.claim(taken, queue, task));
           });
         }
       }
@@ -292,21 +292,24 @@ export class NatsWorkerDispatch implements WorkerDispatch {
       this.fetches.delete(messages);
       await new Promise((r) => setImmediate(r));
       await claims;
-      if (batch.length > 0) await this.claim(batch.splice(0));
+      if (batch.length > 0) await this.claim(batch.splice(0), queue, task);
       this.asked -= pull.owed;
       pull.owed = 0;
     }
   }
 
-  /** Claims the jobs of a batch of messages by (id, attempt); acks each once its fate is known. */
-  private async claim(messages: JsMsg[]): Promise<void> {
+  /**
+   * Claims the jobs of a batch of messages that came on the consumer of (queue, task), by
+   * (id, attempt) and only if the job is of that queue and task; acks each once its fate is known.
+   */
+  private async claim(messages: JsMsg[], queue: string, task: string): Promise<void> {
     const { metrics, host } = { metrics: this.host.metrics, host: this.host };
     const spells = new Map<string, { msgs: JsMsg[]; recovery: boolean; attempt: number; id: string }>();
     for (const m of messages) {
       let body: DoorbellMessage;
       try {
         body = m.json<DoorbellMessage>();
-        if (typeof body.id !== "string" || !/^[1-9][0-9]{0,18}$/.test(body.id) || !Number.isInteger(body.attempt)) throw new Error("bad doorbell");
+        if (!isDoorbell(body)) throw new Error("bad doorbell");
       } catch {
         m.term(); // not a Leasehold doorbell: never deliver it again
         metrics.natsMessages.inc({ result: "skipped", kind: "invalid" });
@@ -326,7 +329,8 @@ export class NatsWorkerDispatch implements WorkerDispatch {
         spells: wanted.map((s) => ({ id: s.id, attempt: s.attempt })),
         workerId: host.workerId,
         leaseMs: host.settings.leaseMs,
-        tasks: host.tasks,
+        queues: [queue],
+        tasks: [task],
       });
     } catch (err) {
       // Nothing was claimed (or the claim's lease will run out unseen, and the watchdog
@@ -339,15 +343,26 @@ export class NatsWorkerDispatch implements WorkerDispatch {
     if (claimed.length > 0) host.deliver(claimed, sentAt);
     const took = new Set(claimed.map((j) => `${j.id}:${j.attempt - 1}`));
     const missed = wanted.filter((s) => !took.has(`${s.id}:${s.attempt}`));
-    let still = new Set<string>();
-    if (missed.length > 0) still = await store.spellsStillWaiting(this.o.pool, missed).catch(() => new Set(missed.map((s) => s.id)));
+    const { waiting, foreign } = await store
+      .missedSpells(this.o.pool, { spells: missed, queue, task })
+      .catch(() => ({ waiting: new Set(missed.map((s) => s.id)), foreign: new Set<string>() }));
+    if (foreign.size > 0) {
+      host.logger.warn(
+        { queue, task, jobs: [...foreign].slice(0, 10) },
+        "refused NATS messages naming jobs of another queue or task (not published by Leasehold there); the jobs are left alone",
+      );
+    }
     for (const s of wanted) {
       const kind = s.recovery ? "recovery" : "new";
       if (took.has(`${s.id}:${s.attempt}`)) {
         for (const m of s.msgs) m.ack();
         metrics.natsMessages.inc({ result: "claimed", kind });
         if (s.msgs.length > 1) metrics.natsMessages.inc({ result: "skipped", kind }, s.msgs.length - 1);
-      } else if (still.has(s.id)) {
+      } else if (foreign.has(s.id)) {
+        // Acked, not given back: redelivered, it would be refused again for ever.
+        for (const m of s.msgs) m.ack();
+        metrics.natsMessages.inc({ result: "refused", kind }, s.msgs.length);
+      } else if (waiting.has(s.id)) {
         for (const m of s.msgs) m.nak(REDELIVER_DELAY_MS);
         metrics.natsMessages.inc({ result: "redelivered", kind }, s.msgs.length);
       } else {
@@ -420,6 +435,16 @@ export class NatsWorkerDispatch implements WorkerDispatch {
     await this.listener?.stop();
     if (this.polling) this.host.metrics.natsFallback.dec();
   }
+}
+
+/** The largest job id (ids are bigint): a larger one would fail the whole batch's claim statement. */
+const MAX_JOB_ID = 9223372036854775807n;
+
+/** Whether a message's body names a spell a claim can look up: a job id in bigint's range and an attempt. */
+function isDoorbell(body: unknown): body is DoorbellMessage {
+  if (typeof body !== "object" || body === null) return false;
+  const { id, attempt } = body as Partial<DoorbellMessage>;
+  return typeof id === "string" && /^[1-9][0-9]{0,18}$/.test(id) && BigInt(id) <= MAX_JOB_ID && Number.isSafeInteger(attempt) && attempt! >= 0;
 }
 
 /** A message's kind for the metrics, without judging the message (the claim does that). */

@@ -8,6 +8,7 @@
  * loads the NATS client. The connection retries forever in the background: NATS being down
  * never fails an enqueue or a worker's start; `connected` says whether it is up now.
  */
+import { randomUUID } from "node:crypto";
 import { connect, type NatsConnection } from "@nats-io/transport-node";
 import {
   AckPolicy,
@@ -225,9 +226,13 @@ export class NatsLink {
   }
 
   /**
-   * Publishes doorbells and waits for JetStream to store each. The message id (job id and
-   * attempt) lets JetStream drop a second publish of the same doorbell within its duplicate
-   * window (an enqueuer and a dispatcher racing). Rejects if any publish fails.
+   * Publishes doorbells and waits for JetStream to store each. Rejects if any publish fails.
+   *
+   * Each publish gets a message id of its own that no one can guess: JetStream drops a message
+   * whose id it stored within its duplicate window, so an id the same spell (job id and
+   * attempt) had before, or anyone could predict, would let a cancelled-and-retried job's
+   * doorbell, or one whose id an outsider published first, be swallowed for up to two
+   * minutes. A doorbell published twice is harmless: the second claims nothing.
    */
   async publish(doorbells: Doorbell[]): Promise<void> {
     if (doorbells.length === 0) return;
@@ -238,7 +243,7 @@ export class NatsLink {
       doorbells.map((d) => {
         const body: DoorbellMessage = { id: d.id, attempt: d.attempt, queue: d.queue, task: d.task, recovery: d.recovery };
         return js.publish(subjectOf(this.stream, d.queue, d.task), JSON.stringify(body), {
-          msgID: `${d.id}:${d.attempt}`,
+          msgID: `${d.id}:${d.attempt}:${randomUUID()}`,
           timeout: PUBLISH_TIMEOUT_MS,
         });
       }),

@@ -19,7 +19,7 @@ export interface ResolvedNatsOptions {
 export const DEFAULT_ACK_WAIT_MIN_MS = 60_000;
 /** A message a worker received waits for its claim at most this long before it is given back. */
 export const INBOX_MAX_AGE_MS = 5_000;
-/** JetStream drops a second message with the same id (job id and attempt) within this window. */
+/** JetStream drops a second message with the same id within this window (each doorbell's id is its own). */
 export const DUPLICATE_WINDOW_MS = 120_000;
 /** The client publishes its new jobs itself; the dispatchers leave their doorbells alone this long. */
 export const PUBLISH_GRACE_MS = 5_000;

@@ -301,6 +301,12 @@ export async function cancelJob(db: Queryable, id: string): Promise<CancelResult
  * history row, so they become that attempt's job_attempts row. This tail revives the rows
  * of a CTE `revived` (taken out of dead_jobs or job_history; ids in the CTE `requeued`);
  * one job's retry and a bulk retry share it.
+ *
+ * Keeping `attempt` means the revived job waits in the same spell (id, attempt) it may have
+ * waited in before: a doorbell row still owed from then (a delayed job cancelled before it
+ * was due) would keep its old publish time, and the insert trigger's own row for the revived
+ * job would yield to it, holding a job ready now back until then. Such a row is deleted here,
+ * so the trigger owes the doorbell afresh (docs/nats.md).
  */
 export const REVIVE = `
 final_attempt AS (
@@ -317,6 +323,8 @@ final_attempt AS (
          progress_timeout_ms, max_run_ms, max_run_unlimited, outcome
     FROM revived
   RETURNING id
+), stale_doorbells AS (
+  DELETE FROM dispatch_outbox AS o USING revived AS r WHERE o.job_id = r.id AND o.attempt = r.attempt
 )`;
 
 /** Every column of a finished job, as a DELETE ... RETURNING of dead_jobs or job_history gives them to REVIVE. */

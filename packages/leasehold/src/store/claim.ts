@@ -114,6 +114,8 @@ const CLAIM_FROM_QUEUES = statement(
  * still waits with that attempt and is due. A job already claimed, finished, cancelled, not
  * yet due, or waiting again after a later attempt matches nothing, so a duplicate or stale
  * message claims nothing. The attempt is checked against "id:attempt" keys, as completions do.
+ * The message names a job, nothing more: the job must also be of a queue and task the caller
+ * serves, or a message published by anyone could run a job on a worker not meant to run it.
  */
 const CLAIM_BY_ID = statement(
   "claimJobsById",
@@ -121,7 +123,7 @@ const CLAIM_BY_ID = statement(
   SELECT id
     FROM jobs
    WHERE id = ANY($1::bigint[]) AND id::text || ':' || attempt = ANY($6::text[])
-     AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[])
+     AND state = 'waiting' AND run_at <= now() AND task = ANY($5::text[]) AND queue = ANY($7::text[])
      AND ${PLAIN("jobs.queue")}
    ORDER BY id
    LIMIT $2
@@ -204,7 +206,8 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
   return claimed;
 }
 
-export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues" | "limit"> & { spells: AttemptRef[] }): Promise<ClaimedJob[]> {
+/** `queues` and `tasks`: only jobs of these are claimed, whatever spells are named. */
+export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "limit" | "flowQueues"> & { spells: AttemptRef[] }): Promise<ClaimedJob[]> {
   if (p.spells.length === 0) return [];
   return toClaimed(
     await run(db, CLAIM_BY_ID, [
@@ -214,6 +217,7 @@ export async function claimJobsById(db: Queryable, p: Omit<ClaimParams, "queues"
       p.leaseMs,
       p.tasks,
       p.spells.map((s) => `${s.id}:${s.attempt}`),
+      p.queues,
     ]),
   );
 }

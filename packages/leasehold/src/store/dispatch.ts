@@ -133,21 +133,34 @@ export async function deletePublishedDoorbells(db: Queryable, ids: string[]): Pr
   await run(db, DELETE_PUBLISHED, [ids]);
 }
 
-const STILL_WAITING = statement(
-  "spellsStillWaiting",
-  `SELECT id FROM jobs
-    WHERE id = ANY($1::bigint[]) AND id::text || ':' || attempt = ANY($2::text[]) AND state = 'waiting' AND run_at <= now()`,
-  { id: "int8" },
+const MISSED_SPELLS = statement(
+  "missedSpells",
+  `SELECT id, NOT (queue = $3 AND task = $4) AS foreign,
+          id::text || ':' || attempt = ANY($2::text[]) AND state = 'waiting' AND run_at <= now() AS waiting
+     FROM jobs
+    WHERE id = ANY($1::bigint[])`,
+  { id: "int8", foreign: "bool", waiting: "bool" },
 );
 
 /**
- * Of spells a claim by id did not take, those still waiting and due (a row another session
- * held for a moment): their messages are delivered again instead of being dropped.
+ * Of spells a claim by id for one queue and task did not take: `waiting`, those of that queue
+ * and task still waiting and due (a row another session held for a moment), whose messages
+ * are delivered again instead of being dropped; `foreign`, those whose job is of another
+ * queue or task (a message no Leasehold publisher sent there), which are refused for good.
  */
-export async function spellsStillWaiting(db: Queryable, spells: { id: string; attempt: number }[]): Promise<Set<string>> {
-  if (spells.length === 0) return new Set();
-  const rows = await run(db, STILL_WAITING, [spells.map((s) => s.id), spells.map((s) => `${s.id}:${s.attempt}`)]);
-  return new Set(rows.map((r) => r.id));
+export async function missedSpells(
+  db: Queryable,
+  p: { spells: { id: string; attempt: number }[]; queue: string; task: string },
+): Promise<{ waiting: Set<string>; foreign: Set<string> }> {
+  const waiting = new Set<string>();
+  const foreign = new Set<string>();
+  if (p.spells.length === 0) return { waiting, foreign };
+  const rows = await run(db, MISSED_SPELLS, [p.spells.map((s) => s.id), p.spells.map((s) => `${s.id}:${s.attempt}`), p.queue, p.task]);
+  for (const r of rows) {
+    if (r.foreign) foreign.add(r.id);
+    else if (r.waiting) waiting.add(r.id);
+  }
+  return { waiting, foreign };
 }
 
 const READY_WITHOUT_MESSAGE = statement(
@@ -171,11 +184,15 @@ export async function readySpellsOf(
   return run(db, READY_WITHOUT_MESSAGE, [p.queue, p.task, p.olderThanMs, p.limit]);
 }
 
+/**
+ * A row already owed for the spell but due later is stale (the job is ready now): it is made
+ * due now, or it would hold the job back until its old time.
+ */
 const OWE_AGAIN = statement(
   "oweDoorbellsAgain",
-  `INSERT INTO dispatch_outbox (job_id, attempt, publish_at, recovery)
+  `INSERT INTO dispatch_outbox AS o (job_id, attempt, publish_at, recovery)
    SELECT id, attempt, now(), false FROM unnest($1::bigint[], $2::int[]) AS s(id, attempt)
-   ON CONFLICT DO NOTHING`,
+   ON CONFLICT (job_id, attempt) DO UPDATE SET publish_at = excluded.publish_at WHERE o.publish_at > excluded.publish_at`,
   {},
 );
 

@@ -109,7 +109,7 @@ export {
   takeDueDoorbells,
   nextDoorbellIn,
   deletePublishedDoorbells,
-  spellsStillWaiting,
+  missedSpells,
   readySpellsOf,
   oweDoorbellsAgain,
   dispatchChannel,
