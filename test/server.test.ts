@@ -861,9 +861,48 @@ test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB c
   );
 });
 
-test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once, with no retry spent", async () => {
+test("a claim's answer is capped at ~8 MiB in its statement: jobs past the cap are never leased and wait for the next claim", async () => {
   const ids = await enqueueBig("big-claim", 10);
   const claim = () => api("POST", "/v1/worker/claim", { workerId: "w-big", queues: ["big-claim"], tasks: ["big"], limit: 10, leaseMs: 60_000 });
+  const claimed: string[] = [];
+  for (let answers = 0; claimed.length < ids.length; answers++) {
+    assert.ok(answers < ids.length, "every job is claimed by some answer");
+    const r = await claim();
+    assert.equal(r.status, 200);
+    assert.ok(r.text.length <= 8 * 1024 * 1024, `${r.text.length} bytes`);
+    const got = (r.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt] as const);
+    assert.ok(got.length >= 1 && got.length < 10, `${got.length} jobs in one answer`);
+    // Each job's first attempt is the one this answer carries: none past the cap was leased and given back.
+    assert.ok(got.every(([, attempt]) => attempt === 1));
+    claimed.push(...got.map(([id]) => id));
+    const rest = ids.filter((id) => !claimed.includes(id));
+    // From the database: the jobs past the cap are waiting, never leased, with no attempt recorded.
+    const { rows } = await lh.pool.query<{ state: string; attempt: number; attempts: number }>(
+      `SELECT state, attempt, (SELECT count(*)::int FROM job_attempts AS a WHERE a.job_id = j.id) AS attempts
+         FROM jobs AS j WHERE id = ANY($1::bigint[])`,
+      [rest],
+    );
+    assert.deepEqual(
+      rows.map((r) => [r.state, r.attempt, r.attempts]),
+      rest.map(() => ["waiting", 0, 0]),
+    );
+  }
+  assert.deepEqual([...claimed].sort(), [...ids].sort());
+  assert.doesNotMatch((await api("GET", "/metrics")).text, /^leasehold_jobs_released_total\{cause="response_cap"\} [1-9]/m);
+});
+
+test("a flow-controlled claim's answer is capped too: payloads past the cap stay in the database, their leases are given back", async () => {
+  await lh.setQueueLimits("big-flow", { concurrency: 100 }, { create: true });
+  const ids = await enqueueBig("big-flow", 10);
+  const claim = () =>
+    api("POST", "/v1/worker/claim", {
+      workerId: "w-big-flow",
+      queues: ["big-flow"],
+      flowQueues: ["big-flow"],
+      tasks: ["big"],
+      limit: 10,
+      leaseMs: 60_000,
+    });
   const first = await claim();
   assert.equal(first.status, 200);
   assert.ok(first.text.length <= 8 * 1024 * 1024, `${first.text.length} bytes`);
@@ -880,8 +919,8 @@ test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once,
   }
   const second = await claim();
   assert.deepEqual(
-    (second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]),
-    released.map((id) => [id, 2]),
+    (second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]).sort(),
+    released.map((id) => [id, 2]).sort(),
   );
   assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
 });

@@ -27,7 +27,7 @@ export const SOCKET_IDLE_TIMEOUT_MS = MAX_WAIT_MS + 30_000;
 export const DEFAULT_MAX_CONNECTIONS = 1_000;
 /** Claims waiting at once; beyond this a claim answers at once with what it finds. */
 export const DEFAULT_MAX_LONG_POLLS = 500;
-/** Largest claim answer: jobs beyond it are released at once (always at least one job). */
+/** Largest claim answer: the claim stops at it, in its statement (always at least one job). */
 export const MAX_CLAIM_RESPONSE_BYTES = 8 * 1024 * 1024;
 /** Largest list answer: the page ends early and `next` continues it (always at least one job). */
 export const MAX_LIST_RESPONSE_BYTES = 8 * 1024 * 1024;
