@@ -12,6 +12,7 @@ import path from "node:path";
 import { CLOSE_GRACE_MS, createServer } from "../packages/cli/src/server/app.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import {
@@ -923,6 +924,71 @@ test("a flow-controlled claim's answer is capped too: payloads past the cap stay
     released.map((id) => [id, 2]).sort(),
   );
   assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
+});
+
+test("a job's parents are answered in pages of at most ~8 MiB, read in SQL; a remote worker's ctx.parents() reads every page", async () => {
+  const parentNodes = Array.from({ length: 12 }, (_, i) => ({ ref: `p${i}`, task: "bigparent", queue: "big-parents" }));
+  const refs = parentNodes.map((n) => n.ref);
+  const { jobs } = await lh.enqueueFlow([
+    ...parentNodes,
+    { ref: "raw", task: "bigchild", queue: "big-children", dependsOn: refs },
+    { ref: "remote", task: "bigchild", queue: "big-children", dependsOn: refs },
+  ]);
+  // Each parent's result is ~1 MB: 12 MB of parents for each child.
+  const parentIds = refs.map((r) => jobs[r]!);
+  const worker = lh.worker({
+    queues: ["big-parents"],
+    handlers: { bigparent: (_p: unknown, ctx: JobContext) => ({ n: parentIds.indexOf(ctx.jobId), blob: "r".repeat(1_000_000) }) },
+    maxResultBytes: 2_000_000,
+    pollIntervalMs: 20,
+  });
+  await worker.start();
+  try {
+    await eventually(async () => (await lh.getJob(jobs.remote!)).job.state === "waiting", "every parent succeeded");
+  } finally {
+    await worker.stop();
+  }
+
+  const claim = await api("POST", "/v1/worker/claim", {
+    workerId: "w-parents",
+    queues: ["big-children"],
+    tasks: ["bigchild"],
+    limit: 1,
+    leaseMs: 60_000,
+  });
+  const [child] = claim.json.jobs as { id: string; attempt: number; receipt: string }[];
+  const job = { id: child!.id, attempt: child!.attempt, receipt: child!.receipt };
+  // A client that does not ask for pages (an earlier release's) is refused rather than given part of the list.
+  const whole = await api("POST", "/v1/worker/parents", { workerId: "w-parents", job });
+  assert.deepEqual([whole.status, whole.json.error.code], [413, "answer_too_large"]);
+  assert.match(whole.json.error.message, /do not fit one answer \(the server's cap is 8 MiB\): read them in pages/);
+
+  const pages: { parents: { id: string; state: string; result: { n: number; blob: string } }[]; next: string | null }[] = [];
+  let after: string | null = null;
+  do {
+    const page = await api("POST", "/v1/worker/parents", { workerId: "w-parents", job, after });
+    assert.equal(page.status, 200, page.text.slice(0, 300));
+    assert.ok(page.text.length <= 8 * 1024 * 1024, `${page.text.length} bytes`);
+    pages.push(page.json);
+    after = page.json.next;
+  } while (after !== null && pages.length < 12);
+  assert.ok(pages.length >= 2, `${pages.length} pages`);
+  const read = pages.flatMap((p) => p.parents);
+  assert.deepEqual(
+    read.map((p) => [p.id, p.state, p.result.n, p.result.blob.length]),
+    parentIds.map((id, n) => [id, "succeeded", n, 1_000_000]),
+  );
+  const bad = await api("POST", "/v1/worker/parents", { workerId: "w-parents", job, after: "x" });
+  assert.deepEqual([bad.status, bad.json.error.code], [400, "invalid_input"]);
+  assert.match(bad.json.error.message, /after/);
+
+  // A remote worker's ctx.parents() reads every page: the same list as a database worker's.
+  const transport = new RemoteTransport({ serverUrl: base, token: TOKEN, waitMs: 0 });
+  const [remote] = await transport.claim({ queues: ["big-children"], tasks: ["bigchild"], limit: 1, workerId: "w-parents-rt", leaseMs: 60_000 });
+  assert.equal(remote!.id, jobs.remote);
+  const viaServer = await transport.parents({ workerId: "w-parents-rt", job: { id: remote!.id, attempt: remote!.attempt } });
+  assert.equal(viaServer.length, 12);
+  assert.deepEqual(viaServer, await store.parentsOf(lh.pool, jobs.remote!));
 });
 
 test("a heartbeat judges each beat alone: a progress or checkpoint that cannot be stored refuses that beat, the others are renewed", async () => {
