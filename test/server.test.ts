@@ -966,6 +966,31 @@ test("a flow-controlled claim's answer is capped too: payloads past the cap are 
   }
 });
 
+test("a list page is cut at ~8 MiB in its statement: small jobs first do not make the next chunk read every large one", async () => {
+  // Newest first: 10 small jobs, then 30 of ~1 MB. The first chunk (10 small rows) once sized the
+  // next one from their average: all 30 large payloads, ~30 MB, were read for one page.
+  const large = await enqueueBig("list-mixed", 30);
+  const small = (await lh.enqueueMany(Array.from({ length: 10 }, (_, i) => ({ task: "small", queue: "list-mixed", payload: { i } })))).map(
+    (j) => j.id,
+  );
+  const served = await countedServe();
+  try {
+    const seen: string[] = [];
+    let before: string | null = null;
+    do {
+      const page = await served.measured("GET", `/v1/jobs?queue=list-mixed&payload=true&limit=100${before === null ? "" : `&before=${before}`}`);
+      assert.equal(page.status, 200, page.text.slice(0, 300));
+      assert.ok(page.text.length <= CAP, `${page.text.length} bytes`);
+      assert.ok(page.readBytes <= CAP + CAP_SLACK, `the page read ${page.readBytes} bytes from the database`);
+      seen.push(...(page.json.jobs as { id: string }[]).map((j) => j.id));
+      before = page.json.next;
+    } while (before !== null && seen.length <= 40);
+    assert.deepEqual(seen, [...large, ...small].reverse());
+  } finally {
+    await served.stop();
+  }
+});
+
 test("a job's parents are answered in pages of at most ~8 MiB, read in SQL; a remote worker's ctx.parents() reads every page", async () => {
   const parentNodes = Array.from({ length: 12 }, (_, i) => ({ ref: `p${i}`, task: "bigparent", queue: "big-parents" }));
   const refs = parentNodes.map((n) => n.ref);

@@ -49,6 +49,7 @@ export {
   watchJob,
   unfinishedOf,
   listJobs,
+  listJobsWithin,
   cancelJob,
   retryJob,
   queueStats,
