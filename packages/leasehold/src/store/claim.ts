@@ -171,9 +171,10 @@ export interface ClaimParams {
 }
 
 /**
- * What a claim found. `overBudget`: attempts a flow claim leased past `maxBytes`, read without
- * their payloads: the caller gives them back. `retryInMs`: a flow limit (not the backlog) held the claim back; asking
- * again sooner finds nothing. `paused`: queues that were paused when claimed.
+ * What a claim found. `retryInMs`: a flow limit (not the backlog) held the claim back; asking
+ * again sooner finds nothing. `paused`: queues that were paused when claimed. `overBudget`:
+ * attempts a flow claim leased past `maxBytes`, read without their payloads: the caller gives
+ * them back.
  */
 export type ClaimedJobs = ClaimedJob[] & { retryInMs?: number; paused?: string[]; overBudget?: AttemptRef[] };
 
