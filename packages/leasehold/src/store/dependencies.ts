@@ -173,24 +173,25 @@ export const PARENTS_PAGE_BYTES = 8 * 1024 * 1024;
  * A parent's size in a page, in bytes: at least its JSON (jsonb's text has spaces JSON.stringify
  * leaves out; to_json escapes text as JSON does), and room for the id and the field names.
  */
-const PARENT_BYTES = `(256 + coalesce(octet_length(to_json(d.ref)::text), 0) + coalesce(octet_length(to_json(f.task)::text), 0)
-       + coalesce(octet_length(f.result::text), 0) + coalesce(octet_length(to_json(f.last_error)::text), 0))::int8`;
+const PARENT_BYTES = `(SELECT 256 + coalesce(octet_length(to_json(f.task)::text), 0) + coalesce(octet_length(f.result::text), 0)
+               + coalesce(octet_length(to_json(f.last_error)::text), 0)
+          FROM finished_jobs AS f WHERE f.id = d.parent_id)`;
 
 /**
  * One page of a job's parents, in id order after $2, and how each ended: a walk of the edges'
  * primary key, one parent a step, summing their sizes, that stops at the first parent past the
  * byte budget $3 (the first of a page is kept whatever its size). So the results past the budget
  * are never read out of the database: that parent comes back without them, `kept` false, and
- * says that the page has a next one. A parent still unfinished (it cannot be, once its
- * dependent runs) or forgotten by retention reads as "unknown".
+ * says that the page has a next one. Each step reads only the edge and its parent's size (a
+ * join in the step made the planner join every remaining edge at each step). A parent still
+ * unfinished (it cannot be, once its dependent runs) or forgotten by retention reads as "unknown".
  */
 const PARENTS_PAGE = statement(
   "parentsPage",
   `
 WITH RECURSIVE page AS (
-  (SELECT d.parent_id AS id, 1 AS n, ${PARENT_BYTES} AS bytes_so_far
+  (SELECT d.parent_id AS id, 1 AS n, (coalesce(octet_length(to_json(d.ref)::text), 0) + coalesce(${PARENT_BYTES}, 256))::int8 AS bytes_so_far
      FROM job_dependencies AS d
-     LEFT JOIN finished_jobs AS f ON f.id = d.parent_id
     WHERE d.child_id = $1 AND d.parent_id > $2
     ORDER BY d.parent_id
     LIMIT 1)
@@ -198,9 +199,8 @@ WITH RECURSIVE page AS (
   SELECT nx.id, p.n + 1, p.bytes_so_far + nx.bytes
     FROM page AS p
    CROSS JOIN LATERAL (
-         SELECT d.parent_id AS id, ${PARENT_BYTES} AS bytes
+         SELECT d.parent_id AS id, (coalesce(octet_length(to_json(d.ref)::text), 0) + coalesce(${PARENT_BYTES}, 256))::int8 AS bytes
            FROM job_dependencies AS d
-           LEFT JOIN finished_jobs AS f ON f.id = d.parent_id
           WHERE d.child_id = $1 AND d.parent_id > p.id
           ORDER BY d.parent_id
           LIMIT 1) AS nx
