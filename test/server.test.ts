@@ -12,6 +12,7 @@ import path from "node:path";
 import { CLOSE_GRACE_MS, createServer } from "../packages/cli/src/server/app.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { databaseUrl, eventually, freshLeasehold, rawClient, waitForEvent } from "./helpers/db.js";
 import { isOneLineError, runCli, startCli } from "./helpers/cli.js";
 import {
@@ -866,29 +867,205 @@ test("lists are bounded: payloads only when asked for, pages of at most ~8 MiB c
   );
 });
 
-test("a claim's answer is capped at ~8 MiB: jobs beyond it are released at once, with no retry spent", async () => {
-  const ids = await enqueueBig("big-claim", 10);
-  const claim = () => api("POST", "/v1/worker/claim", { workerId: "w-big", queues: ["big-claim"], tasks: ["big"], limit: 10, leaseMs: 60_000 });
-  const first = await claim();
-  assert.equal(first.status, 200);
-  assert.ok(first.text.length <= 8 * 1024 * 1024, `${first.text.length} bytes`);
-  const got = (first.json.jobs as { id: string }[]).map((j) => j.id);
-  assert.ok(got.length >= 1 && got.length < 10, `${got.length} jobs in one answer`);
-  const released = ids.filter((id) => !got.includes(id));
-  for (const id of released) {
-    const { job, attempts } = await lh.getJob(id);
-    assert.deepEqual([job.state, job.attempt, job.spentAttempts], ["waiting", 1, 0]);
-    assert.deepEqual(
-      attempts.map((a) => a.outcome),
-      ["released"],
-    );
+const CAP = 8 * 1024 * 1024;
+/** What a capped answer may read from the database beyond the cap: the statements' other columns and framing. */
+const CAP_SLACK = 256 * 1024;
+
+/**
+ * A serve whose reads from the database are counted (statementCountingProxy), with nothing
+ * periodic of its own (watchdog, retention, scheduler, dashboard sampler) in the count.
+ */
+async function countedServe() {
+  const counter = await statementCountingProxy(databaseUrl());
+  const served = await startServe(["--no-watchdog", "--no-retention", "--no-scheduler", "--dashboard", "off"], { DATABASE_URL: counter.url });
+  const url = served.match[1]!;
+  /** The request's answer, and the bytes the server read from the database while it was served. */
+  const measured = async (method: string, path: string, body?: unknown) => {
+    const before = counter.bytesFromDatabase();
+    const r = await apiAt(url, method, path, body);
+    return { ...r, readBytes: counter.bytesFromDatabase() - before };
+  };
+  return {
+    url,
+    measured,
+    stop: async () => {
+      await served.stop("SIGTERM");
+      await counter.close();
+    },
+  };
+}
+
+test("a claim's answer is capped at ~8 MiB in its statement: payloads past the cap are not read, those jobs are never leased and wait for the next claim", async () => {
+  const ids = await enqueueBig("big-claim", 20);
+  const served = await countedServe();
+  try {
+    const claim = () =>
+      served.measured("POST", "/v1/worker/claim", { workerId: "w-big", queues: ["big-claim"], tasks: ["big"], limit: 20, leaseMs: 60_000 });
+    const claimed: string[] = [];
+    for (let answers = 0; claimed.length < ids.length; answers++) {
+      assert.ok(answers < ids.length, "every job is claimed by some answer");
+      const r = await claim();
+      assert.equal(r.status, 200);
+      assert.ok(r.text.length <= CAP, `${r.text.length} bytes`);
+      // From the database side: the server read no more than the answer's cap (20 payloads are ~20 MB).
+      assert.ok(r.readBytes <= CAP + CAP_SLACK, `the claim read ${r.readBytes} bytes from the database`);
+      const got = (r.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt] as const);
+      assert.ok(got.length >= 1 && got.length < 20, `${got.length} jobs in one answer`);
+      // Each job's first attempt is the one this answer carries: none past the cap was leased and given back.
+      assert.ok(got.every(([, attempt]) => attempt === 1));
+      claimed.push(...got.map(([id]) => id));
+      const rest = ids.filter((id) => !claimed.includes(id));
+      // The jobs past the cap are waiting, never leased, with no attempt recorded.
+      const { rows } = await lh.pool.query<{ state: string; attempt: number; attempts: number }>(
+        `SELECT state, attempt, (SELECT count(*)::int FROM job_attempts AS a WHERE a.job_id = j.id) AS attempts
+           FROM jobs AS j WHERE id = ANY($1::bigint[])`,
+        [rest],
+      );
+      assert.deepEqual(
+        rows.map((r) => [r.state, r.attempt, r.attempts]),
+        rest.map(() => ["waiting", 0, 0]),
+      );
+    }
+    assert.deepEqual([...claimed].sort(), [...ids].sort());
+    assert.doesNotMatch((await apiAt(served.url, "GET", "/metrics")).text, /^leasehold_jobs_released_total\{cause="response_cap"\}/m);
+  } finally {
+    await served.stop();
   }
-  const second = await claim();
-  assert.deepEqual(
-    (second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt]),
-    released.map((id) => [id, 2]),
+});
+
+test("a flow-controlled claim's answer is capped too: payloads past the cap are not read, their leases are given back", async () => {
+  await lh.setQueueLimits("big-flow", { concurrency: 100 }, { create: true });
+  const ids = await enqueueBig("big-flow", 20);
+  const served = await countedServe();
+  try {
+    const claim = () =>
+      served.measured("POST", "/v1/worker/claim", {
+        workerId: "w-big-flow",
+        queues: ["big-flow"],
+        flowQueues: ["big-flow"],
+        tasks: ["big"],
+        limit: 20,
+        leaseMs: 60_000,
+      });
+    const first = await claim();
+    assert.equal(first.status, 200);
+    assert.ok(first.text.length <= CAP, `${first.text.length} bytes`);
+    assert.ok(first.readBytes <= CAP + CAP_SLACK, `the claim read ${first.readBytes} bytes from the database`);
+    const got = (first.json.jobs as { id: string }[]).map((j) => j.id);
+    assert.ok(got.length >= 1 && got.length < 20, `${got.length} jobs in one answer`);
+    const released = ids.filter((id) => !got.includes(id));
+    for (const id of released) {
+      const { job, attempts } = await lh.getJob(id);
+      assert.deepEqual([job.state, job.attempt, job.spentAttempts], ["waiting", 1, 0]);
+      assert.deepEqual(
+        attempts.map((a) => a.outcome),
+        ["released"],
+      );
+    }
+    const second = await claim();
+    assert.ok(second.readBytes <= CAP + CAP_SLACK, `the claim read ${second.readBytes} bytes from the database`);
+    const again = (second.json.jobs as { id: string; attempt: number }[]).map((j) => [j.id, j.attempt] as const);
+    assert.ok(again.length >= 1 && again.every(([id, attempt]) => released.includes(id) && attempt === 2));
+  } finally {
+    await served.stop();
+  }
+});
+
+test("a list page is cut at ~8 MiB in its statement: small jobs first do not make the next chunk read every large one", async () => {
+  // Newest first: 10 small jobs, then 30 of ~1 MB. The first chunk (10 small rows) once sized the
+  // next one from their average: all 30 large payloads, ~30 MB, were read for one page.
+  const large = await enqueueBig("list-mixed", 30);
+  const small = (await lh.enqueueMany(Array.from({ length: 10 }, (_, i) => ({ task: "small", queue: "list-mixed", payload: { i } })))).map(
+    (j) => j.id,
   );
-  assert.match((await api("GET", "/metrics")).text, new RegExp(`^leasehold_jobs_released_total\\{cause="response_cap"\\} ${released.length}$`, "m"));
+  const served = await countedServe();
+  try {
+    const seen: string[] = [];
+    let before: string | null = null;
+    do {
+      const page = await served.measured("GET", `/v1/jobs?queue=list-mixed&payload=true&limit=100${before === null ? "" : `&before=${before}`}`);
+      assert.equal(page.status, 200, page.text.slice(0, 300));
+      assert.ok(page.text.length <= CAP, `${page.text.length} bytes`);
+      assert.ok(page.readBytes <= CAP + CAP_SLACK, `the page read ${page.readBytes} bytes from the database`);
+      seen.push(...(page.json.jobs as { id: string }[]).map((j) => j.id));
+      before = page.json.next;
+    } while (before !== null && seen.length <= 40);
+    assert.deepEqual(seen, [...large, ...small].reverse());
+  } finally {
+    await served.stop();
+  }
+});
+
+test("a job's parents are answered in pages of at most ~8 MiB, read in SQL; a remote worker's ctx.parents() reads every page", async () => {
+  const parentNodes = Array.from({ length: 12 }, (_, i) => ({ ref: `p${i}`, task: "bigparent", queue: "big-parents" }));
+  const refs = parentNodes.map((n) => n.ref);
+  const { jobs } = await lh.enqueueFlow([
+    ...parentNodes,
+    { ref: "raw", task: "bigchild", queue: "big-children", dependsOn: refs },
+    { ref: "remote", task: "bigchild", queue: "big-children", dependsOn: refs },
+  ]);
+  // Each parent's result is ~1 MB: 12 MB of parents for each child.
+  const parentIds = refs.map((r) => jobs[r]!);
+  const worker = lh.worker({
+    queues: ["big-parents"],
+    handlers: { bigparent: (_p: unknown, ctx: JobContext) => ({ n: parentIds.indexOf(ctx.jobId), blob: "r".repeat(1_000_000) }) },
+    maxResultBytes: 2_000_000,
+    pollIntervalMs: 20,
+  });
+  await worker.start();
+  try {
+    await eventually(async () => (await lh.getJob(jobs.remote!)).job.state === "waiting", "every parent succeeded");
+  } finally {
+    await worker.stop();
+  }
+
+  const claim = await api("POST", "/v1/worker/claim", {
+    workerId: "w-parents",
+    queues: ["big-children"],
+    tasks: ["bigchild"],
+    limit: 1,
+    leaseMs: 60_000,
+  });
+  const [child] = claim.json.jobs as { id: string; attempt: number; receipt: string }[];
+  const job = { id: child!.id, attempt: child!.attempt, receipt: child!.receipt };
+  // A client that does not ask for pages (an earlier release's) is refused rather than given part of the list.
+  const whole = await api("POST", "/v1/worker/parents", { workerId: "w-parents", job });
+  assert.deepEqual([whole.status, whole.json.error.code], [413, "answer_too_large"]);
+  assert.match(whole.json.error.message, /do not fit one answer \(the server's cap is 8 MiB\): read them in pages/);
+
+  const pages: { parents: { id: string; state: string; result: { n: number; blob: string } }[]; next: string | null }[] = [];
+  let after: string | null = null;
+  const served = await countedServe();
+  try {
+    do {
+      const page = await served.measured("POST", "/v1/worker/parents", { workerId: "w-parents", job, after });
+      assert.equal(page.status, 200, page.text.slice(0, 300));
+      assert.ok(page.text.length <= CAP, `${page.text.length} bytes`);
+      // From the database side: a page reads no more than the cap (the parents' results are ~12 MB).
+      assert.ok(page.readBytes <= CAP + CAP_SLACK, `the page read ${page.readBytes} bytes from the database`);
+      pages.push(page.json);
+      after = page.json.next;
+    } while (after !== null && pages.length < 12);
+  } finally {
+    await served.stop();
+  }
+  assert.ok(pages.length >= 2, `${pages.length} pages`);
+  const read = pages.flatMap((p) => p.parents);
+  assert.deepEqual(
+    read.map((p) => [p.id, p.state, p.result.n, p.result.blob.length]),
+    parentIds.map((id, n) => [id, "succeeded", n, 1_000_000]),
+  );
+  const bad = await api("POST", "/v1/worker/parents", { workerId: "w-parents", job, after: "x" });
+  assert.deepEqual([bad.status, bad.json.error.code], [400, "invalid_input"]);
+  assert.match(bad.json.error.message, /after/);
+
+  // A remote worker's ctx.parents() reads every page: the same list as a database worker's.
+  const transport = new RemoteTransport({ serverUrl: base, token: TOKEN, waitMs: 0 });
+  const [remote] = await transport.claim({ queues: ["big-children"], tasks: ["bigchild"], limit: 1, workerId: "w-parents-rt", leaseMs: 60_000 });
+  assert.equal(remote!.id, jobs.remote);
+  const viaServer = await transport.parents({ workerId: "w-parents-rt", job: { id: remote!.id, attempt: remote!.attempt } });
+  assert.equal(viaServer.length, 12);
+  assert.deepEqual(viaServer, await store.parentsOf(lh.pool, jobs.remote!));
 });
 
 test("a heartbeat judges each beat alone: a progress or checkpoint that cannot be stored refuses that beat, the others are renewed", async () => {

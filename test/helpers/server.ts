@@ -161,11 +161,13 @@ export function rawConnection(base: string) {
 /**
  * A TCP proxy in front of PostgreSQL that counts the statements its clients run: simple
  * queries ('Q') and extended-protocol executions ('E'), read from the client's byte stream.
- * Each is also named (`ranSince`), so a count that is too high says what ran.
+ * Each is also named (`ranSince`), so a count that is too high says what ran. It also counts
+ * the bytes PostgreSQL sends its clients (`bytesFromDatabase`): what a client read, whatever it kept.
  */
 export async function statementCountingProxy(databaseUrl: string) {
   const target = new URL(databaseUrl);
   let statements = 0;
+  let fromDatabase = 0;
   const ran: string[] = [];
   const sockets = new Set<net.Socket>();
   const server = net.createServer((client) => {
@@ -196,7 +198,10 @@ export async function statementCountingProxy(databaseUrl: string) {
         pending = pending.subarray(1 + pending.readInt32BE(1));
       }
     });
-    upstream.on("data", (d) => client.write(d));
+    upstream.on("data", (d: Buffer) => {
+      fromDatabase += d.length;
+      client.write(d);
+    });
     const close = () => {
       client.destroy();
       upstream.destroy();
@@ -211,6 +216,7 @@ export async function statementCountingProxy(databaseUrl: string) {
   return {
     url: proxied.toString(),
     statements: () => statements,
+    bytesFromDatabase: () => fromDatabase,
     /** What ran since the `from`-th statement: each one's text (cut short) or prepared statement's name. */
     ranSince: (from: number) => ran.slice(from),
     close: () => {

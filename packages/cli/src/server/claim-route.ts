@@ -1,7 +1,8 @@
 /**
  * POST /v1/worker/claim: claim up to `limit` jobs; when none is ready, wait (a long poll)
- * up to `waitMs` for one. The claim is the store's statement, exactly as for a worker on a
- * database connection; this route adds the waiting and gives back jobs nobody will receive.
+ * up to `waitMs` for one. The claim is the store's statement, as for a worker on a database
+ * connection, bounded by the answer's byte cap; this route adds the waiting and gives back jobs
+ * nobody will receive.
  */
 import type { FastifyInstance, FastifyReply } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
@@ -23,7 +24,9 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
   const pool = lh.pool;
 
   app.post<{ Body: ClaimBody }>("/v1/worker/claim", { schema: routes.claim, config: { scope: "worker" } }, async (request, reply) => {
-    const { waitMs = 0, ...params } = request.body;
+    const { waitMs = 0, ...asked } = request.body;
+    // The answer's cap is applied by the claim statement itself: payloads past it stay in the database.
+    const params: store.ClaimParams = { ...asked, maxBytes: MAX_CLAIM_RESPONSE_BYTES };
     checkLease(params.leaseMs, leases);
     const deadline = Date.now() + waitMs;
     const gone = new AbortController();
@@ -52,6 +55,12 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
         waiter.leave();
       }
     }
+    if (jobs.overBudget !== undefined) {
+      // Leased by a flow-controlled claim past the cap, read without their payloads: give them
+      // back at once. A release spends no retry budget and the job is claimable again.
+      await release(lh, params.workerId, jobs.overBudget, "released: the claim's answer would have exceeded the server's response size cap");
+      lh.metrics.released.inc({ cause: "response_cap" }, jobs.overBudget.length);
+    }
     if (gone.signal.aborted) {
       // Claimed for a client that left while the statement ran (it died, or was cut off):
       // recover the jobs now rather than leave them to the watchdog. Like any recovery of an
@@ -65,17 +74,10 @@ export function registerClaimRoute(app: FastifyInstance, lh: Leasehold, waiter: 
     }
     // Each job's receipt: later requests about this attempt must carry it.
     const answer = jobs.map((j) => ({ ...j, receipt: receipts.sign(j.id, j.attempt, params.workerId) }));
-    const { keep, excess } = splitAtBytes(answer, MAX_CLAIM_RESPONSE_BYTES);
-    if (excess.length > 0) {
-      // Give back at once what does not fit: a release spends no retry budget and the job
-      // is claimable again (its fencing token only grows). The claim SQL stays as it is.
-      await release(lh, params.workerId, excess, "released: the claim's answer would have exceeded the server's response size cap");
-      lh.metrics.released.inc({ cause: "response_cap" }, excess.length);
-    }
-    for (const job of keep) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
+    for (const job of answer) lh.metrics.jobsClaimed.inc({ queue: lh.metrics.queueLabel(job.queue) });
     // Flow control: when a limit held the claim back, and which queues were paused.
     return {
-      jobs: keep,
+      jobs: answer,
       waited,
       ...(jobs.retryInMs !== undefined && { retryInMs: jobs.retryInMs }),
       ...(jobs.paused !== undefined && { paused: jobs.paused }),
@@ -96,16 +98,6 @@ async function withCurrentFlow(pool: store.Queryable, params: store.ClaimParams)
 
 async function release(lh: Leasehold, workerId: string, jobs: Pick<ClaimedJob, "id" | "attempt">[], reason: string, spend = false): Promise<void> {
   await store.releaseJobs(lh.pool, { workerId, jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })), reason, spend, backoff: DEFAULT_BACKOFF });
-}
-
-/** The jobs whose JSON fits in `maxBytes` (at least one), and the rest. */
-function splitAtBytes<T>(jobs: T[], maxBytes: number): { keep: T[]; excess: T[] } {
-  let bytes = 0;
-  for (let i = 0; i < jobs.length; i++) {
-    bytes += Buffer.byteLength(JSON.stringify(jobs[i])) + 1;
-    if (i > 0 && bytes > maxBytes) return { keep: jobs.slice(0, i), excess: jobs.slice(i) };
-  }
-  return { keep: jobs, excess: [] };
 }
 
 /** Nobody will read this answer; it only ends the request. */

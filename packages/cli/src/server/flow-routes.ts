@@ -10,6 +10,7 @@ import { ValidationError } from "leasehold/internal/errors";
 import { MAX_FLOW_NODES, type BatchInput, type FlowNode } from "leasehold/internal/jobs/flow-graph";
 import * as store from "leasehold/internal/store/index";
 import { errorBody } from "./errors.js";
+import { MAX_PARENTS_RESPONSE_BYTES } from "./limits.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
@@ -41,6 +42,19 @@ const countsSchema = {
   properties: { total: { type: "integer" }, succeeded: { type: "integer" }, dead: { type: "integer" }, cancelled: { type: "integer" } },
 };
 const attemptQuery = object({ workerId: WORKER_ID, job: ATTEMPT_REF }, ["workerId", "job"]);
+const parentsQuery = object(
+  {
+    workerId: WORKER_ID,
+    job: ATTEMPT_REF,
+    after: {
+      anyOf: [JOB_ID, { type: "null" }],
+      description:
+        "read the parents in pages: null for the first, then the answer's `next`. Without it, parents that do not fit one " +
+        "answer (~8 MiB) are refused with 413 (code answer_too_large)",
+    },
+  },
+  ["workerId", "job"],
+);
 const refusedReceipt = { 409: { description: "missing or wrong receipt for the attempt (code invalid_receipt)", ...errorSchema } };
 
 export const flowRoutes = {
@@ -70,12 +84,19 @@ export const flowRoutes = {
   parents: {
     ...secured,
     tags: ["worker"],
-    summary: "ctx.parents(): the parents of a job this worker runs, and how each ended",
-    body: attemptQuery,
+    summary: "ctx.parents(): the parents of a job this worker runs, and how each ended, in pages of at most ~8 MiB",
+    body: parentsQuery,
     response: {
-      200: { type: "object", properties: { parents: { type: "array", items: parentRecord } } },
+      200: {
+        type: "object",
+        properties: {
+          parents: { type: "array", items: parentRecord },
+          next: { anyOf: [JOB_ID, { type: "null" }], description: "send as `after` for the next page; null: no more parents" },
+        },
+      },
       ...errors(...COMMON_ERRORS),
       ...refusedReceipt,
+      413: { description: "the parents do not fit one answer and the request did not ask for pages (code answer_too_large)", ...errorSchema },
     },
   },
   dependencies: {
@@ -99,6 +120,10 @@ const refName = (node: unknown, i: number) => {
   const ref = (node as { ref?: unknown } | null)?.ref;
   return typeof ref === "string" ? `node ${JSON.stringify(ref)}` : `node ${i}`;
 };
+
+const PARENTS_TOO_LARGE =
+  `this job's parents and their results do not fit one answer (the server's cap is ${MAX_PARENTS_RESPONSE_BYTES / 1024 / 1024} MiB): ` +
+  "read them in pages (send after: null, then each answer's next), as a remote worker of this release does";
 
 interface Deps {
   leasehold: Leasehold;
@@ -136,13 +161,20 @@ export function registerFlowRoutes(app: FastifyInstance, { leasehold: lh, receip
   };
   const refused = errorBody(INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE);
 
-  app.post<{ Body: { workerId: string; job: ReceiptRef } }>(
+  app.post<{ Body: { workerId: string; job: ReceiptRef; after?: string | null } }>(
     "/v1/worker/parents",
     { schema: flowRoutes.parents, config: worker },
     async (request, reply) => {
-      const { workerId, job } = request.body;
+      const { workerId, job, after } = request.body;
       if (!holds(workerId, job)) return reply.status(409).send(refused);
-      return { parents: await store.parentsOf(lh.pool, job.id) };
+      // The page stops at the cap in its statement: results past it stay in the database.
+      const page = await store.parentsPage(lh.pool, job.id, { after: after ?? null, maxBytes: MAX_PARENTS_RESPONSE_BYTES });
+      if (after === undefined && page.next !== null) {
+        // A client that does not read pages (an earlier release's remote worker) would take the
+        // first page for the whole list: refuse rather than answer part of it.
+        return reply.status(413).send(errorBody("answer_too_large", PARENTS_TOO_LARGE));
+      }
+      return page;
     },
   );
 

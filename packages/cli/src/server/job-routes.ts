@@ -3,6 +3,8 @@ import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
 import type { IncomingMessage } from "node:http";
 import { ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
+import { checkJobId } from "leasehold/internal/jobs/ids";
+import { integerIn } from "leasehold/internal/jobs/validate";
 import { progressFraction } from "leasehold/internal/jobs/progress";
 import type { JobHeaders, JobState, NewJob } from "leasehold/internal/jobs/types";
 import type { JobFilter, TimeField } from "leasehold/internal/store/index";
@@ -11,6 +13,7 @@ import { listPage } from "./list-page.js";
 import { MAX_WAIT_MS, routes } from "./schemas.js";
 
 const DEFAULT_LIST_LIMIT = 50;
+const MAX_LIST_LIMIT = 10_000;
 
 /** A job filter as a query string or body carries it (validated by the route's schema). */
 export interface WireFilter {
@@ -118,6 +121,8 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold, waits: Jo
         limit: limit === undefined ? DEFAULT_LIST_LIMIT : Number(limit),
         includePayload: payload === "true",
       };
+      integerIn(query.limit, 1, MAX_LIST_LIMIT, "limit");
+      if (before !== undefined) checkJobId(before, "before");
       return listPage(lh, query, MAX_LIST_RESPONSE_BYTES);
     },
   );

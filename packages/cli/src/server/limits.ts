@@ -8,6 +8,7 @@ import type http from "node:http";
 import { ConfigError, ValidationError } from "leasehold/internal/errors";
 import { DEFAULT_MAX_RESULT_BYTES, MAX_RESULT_BYTES_LIMIT } from "leasehold/internal/jobs/validate";
 import { boundIdleConnections } from "./idle-connections.js";
+import { PARENTS_PAGE_BYTES } from "leasehold/internal/store/index";
 import { MAX_WAIT_MS } from "./schemas.js";
 
 /** Default request body limit: a batch of jobs; one payload may be up to 1 MiB. */
@@ -37,10 +38,12 @@ export const DEFAULT_MAX_CONNECTIONS = 1_000;
 export const DEFAULT_MAX_IDLE_PER_ADDRESS = 64;
 /** Claims waiting at once; beyond this a claim answers at once with what it finds. */
 export const DEFAULT_MAX_LONG_POLLS = 500;
-/** Largest claim answer: jobs beyond it are released at once (always at least one job). */
+/** Largest claim answer: the claim stops at it, in its statement (always at least one job). */
 export const MAX_CLAIM_RESPONSE_BYTES = 8 * 1024 * 1024;
 /** Largest list answer: the page ends early and `next` continues it (always at least one job). */
 export const MAX_LIST_RESPONSE_BYTES = 8 * 1024 * 1024;
+/** Largest page of a job's parents (ctx.parents()): `next` continues it (always at least one parent). */
+export const MAX_PARENTS_RESPONSE_BYTES = PARENTS_PAGE_BYTES;
 
 /**
  * Leases remote workers may ask for, fleet-wide: a worker cannot hold a job for 24 hours

@@ -87,7 +87,7 @@ export const errorSchema = {
         code: {
           type: "string",
           description:
-            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, payload_too_large, server_unavailable, internal_error, not_found",
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, unique_key_conflict, payload_too_large, answer_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },

@@ -235,14 +235,72 @@ SELECT id, CASE WHEN $3::boolean THEN payload END AS payload, ${JOB_FIELDS},
 
 export async function listJobs(db: Queryable, f: ListJobsFilter): Promise<ListedJob[]> {
   const rows = await run(db, LIST_JOBS, [f.limit, f.before ?? null, f.includePayload, ...filterValues(f)]);
-  return rows.map((r) => {
-    const record: ListedJob = toRecord(r);
-    if (!f.includePayload) {
-      delete record.payload;
-      delete record.result;
-    }
-    return record;
-  });
+  return rows.map((r) => listed(r, f.includePayload));
+}
+
+function listed(r: RowOf<typeof LIST_JOBS.columns>, includePayload: boolean): ListedJob {
+  const record: ListedJob = toRecord(r);
+  if (!includePayload) {
+    delete record.payload;
+    delete record.result;
+  }
+  return record;
+}
+
+/**
+ * A listed job's size in a capped page, in bytes: at least its JSON (jsonb's text has spaces
+ * JSON.stringify leaves out; to_json escapes text as JSON does), and room for the fixed fields.
+ */
+const LISTED_BYTES = `(1024 + CASE WHEN $3::boolean THEN coalesce(octet_length(payload::text), 0) + coalesce(octet_length(result::text), 0) ELSE 0 END
+       + coalesce(octet_length(progress::text), 0) + coalesce(octet_length(checkpoint::text), 0)
+       + coalesce(octet_length(to_json(last_error)::text), 0) + coalesce(octet_length(to_json(unique_key)::text), 0)
+       + octet_length(to_json(queue)::text) + octet_length(to_json(task)::text)
+       + coalesce(octet_length(to_json(locked_by)::text), 0) + coalesce(octet_length(to_json(flow_key)::text), 0))::int8`;
+
+/**
+ * listJobs cut at a byte budget ($10) in its statement, for a server's page: a running sum of the
+ * listed jobs' sizes, newest first; the first is kept whatever its size if $11. The large columns
+ * of the jobs past the budget are never read out of the database; the first of them comes back
+ * with its id only (`kept` false) to say that the page was cut there.
+ */
+const LIST_JOBS_CAPPED = statement(
+  "listJobs (page capped)",
+  `
+WITH chunk AS (
+  SELECT l.*, row_number() OVER w AS n, sum(l.bytes) OVER w <= $10 OR (row_number() OVER w = 1 AND $11::boolean) AS kept
+    FROM (SELECT *, ${LISTED_BYTES} AS bytes FROM ${ALL_JOBS}
+           WHERE ${filterSql(4)}
+             AND ($2::bigint IS NULL OR id < $2)
+           ORDER BY id DESC
+           LIMIT $1) AS l
+  WINDOW w AS (ORDER BY l.id DESC)
+)
+SELECT id, CASE WHEN kept AND $3::boolean THEN payload END AS payload, queue, task, priority, state, attempt, spent_attempts,
+       max_attempts, run_at, lease_until, locked_by, heartbeat_at, cancel_requested_at, CASE WHEN kept THEN progress END AS progress,
+       CASE WHEN kept THEN checkpoint END AS checkpoint, CASE WHEN kept THEN last_error END AS last_error, unique_key, flow_key,
+       created_at, started_at, finished_at, CASE WHEN kept AND $3::boolean THEN result END AS result, kept, bytes
+  FROM chunk
+ WHERE n <= (SELECT count(*) FROM chunk WHERE kept) + 1
+ ORDER BY id DESC`,
+  { ...JOB_ROW, payload: "jsonb?", result: "jsonb?", kept: "bool", bytes: "int8" },
+);
+
+/**
+ * One chunk of a list, within a byte budget (a server's page; the filter is checked at its edge):
+ * the jobs kept, the bytes they count for, and whether the budget cut the chunk short.
+ */
+export async function listJobsWithin(
+  db: Queryable,
+  f: ListJobsFilter,
+  budget: { maxBytes: number; atLeastOne: boolean },
+): Promise<{ jobs: ListedJob[]; bytes: number; cut: boolean }> {
+  const rows = await run(db, LIST_JOBS_CAPPED, [f.limit, f.before ?? null, f.includePayload, ...filterValues(f), budget.maxBytes, budget.atLeastOne]);
+  const kept = rows.filter((r) => r.kept);
+  return {
+    jobs: kept.map((r) => listed(r, f.includePayload)),
+    bytes: kept.reduce((sum, r) => sum + Number(r.bytes), 0),
+    cut: kept.length < rows.length,
+  };
 }
 
 /**

@@ -71,31 +71,53 @@ const CLAIMED = {
  */
 const PLAIN = (queue: string) => `NOT EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = ${queue} AND (fq.flow OR fq.held_until > now()))`;
 
-/** One queue (the common case): a plain walk of its partial index in claim order. */
-const CLAIM_FROM_QUEUE = statement(
-  "claimJobs (one queue)",
-  claimText(`
-  SELECT id
+/**
+ * A claimed job's size in a capped answer (the server's claim route), in bytes: at least its JSON
+ * there. Its variable columns as PostgreSQL writes them (jsonb's text has spaces JSON.stringify
+ * leaves out; to_json escapes text as JSON does), and room for the fixed ones and the receipt.
+ * Not pg_column_size: that is the stored size, and a compressed payload is far smaller stored.
+ */
+const ANSWER_BYTES = (t: string) =>
+  `(1024 + octet_length(${t}payload::text) + coalesce(octet_length(${t}checkpoint::text), 0) + coalesce(octet_length(${t}headers::text), 0)
+     + octet_length(to_json(${t}queue)::text) + octet_length(to_json(${t}task)::text)
+     + coalesce(octet_length(to_json(${t}last_error)::text), 0) + coalesce(octet_length(to_json(${t}flow_key)::text), 0))::int8`;
+
+/**
+ * A capped claim's candidates, cut at the answer's byte budget ($6) in claim order: a running sum
+ * of their sizes, so the payloads past the budget never leave the database. The first is kept
+ * even when it alone is larger, if $7 (nothing else is in the answer yet). The candidates past
+ * the budget were locked for this statement only: they are not claimed and get no lease.
+ */
+const withinBudget = (candidates: string) => `
+  SELECT id FROM (
+    SELECT c.id, sum(c.bytes) OVER w AS bytes_so_far, row_number() OVER w AS n
+      FROM (${candidates}) AS c
+    WINDOW w AS (ORDER BY c.priority, c.run_at, c.id)
+  ) AS sized
+   WHERE bytes_so_far <= $6 OR (n = 1 AND $7::bool)`;
+
+const fromQueue = (sized: boolean) => `
+  SELECT id${sized ? `, priority, run_at, ${ANSWER_BYTES("")} AS bytes` : ""}
     FROM jobs
    WHERE state = 'waiting' AND queue = ($1::text[])[1] AND run_at <= now() AND task = ANY($5::text[])
      AND ${PLAIN("($1::text[])[1]")}
    ORDER BY priority, run_at, id
    LIMIT $2
-     FOR UPDATE SKIP LOCKED`),
-  CLAIMED,
-);
+     FOR UPDATE SKIP LOCKED`;
+
+/** One queue (the common case): a plain walk of its partial index in claim order. */
+const CLAIM_FROM_QUEUE = statement("claimJobs (one queue)", claimText(fromQueue(false)), CLAIMED);
+const CLAIM_FROM_QUEUE_CAPPED = statement("claimJobs (one queue, answer capped)", claimText(withinBudget(fromQueue(true))), CLAIMED);
 
 /**
  * Several queues: the LATERAL reads each queue's partial index in (priority, run_at, id)
  * order, so they merge in index order without sorting the queues' whole backlogs.
  */
-const CLAIM_FROM_QUEUES = statement(
-  "claimJobs (several queues)",
-  claimText(`
-  SELECT candidate.id
+const fromQueues = (sized: boolean) => `
+  SELECT candidate.id${sized ? ", candidate.priority, candidate.run_at, candidate.bytes" : ""}
     FROM unnest($1::text[]) AS q(name)
    CROSS JOIN LATERAL (
-         SELECT id, priority, run_at
+         SELECT id, priority, run_at${sized ? `, ${ANSWER_BYTES("")} AS bytes` : ""}
            FROM jobs
           WHERE state = 'waiting' AND queue = q.name AND run_at <= now() AND task = ANY($5::text[])
             AND ${PLAIN("q.name")}
@@ -104,9 +126,10 @@ const CLAIM_FROM_QUEUES = statement(
             FOR UPDATE SKIP LOCKED
          ) AS candidate
    ORDER BY candidate.priority, candidate.run_at, candidate.id
-   LIMIT $2`),
-  CLAIMED,
-);
+   LIMIT $2`;
+
+const CLAIM_FROM_QUEUES = statement("claimJobs (several queues)", claimText(fromQueues(false)), CLAIMED);
+const CLAIM_FROM_QUEUES_CAPPED = statement("claimJobs (several queues, answer capped)", claimText(withinBudget(fromQueues(true))), CLAIMED);
 
 /**
  * Claim named waiting spells of jobs (dispatch that learned of them elsewhere: a NATS message
@@ -142,13 +165,20 @@ export interface ClaimParams {
   leaseMs: number;
   /** Task names this worker can run. */
   tasks: string[];
+  /**
+   * The answer's byte budget (a server's claim route; undefined on a database connection): the
+   * claim stops at it in SQL, always taking at least one job (ANSWER_BYTES says what counts).
+   */
+  maxBytes?: number;
 }
 
 /**
  * What a claim found. `retryInMs`: a flow limit (not the backlog) held the claim back; asking
- * again sooner finds nothing. `paused`: queues that were paused when claimed.
+ * again sooner finds nothing. `paused`: queues that were paused when claimed. `overBudget`:
+ * attempts a flow claim leased past `maxBytes`, read without their payloads: the caller gives
+ * them back.
  */
-export type ClaimedJobs = ClaimedJob[] & { retryInMs?: number; paused?: string[] };
+export type ClaimedJobs = ClaimedJob[] & { retryInMs?: number; paused?: string[]; overBudget?: AttemptRef[] };
 
 const CLAIM_FLOW = statement(
   "claimFlow",
@@ -171,6 +201,25 @@ const CLAIM_FLOW = statement(
 );
 
 /**
+ * claim_flow() under a byte budget ($6, with $7 as in withinBudget): the function chooses and
+ * leases the jobs inside its queue's limits (the limits stay in one place), and this statement
+ * keeps the payloads of those past the budget in the database: they come back as (id, attempt)
+ * only, `kept` false, to be released. `bytes`: each kept job's share of the budget.
+ */
+const CLAIM_FLOW_CAPPED = statement(
+  "claimFlow (answer capped)",
+  `SELECT id, queue, task, CASE WHEN kept THEN payload END AS payload, attempt, fence, spent_attempts, max_attempts, lease_ms,
+          CASE WHEN kept THEN checkpoint END AS checkpoint, last_outcome, CASE WHEN kept THEN last_error END AS last_error,
+          progress_timeout_ms, max_run_ms, max_run_unlimited, CASE WHEN kept THEN headers END AS headers, flow_key, retry_ms, kept, bytes
+     FROM (SELECT c.*, c.id IS NOT NULL AND (sum(c.bytes) OVER w <= $6 OR (row_number() OVER w = 1 AND $7::bool)) AS kept
+             FROM (SELECT f.*, ${ANSWER_BYTES("f.")} AS bytes
+                     FROM claim_flow($1, $2, $3, $4, $5::text[]) WITH ORDINALITY AS f) AS c
+           WINDOW w AS (ORDER BY c.ordinality)) AS sized
+    ORDER BY ordinality`,
+  { ...CLAIM_FLOW.columns, kept: "bool", bytes: "int8?" },
+);
+
+/**
  * Each flow queue is claimed on its own (its claims are serialised on its own row), with at most
  * an even share of the limit, before the plain queues take the rest: a plain queue's backlog
  * never starves a limited queue of the same worker.
@@ -185,12 +234,20 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
   const flowQueues = (p.flowQueues ?? []).filter((q) => wanted.has(q));
   const share = Math.max(1, Math.ceil(p.limit / (flowQueues.length + (plain.length > 0 ? 1 : 0))));
   const claimed: ClaimedJobs = [];
+  // Bytes left of the answer's budget; the first job is taken whatever its size.
+  let budget = p.maxBytes ?? Infinity;
+  const spent = () => claimed.length > 0 && budget <= 0;
   for (const queue of flowQueues) {
-    if (claimed.length >= p.limit) break;
-    const rows = await run(db, CLAIM_FLOW, [queue, Math.min(share, p.limit - claimed.length), p.workerId, p.leaseMs, p.tasks]);
+    if (claimed.length >= p.limit || spent()) break;
+    const args = [queue, Math.min(share, p.limit - claimed.length), p.workerId, p.leaseMs, p.tasks];
+    const rows =
+      p.maxBytes === undefined ? await run(db, CLAIM_FLOW, args) : await run(db, CLAIM_FLOW_CAPPED, [...args, budget, claimed.length === 0]);
     // A job row has every column; only the hint row (id null) has nulls where CLAIMED has none.
-    claimed.push(...toClaimed(rows.filter((r) => r.id !== null) as RowOf<typeof CLAIMED>[]));
+    const kept = rows.filter((r) => r.id !== null && (!("kept" in r) || r.kept));
+    claimed.push(...toClaimed(kept as RowOf<typeof CLAIMED>[]));
+    for (const r of kept) if ("bytes" in r) budget -= Number(r.bytes);
     for (const r of rows) {
+      if ("kept" in r && r.id !== null && !r.kept) (claimed.overBudget ??= []).push({ id: r.id, attempt: r.attempt! });
       if (r.id !== null) continue;
       if (r.retry_ms === null) {
         (claimed.paused ??= []).push(queue);
@@ -199,9 +256,14 @@ export async function claimJobs(db: Queryable, p: ClaimParams): Promise<ClaimedJ
       }
     }
   }
-  if (plain.length > 0 && claimed.length < p.limit) {
-    const st = plain.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES;
-    claimed.push(...toClaimed(await run(db, st, [plain, p.limit - claimed.length, p.workerId, p.leaseMs, p.tasks])));
+  if (plain.length > 0 && claimed.length < p.limit && !spent()) {
+    const args = [plain, p.limit - claimed.length, p.workerId, p.leaseMs, p.tasks];
+    if (p.maxBytes === undefined) {
+      claimed.push(...toClaimed(await run(db, plain.length === 1 ? CLAIM_FROM_QUEUE : CLAIM_FROM_QUEUES, args)));
+    } else {
+      const st = plain.length === 1 ? CLAIM_FROM_QUEUE_CAPPED : CLAIM_FROM_QUEUES_CAPPED;
+      claimed.push(...toClaimed(await run(db, st, [...args, budget, claimed.length === 0])));
+    }
   }
   return claimed;
 }

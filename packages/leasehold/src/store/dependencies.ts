@@ -160,25 +160,85 @@ export interface ParentRecord {
   error: string | null;
 }
 
+/** A page of a job's parents; `next` continues it (the last parent's id), null at the end. */
+export interface ParentsPage {
+  parents: ParentRecord[];
+  next: string | null;
+}
+
+/** A page's byte budget when none is given: the server's answer cap. */
+export const PARENTS_PAGE_BYTES = 8 * 1024 * 1024;
+
 /**
- * A job's parents and how each ended. A parent still unfinished (it cannot be, once its
- * dependent runs) or forgotten by retention reads as "unknown".
+ * A parent's size in a page, in bytes: at least its JSON (jsonb's text has spaces JSON.stringify
+ * leaves out; to_json escapes text as JSON does), and room for the id and the field names.
  */
-const PARENTS_OF = statement(
-  "parentsOf",
+const PARENT_BYTES = `(SELECT 256 + coalesce(octet_length(to_json(f.task)::text), 0) + coalesce(octet_length(f.result::text), 0)
+               + coalesce(octet_length(to_json(f.last_error)::text), 0)
+          FROM finished_jobs AS f WHERE f.id = d.parent_id)`;
+
+/**
+ * One page of a job's parents, in id order after $2, and how each ended: a walk of the edges'
+ * primary key, one parent a step, summing their sizes, that stops at the first parent past the
+ * byte budget $3 (the first of a page is kept whatever its size). So the results past the budget
+ * are never read out of the database: that parent comes back without them, `kept` false, and
+ * says that the page has a next one. Each step reads only the edge and its parent's size (a
+ * join in the step made the planner join every remaining edge at each step). A parent still
+ * unfinished (it cannot be, once its dependent runs) or forgotten by retention reads as "unknown".
+ */
+const PARENTS_PAGE = statement(
+  "parentsPage",
   `
-SELECT d.parent_id AS id, d.ref, f.task, coalesce(f.state, 'unknown') AS state, f.result,
-       CASE WHEN f.state IN ('dead', 'cancelled') THEN f.last_error END AS error
-  FROM job_dependencies AS d
-  LEFT JOIN finished_jobs AS f ON f.id = d.parent_id
- WHERE d.child_id = $1
- ORDER BY d.parent_id`,
-  { id: "int8", ref: "text?", task: "text?", state: "text", result: "jsonb?", error: "text?" },
+WITH RECURSIVE page AS (
+  (SELECT d.parent_id AS id, 1 AS n, (coalesce(octet_length(to_json(d.ref)::text), 0) + coalesce(${PARENT_BYTES}, 256))::int8 AS bytes_so_far
+     FROM job_dependencies AS d
+    WHERE d.child_id = $1 AND d.parent_id > $2
+    ORDER BY d.parent_id
+    LIMIT 1)
+  UNION ALL
+  SELECT nx.id, p.n + 1, p.bytes_so_far + nx.bytes
+    FROM page AS p
+   CROSS JOIN LATERAL (
+         SELECT d.parent_id AS id, (coalesce(octet_length(to_json(d.ref)::text), 0) + coalesce(${PARENT_BYTES}, 256))::int8 AS bytes
+           FROM job_dependencies AS d
+          WHERE d.child_id = $1 AND d.parent_id > p.id
+          ORDER BY d.parent_id
+          LIMIT 1) AS nx
+   WHERE p.bytes_so_far <= $3 OR p.n = 1
+)
+SELECT p.id, d.ref, f.task, coalesce(f.state, 'unknown') AS state, CASE WHEN p.kept THEN f.result END AS result,
+       CASE WHEN p.kept AND f.state IN ('dead', 'cancelled') THEN f.last_error END AS error, p.kept
+  FROM (SELECT id, bytes_so_far <= $3 OR n = 1 AS kept FROM page) AS p
+  JOIN job_dependencies AS d ON d.child_id = $1 AND d.parent_id = p.id
+  LEFT JOIN finished_jobs AS f ON f.id = p.id
+ ORDER BY p.id`,
+  { id: "int8", ref: "text?", task: "text?", state: "text", result: "jsonb?", error: "text?", kept: "bool" },
 );
 
+/** One page of a job's parents, at most about `maxBytes` of them (always at least one). */
+export async function parentsPage(db: Queryable, jobId: string, p: { after: string | null; maxBytes: number }): Promise<ParentsPage> {
+  const rows = await run(db, PARENTS_PAGE, [jobId, p.after ?? "0", p.maxBytes]);
+  const kept = rows.filter((r) => r.kept);
+  return {
+    parents: kept.map(({ kept: _, ...r }) => ({ ...r, state: r.state as ParentRecord["state"] })),
+    next: kept.length < rows.length ? kept.at(-1)!.id : null,
+  };
+}
+
+/**
+ * All of a job's parents (ctx.parents()), read in pages as a remote worker reads them through
+ * the server: no one statement's answer grows past a page, however many parents and results.
+ * The parents are fixed once their dependent runs, so the pages add up to the whole list.
+ */
 export async function parentsOf(db: Queryable, jobId: string): Promise<ParentRecord[]> {
-  const rows = await run(db, PARENTS_OF, [jobId]);
-  return rows.map((r) => ({ ...r, state: r.state as ParentRecord["state"] }));
+  const parents: ParentRecord[] = [];
+  let after: string | null = null;
+  do {
+    const page = await parentsPage(db, jobId, { after, maxBytes: PARENTS_PAGE_BYTES });
+    parents.push(...page.parents);
+    after = page.next;
+  } while (after !== null);
+  return parents;
 }
 
 /** How a job's parents ended, as the triggers counted them (ctx.dependencies: a batch callback's counts). */

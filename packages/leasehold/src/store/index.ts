@@ -67,6 +67,7 @@ export {
   watchJob,
   unfinishedOf,
   listJobs,
+  listJobsWithin,
   cancelJob,
   retryJob,
   queueStats,
@@ -117,5 +118,5 @@ export {
 } from "./dispatch.js";
 export type { Doorbell } from "./dispatch.js";
 export type { InsertedJob } from "./enqueue.js";
-export { insertFlow, parentsOf, dependencyCounts } from "./dependencies.js";
-export type { ParentRecord, DependencyCounts } from "./dependencies.js";
+export { insertFlow, parentsOf, parentsPage, PARENTS_PAGE_BYTES, dependencyCounts } from "./dependencies.js";
+export type { ParentRecord, ParentsPage, DependencyCounts } from "./dependencies.js";

@@ -375,14 +375,23 @@ export class RemoteTransport implements WorkerTransport {
     }
   }
 
-  /** ctx.parents() of a job this worker runs: the server checks the attempt's receipt. */
+  /**
+   * ctx.parents() of a job this worker runs: the server checks the attempt's receipt and answers
+   * in pages of at most its cap; all of them make the list, as on a database connection.
+   */
   async parents(p: { workerId: string; job: store.AttemptRef }): Promise<store.ParentRecord[]> {
-    const res = await this.post<{ parents: store.ParentRecord[] }>(
-      "/v1/worker/parents",
-      { workerId: p.workerId, job: this.withReceipt(p.job) },
-      this.timeoutMs,
-    );
-    return res.body.parents;
+    const parents: store.ParentRecord[] = [];
+    let after: string | null = null;
+    do {
+      const res: { body: store.ParentsPage } = await this.post<store.ParentsPage>(
+        "/v1/worker/parents",
+        { workerId: p.workerId, job: this.withReceipt(p.job), after },
+        this.timeoutMs,
+      );
+      parents.push(...res.body.parents);
+      after = res.body.next;
+    } while (after !== null);
+    return parents;
   }
 
   /** ctx.dependencies() of a job this worker runs. */
