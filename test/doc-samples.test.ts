@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import path from "node:path";
 import pg from "pg";
-import { GENERATED_DIR, writeSamples, type DocSample } from "./doc-samples/extract.js";
+import { extractSamples, GENERATED_DIR, writeSamples, type DocSample } from "./doc-samples/extract.js";
 import { databaseUrl, uniqueSchema } from "./helpers/db.js";
 
 /** Programs at once: each is mostly waiting on its database and worker. */
@@ -21,6 +21,46 @@ const programs = writeSamples().filter((s) => s.kind === "program");
 test("the docs have programs to run", () => {
   // The extractor finding none would pass everything below without running anything.
   assert.ok(programs.length >= 3, `found ${programs.length} programs`);
+});
+
+test("the extractor: a block is a program unless marked a fragment; other languages are left alone", () => {
+  const doc = [
+    "```ts",
+    'console.log("a program");',
+    "```",
+    "",
+    "<!-- sample: fragment -->",
+    "",
+    "```ts",
+    "lh.enqueue(task);",
+    "```",
+    "````md",
+    "```ts",
+    "inside another block: not a sample",
+    "```",
+    "````",
+    "- in a list:",
+    "  ```typescript",
+    "  const indented = 1;",
+    "  ```",
+    "```sh",
+    "npm test",
+    "```",
+  ].join("\n");
+  const samples = extractSamples("docs/x.md", doc);
+  assert.deepEqual(
+    samples.map((s) => [s.line, s.kind, s.file, s.code]),
+    [
+      [1, "program", "programs/x-1.ts", 'console.log("a program");'],
+      [7, "fragment", "fragments/x-7.ts", "lh.enqueue(task);"],
+      [16, "program", "programs/x-16.ts", "const indented = 1;"],
+    ],
+  );
+});
+
+test("the extractor refuses an unknown marker and an unclosed block, naming the line", () => {
+  assert.throws(() => extractSamples("docs/x.md", "<!-- sample: fragmnet -->\n```ts\nx;\n```"), /docs\/x\.md:1: unknown sample marker "fragmnet"/);
+  assert.throws(() => extractSamples("docs/x.md", "text\n```ts\nx;\n"), /docs\/x\.md:2: a code block that is never closed/);
 });
 
 test("every doc sample that is a program runs to exit 0", { concurrency: AT_ONCE }, async (t) => {

@@ -54,18 +54,23 @@ export function extractSamples(doc: string, text: string): DocSample[] {
   const lines = text.split("\n");
   const samples: DocSample[] = [];
   for (let i = 0; i < lines.length; i++) {
-    const fence = /^(`{3,})(\S*)/.exec(lines[i]);
+    // A fence may be indented (a block inside a list item); its code is, as deep.
+    const fence = /^( *)(`{3,})(\S*)/.exec(lines[i]);
     if (!fence) continue;
-    const end = lines.findIndex((l, j) => j > i && l.startsWith(fence[1]) && l.trim() === fence[1]);
+    const [, indent, ticks, info] = fence;
+    const end = lines.findIndex((l, j) => j > i && l.trim() === ticks);
     if (end === -1) throw new Error(`${doc}:${i + 1}: a code block that is never closed`);
-    if (fence[2] === "ts" || fence[2] === "typescript") {
+    if (info === "ts" || info === "typescript") {
       const kind = markerBefore(lines, i, doc);
       const name = `${doc.replace(/^docs\//, "").replace(/\.md$/, "")}-${i + 1}.ts`;
       samples.push({
         doc,
         line: i + 1,
         kind,
-        code: lines.slice(i + 1, end).join("\n"),
+        code: lines
+          .slice(i + 1, end)
+          .map((l) => (l.startsWith(indent) ? l.slice(indent.length) : l))
+          .join("\n"),
         file: `${kind === "program" ? "programs" : "fragments"}/${name}`,
       });
     }
