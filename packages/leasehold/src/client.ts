@@ -8,7 +8,7 @@
  */
 import type pg from "pg";
 import { silentLogger, type Logger } from "./logger.js";
-import type { Registry } from "prom-client";
+import type { MetricsRegistry } from "./metric-shapes.js";
 import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "./embedded-options.js";
 import { ConfigError, JobNotFoundError, JobStateError, UnknownQueueError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
@@ -75,7 +75,7 @@ export interface LeaseholdOptions {
   migrate?: boolean;
   poolSize?: number;
   logger?: Logger;
-  metricsRegistry?: Registry;
+  metricsRegistry?: MetricsRegistry;
   /**
    * NATS JetStream dispatch (docs/nats.md): a server URL, or its options. Enqueue then
    * publishes each new job's id after its commit, and workers take jobs from JetStream

@@ -29,6 +29,7 @@ export type { UnknownTasksMode } from "./jobs/known-tasks.js";
 export type { HandlerGap } from "./maintenance/handler-gaps.js";
 export type { NatsOptions, NatsPlugin, NatsPublisher } from "./worker/dispatch.js";
 export type { Logger, LogFn } from "./logger.js";
+export type { MetricsRegistry } from "./metric-shapes.js";
 export { silentLogger } from "./logger.js";
 export type { EmbeddedPostgresOptions } from "./embedded-options.js";
 export { Worker } from "./worker/worker.js";

@@ -5,7 +5,7 @@
  */
 import { createRequire } from "node:module";
 import type * as PromClient from "prom-client";
-import type { Counter, Gauge, Histogram, Registry } from "prom-client";
+import type { Counter, Gauge, Histogram, MetricsRegistry } from "./metric-shapes.js";
 
 /**
  * prom-client is an optional peer dependency: an app that exports metrics has it (its own
@@ -61,7 +61,7 @@ function recordNothing(): typeof PromClient {
 export const MAX_QUEUE_LABELS = 100;
 
 export interface Metrics {
-  registry: Registry;
+  registry: MetricsRegistry;
   /** The label value for a queue: its name, or "other" past MAX_QUEUE_LABELS distinct queues. */
   queueLabel(queue: string): string;
   /**
@@ -106,14 +106,15 @@ export interface Metrics {
   natsFallbacks: Counter;
 }
 
-const cache = new WeakMap<Registry, Metrics>();
+const cache = new WeakMap<MetricsRegistry, Metrics>();
 
 const SECONDS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
 
-export function metricsFor(registry: Registry = prom.register): Metrics {
+export function metricsFor(registry: MetricsRegistry = prom.register): Metrics {
   const existing = cache.get(registry);
   if (existing) return existing;
-  const registers = [registry];
+  // Registries come from prom-client itself (the app's, or prom.register).
+  const registers = [registry as PromClient.Registry];
   const queues = new Set<string>();
   const leaseHolders = new Set<() => number>();
   const m: Metrics = {
@@ -308,6 +309,6 @@ export function metricsFor(registry: Registry = prom.register): Metrics {
 }
 
 /** A registry of its own (e.g. one per test queue, so their metrics never collide); a stand-in without prom-client. */
-export function newRegistry(): Registry {
+export function newRegistry(): MetricsRegistry {
   return new prom.Registry();
 }

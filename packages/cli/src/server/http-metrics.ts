@@ -6,6 +6,7 @@
  */
 import type { FastifyInstance } from "fastify";
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+import type { MetricsRegistry } from "leasehold";
 
 export interface ServerMetrics {
   requests: Counter<"route" | "method" | "status">;
@@ -18,13 +19,14 @@ export interface ServerMetrics {
   invalidBeats: Counter;
 }
 
-const cache = new WeakMap<Registry, ServerMetrics>();
+const cache = new WeakMap<MetricsRegistry, ServerMetrics>();
 
 /** One set per registry, so several servers in one process (tests) share them. */
-export function serverMetrics(registry: Registry): ServerMetrics {
+export function serverMetrics(registry: MetricsRegistry): ServerMetrics {
   const existing = cache.get(registry);
   if (existing) return existing;
-  const registers = [registry];
+  // The queue's registry is a prom-client one: the library names it only by shape.
+  const registers = [registry as Registry];
   const m: ServerMetrics = {
     requests: new Counter({
       name: "leasehold_http_requests_total",

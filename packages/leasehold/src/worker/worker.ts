@@ -11,7 +11,7 @@
 import os from "node:os";
 import { randomBytes } from "node:crypto";
 import { silentLogger, type Logger } from "../logger.js";
-import type { Counter, Histogram, Registry } from "prom-client";
+import type { CounterChild, HistogramChild, MetricsRegistry } from "../metric-shapes.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type pg from "pg";
 import { ConfigError, StaleLeaseError, TransactionMisuseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
@@ -43,7 +43,7 @@ export interface WorkerOptions extends WorkerSettingsInput {
   /** A dispatch mode beside polling (NATS, docs/nats.md), made at start. */
   dispatch?: DispatchFactory;
   logger?: Logger;
-  metricsRegistry?: Registry;
+  metricsRegistry?: MetricsRegistry;
   /** Hooks around this worker's handlers, attempts, claims and reports (src/hooks.ts, docs/tracing.md#hooks). */
   hooks?: LeaseholdHooks | LeaseholdHooks[];
 }
@@ -108,8 +108,8 @@ export class Worker extends WorkerEmitter {
   /** Buffered attempts given up with the liveness session: released once it is back. */
   private givenUp: InFlight[] = [];
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
-  private readonly durations = new Map<string, Histogram.Internal<"task">>();
-  private readonly endings = new Map<string, Counter.Internal>();
+  private readonly durations = new Map<string, HistogramChild>();
+  private readonly endings = new Map<string, CounterChild>();
   /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
   private readonly hooks: ComposedHooks;
 
@@ -555,7 +555,7 @@ export class Worker extends WorkerEmitter {
     );
   }
 
-  private durationOf(task: string): Histogram.Internal<"task"> {
+  private durationOf(task: string): HistogramChild {
     let child = this.durations.get(task);
     if (!child) this.durations.set(task, (child = this.metrics.jobDuration.labels({ task })));
     return child;
