@@ -12,6 +12,7 @@
  */
 export { Leasehold } from "./client.js";
 export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./client.js";
+export type { ConnectRetryOptions, ConnectRetry } from "./connecting.js";
 export type { WaitOptions } from "./waiters.js";
 export type { JobRelations } from "./store/admin.js";
 export type {
