@@ -34,6 +34,7 @@ export { silentLogger } from "./logger.js";
 export type { EmbeddedPostgresOptions } from "./embedded-options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
+export type { StopOnSignalsOptions } from "./worker/signals.js";
 export type { WorkerEvents, WorkerEventName } from "./worker/events.js";
 export { defineTask } from "./tasks/define.js";
 export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput } from "./tasks/define.js";
