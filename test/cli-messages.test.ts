@@ -10,6 +10,9 @@ import os from "node:os";
 import path from "node:path";
 import { test } from "node:test";
 import { pathToFileURL } from "node:url";
+import { z } from "zod";
+import { defineTask } from "../packages/leasehold/src/index.js";
+import { examplePayload } from "../packages/cli/src/cli/example-payload.js";
 import { eventually, uniqueSchema } from "./helpers/db.js";
 import { CLI, runCli, startCli } from "./helpers/cli.js";
 
@@ -68,3 +71,16 @@ export default [
     assert.match(brokenLine, /failed and is dead \(no attempts left: all 1 spent\)/);
   },
 );
+
+test("the suggested payload is one the schema accepts, or none (the banner then names the fields)", async () => {
+  const task = (schema: z.ZodType) => defineTask({ name: "t", schema, handler: () => undefined });
+  assert.deepEqual(await examplePayload(undefined), { ok: true, payload: {} });
+  assert.deepEqual(await examplePayload(task(z.object({ n: z.number().default(1) }))), { ok: true, payload: {} });
+  assert.deepEqual(await examplePayload(task(z.object({ url: z.url(), width: z.number().int(), to: z.email() }))), {
+    ok: true,
+    payload: { url: "https://example.com", width: 1, to: "ada@example.com" },
+  });
+  const nested = await examplePayload(task(z.object({ address: z.object({ city: z.string() }) })));
+  assert.equal(nested.ok, false);
+  assert.deepEqual(!nested.ok && nested.issues.map((i) => i.path), ["payload.address"]);
+});
