@@ -13,6 +13,8 @@ const lh = await Leasehold.connect({
   databaseUrl: env("CHAOS_DATABASE_URL"),
   schema: env("CHAOS_SCHEMA"),
   migrate: false,
+  // Started while the database may be restarting (a chaos fault): wait for it, as a worker's first session does.
+  connectRetry: { timeoutMs: 30_000 },
   poolSize: 2,
   logger,
 });

@@ -113,16 +113,20 @@ test("a migration marks itself breaking with a line `-- leasehold: breaking`; no
   );
 });
 
-test("migrate: false waits at connect for a database that is restarting (its check rides it out), and fails at once for a host that does not resolve", async (t) => {
+test("migrate: false with connectRetry waits at connect for a database that is restarting, and fails at once for a host that does not resolve", async (t) => {
   const lh = await freshLeasehold(t);
   const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
   await proxy.start();
   t.after(() => proxy.stop());
   proxy.cut(); // every connection is dropped as it opens: a server going down and up
   let settled = false;
-  const connecting = Leasehold.connect({ databaseUrl: proxiedUrl(), schema: lh.schema, logger: silent, migrate: false }).finally(
-    () => (settled = true),
-  );
+  const connecting = Leasehold.connect({
+    databaseUrl: proxiedUrl(),
+    schema: lh.schema,
+    logger: silent,
+    migrate: false,
+    connectRetry: { timeoutMs: 30_000 },
+  }).finally(() => (settled = true));
   await new Promise((r) => setTimeout(r, 1_000));
   assert.equal(settled, false, "connect gave up while the database was restarting");
   proxy.restore();
@@ -131,7 +135,14 @@ test("migrate: false waits at connect for a database that is restarting (its che
 
   const started = Date.now();
   await assert.rejects(
-    Leasehold.connect({ databaseUrl: "postgres://u:p@no-such-host.invalid:5432/db", schema: lh.schema, logger: silent, migrate: false }),
+    Leasehold.connect({
+      databaseUrl: "postgres://u:p@no-such-host.invalid:5432/db",
+      schema: lh.schema,
+      logger: silent,
+      migrate: false,
+      connectRetry: { timeoutMs: 30_000 },
+    }),
+    (err: Error) => err.name === "DatabaseUnavailableError" && /no-such-host\.invalid:5432/.test(err.message),
   );
   assert.ok(Date.now() - started < 10_000, "a host that does not resolve is not waited for");
 });

@@ -29,7 +29,8 @@ export class TcpProxy {
     };
   }
 
-  async start(): Promise<void> {
+  /** Listens on `port` (0: any free one; a fixed one lets a test bring a closed port up). */
+  async start(port = 0): Promise<void> {
     this.server = net.createServer((client) => {
       if (this.blocked) return client.destroy();
       const upstream = net.connect(this.targetPort, this.targetHost);
@@ -46,7 +47,7 @@ export class TcpProxy {
       upstream.pipe(client);
       this.pairs.add([client, upstream]);
     });
-    await new Promise<void>((resolve) => this.server!.listen(0, "127.0.0.1", resolve));
+    await new Promise<void>((resolve) => this.server!.listen(port, "127.0.0.1", resolve));
     this.port = (this.server!.address() as net.AddressInfo).port;
   }
 

@@ -36,6 +36,7 @@ import type { AnyTask } from "./tasks/define.js";
 import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
 import type { TracingOptions } from "./otel/options.js";
 import { JobWaiters, type WaitOptions } from "./waiters.js";
+import { checkConnectRetry, reachingDatabase, type ConnectRetryOptions } from "./connecting.js";
 import type { JobRelations } from "./store/admin.js";
 
 export interface LeaseholdOptions {
@@ -73,6 +74,14 @@ export interface LeaseholdOptions {
    * needs; always, one a newer release migrated incompatibly (docs/upgrading.md).
    */
   migrate?: boolean;
+  /**
+   * Wait for a database that cannot be reached yet (refused, reset, starting up) for up to
+   * `timeoutMs`, trying again with growing pauses; each wait is logged (`warn`) and passed to
+   * `onRetry`. Without it, connect fails at once. Either way it fails with
+   * DatabaseUnavailableError, naming the host and port. A wrong password, a missing database
+   * or a host that does not resolve is never waited for.
+   */
+  connectRetry?: ConnectRetryOptions;
   poolSize?: number;
   logger?: Logger;
   metricsRegistry?: MetricsRegistry;
@@ -210,20 +219,25 @@ export class Leasehold {
       await embedded?.stop();
       throw err;
     }
+    let connectRetry: ConnectRetryOptions | undefined;
+    try {
+      connectRetry = checkConnectRetry(options.connectRetry);
+    } catch (err) {
+      await embedded?.stop();
+      throw err;
+    }
     const pool = store.createPool({ connectionString: url, schema, max: options.poolSize, pooling });
     try {
-      // Migrations run in one transaction (with a transaction-scoped lock): through a
-      // transaction pooler too.
-      const applied = options.migrate === false ? [] : await store.migrate(pool, schema);
+      // The first statement connects: a database that cannot be reached fails here, by name
+      // (or is waited for, with connectRetry). Migrations run in one transaction (with a
+      // transaction-scoped lock): through a transaction pooler too.
+      const applied = await reachingDatabase(url, connectRetry, logger, () =>
+        options.migrate === false ? pool.query("SELECT 1").then((): string[] => []) : store.migrate(pool, schema),
+      );
       if (applied.length > 0) logger.info({ schema, migrations: applied }, "applied migrations");
       if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
       // Refuses a schema this code cannot run against; one ahead of it is a rolling upgrade (docs/upgrading.md).
-      // With migrate: false, connect did not need the database before this check: a process
-      // started while it restarts waits for it, as a worker's first session does.
-      const { ahead } =
-        options.migrate === false
-          ? await ridingOutRestarts(() => store.checkSchemaVersion(pool, schema))
-          : await store.checkSchemaVersion(pool, schema);
+      const { ahead } = await store.checkSchemaVersion(pool, schema);
       if (ahead.length > 0) {
         logger.info(
           { schema, migrations: ahead.map((m) => m.name) },
@@ -702,37 +716,6 @@ async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHoo
     throw err;
   }
   return otel.tracingHooks(options === true ? {} : options);
-}
-
-/** How long connect() waits for a restarting database (migrate: false), like a worker's first session. */
-const STARTUP_RESTART_WAIT_MS = 30_000;
-
-/**
- * Runs `fn` again while the database is restarting (isRestarting), for up to
- * STARTUP_RESTART_WAIT_MS; any other error fails at once.
- */
-async function ridingOutRestarts<T>(fn: () => Promise<T>): Promise<T> {
-  const deadline = Date.now() + STARTUP_RESTART_WAIT_MS;
-  for (let delay = 100; ; delay = Math.min(delay * 2, 1_000)) {
-    try {
-      return await fn();
-    } catch (err) {
-      const restarting = isRestarting(err);
-      if (!restarting || Date.now() + delay > deadline) throw err;
-      await new Promise((r) => setTimeout(r, delay));
-    }
-  }
-}
-
-/**
- * A server going down or coming up: refused or dropped connections, shutdown and start-up
- * (57P01-57P03). Not a protocol or authentication error (a pooler refusing a start-up
- * parameter answers 08P01), nor a host that does not resolve.
- */
-function isRestarting(err: unknown): boolean {
-  const { code, message } = (err ?? {}) as { code?: string; message?: string };
-  if (code !== undefined) return /^(ECONNREFUSED|ECONNRESET|EPIPE|57P0[1-3])$/.test(code);
-  return /Connection terminated unexpectedly/.test(message ?? "");
 }
 
 /**

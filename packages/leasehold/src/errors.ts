@@ -160,6 +160,21 @@ export class SchemaVersionError extends LeaseholdError {
 }
 
 /**
+ * `connect()` could not reach the database (refused, reset, a host that does not resolve, a
+ * login or database refused), at once or when its `connectRetry` ran out. The message is one
+ * line naming the host and port (never the password); `cause` holds the driver's error.
+ */
+export class DatabaseUnavailableError extends LeaseholdError {
+  constructor(
+    readonly target: string,
+    message: string,
+    options: { cause: unknown },
+  ) {
+    super("database_unavailable", message, options);
+  }
+}
+
+/**
  * The embedded PostgreSQL could not be set up or started. The message is one line saying
  * what is wrong and, where we know it, what to do; it never contains the password.
  */

@@ -12,6 +12,7 @@
  */
 export { Leasehold } from "./client.js";
 export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./client.js";
+export type { ConnectRetryOptions, ConnectRetry } from "./connecting.js";
 export type { WaitOptions } from "./waiters.js";
 export type { JobRelations } from "./store/admin.js";
 export type {
@@ -34,6 +35,7 @@ export { silentLogger } from "./logger.js";
 export type { EmbeddedPostgresOptions } from "./embedded-options.js";
 export { Worker } from "./worker/worker.js";
 export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
+export type { StopOnSignalsOptions } from "./worker/signals.js";
 export type { WorkerEvents, WorkerEventName } from "./worker/events.js";
 export { defineTask } from "./tasks/define.js";
 export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput } from "./tasks/define.js";

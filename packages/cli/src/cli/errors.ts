@@ -31,6 +31,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   invalid_state: EXIT.invalidState,
   name_in_use: EXIT.invalidState,
   server_unavailable: EXIT.unavailable,
+  database_unavailable: EXIT.unavailable,
   wait_timeout: EXIT.waitTimeout,
   unauthorized: EXIT.usage,
   forbidden: EXIT.usage,

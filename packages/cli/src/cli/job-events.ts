@@ -37,7 +37,7 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
       case "waiting":
         return print(`↻ ${name} failed after ${took}s; it will be retried after a backoff`);
       case "dead":
-        return print(`✖ ${name} failed and is dead (no attempts left); \`leasehold jobs retry ${job.id}\` runs it again`);
+        return print(`✖ ${name} ${whyDead(job, outcome.error)}; \`leasehold jobs retry ${job.id}\` runs it again`);
       case "cancelled":
         return print(`■ ${name} cancelled`);
       case "superseded":
@@ -50,4 +50,16 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
         return print(`! ${name}: could not report its end; the watchdog will recover it`);
     }
   });
+}
+
+/**
+ * Whether the job ran out of attempts, or was ended for good with attempts left (a
+ * PermanentJobError, a payload its schema refuses, a result that cannot be stored): saying
+ * "no attempts left" then would send the reader after the wrong cause.
+ */
+function whyDead(job: ClaimedJob, error: Error | undefined): string {
+  const left = job.maxAttempts - (job.spentAttempts + 1);
+  if (left <= 0) return `failed and is dead (no attempts left: all ${job.maxAttempts} spent)`;
+  const what = error ? error.message.split("\n")[0] : "a permanent failure, e.g. a payload its schema refuses";
+  return `failed for good and is dead, not retried (${what}; ${left} of ${job.maxAttempts} attempts unused): \`leasehold jobs show ${job.id}\` has its error`;
 }

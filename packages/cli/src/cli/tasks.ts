@@ -9,12 +9,13 @@ import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
 import type { TaskHandlers } from "leasehold/internal/worker/context";
 import { CliError } from "./errors.js";
-import { toHandlers } from "leasehold/internal/tasks/define";
+import { taskSet, toHandlers, type AnyTask } from "leasehold/internal/tasks/define";
 
 /** The example tasks `leasehold dev` runs when given none: examples/tasks.ts in the package. */
 export const EXAMPLE_TASKS = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "examples", "tasks.ts");
 
-export async function loadTasks(file: string): Promise<{ file: string; handlers: TaskHandlers }> {
+/** `tasks`: the module's tasks made by defineTask, by name (their schemas), when it exports them. */
+export async function loadTasks(file: string): Promise<{ file: string; handlers: TaskHandlers; tasks: ReadonlyMap<string, AnyTask> }> {
   const abs = path.resolve(file);
   if (!fs.existsSync(abs)) throw new CliError(`--tasks: no such file ${file}`);
   let mod: { default?: unknown };
@@ -35,7 +36,8 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
   }
   if (Array.isArray(handlers) && handlers.length > 0) {
     try {
-      return { file: abs, handlers: toHandlers(handlers, `tasks module ${file}: default export`) };
+      const what = `tasks module ${file}: default export`;
+      return { file: abs, handlers: toHandlers(handlers, what), tasks: taskSet(handlers, what) };
     } catch (err) {
       throw new CliError((err as Error).message);
     }
@@ -46,7 +48,7 @@ export async function loadTasks(file: string): Promise<{ file: string; handlers:
         "or an array of tasks made by defineTask",
     );
   }
-  return { file: abs, handlers: handlers as TaskHandlers };
+  return { file: abs, handlers: handlers as TaskHandlers, tasks: new Map() };
 }
 
 /** The first line of whatever a module threw: an Error's message, or the value itself (null too). */

@@ -27,6 +27,7 @@ import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } 
 import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
+import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
@@ -95,6 +96,10 @@ export class Worker extends WorkerEmitter {
   private attachment?: Attachment;
   private sweepTimer?: NodeJS.Timeout;
   private state: "new" | "started" | "stopping" | "stopped" = "new";
+  /** While stopping: the stop under way, when running handlers' grace ends, and how to wake its wait. */
+  private stopped?: Promise<void>;
+  private graceDeadline = Infinity;
+  private wakeGrace?: () => void;
   private readonly services: MaintenanceService<unknown>[];
   private readonly dispatchFactory?: DispatchFactory;
   private dispatch?: WorkerDispatch;
@@ -298,26 +303,50 @@ export class Worker extends WorkerEmitter {
   }
 
   /**
-   * Graceful shutdown: stop claiming; give back jobs not started; let running handlers
-   * finish until the deadline; then abort the rest and release their jobs to run again
-   * without spending an attempt.
+   * Graceful shutdown, in order: stop claiming; give back buffered jobs not started; let
+   * running handlers finish for up to `timeoutMs` (the grace; their `ctx.signal` is not
+   * fired during it); then abort the rest (signal reason "shutdown") and release their jobs
+   * to run again without spending an attempt. Called again while stopping, it shortens the
+   * grace to `timeoutMs` from now (`stop(0)`: abort now) and resolves when the worker has stopped.
    */
-  async stop(timeoutMs = this.settings.shutdownTimeoutMs): Promise<void> {
-    if (this.state !== "started") return;
+  stop(timeoutMs = this.settings.shutdownTimeoutMs): Promise<void> {
+    if (this.state === "stopping") {
+      this.graceDeadline = Math.min(this.graceDeadline, Date.now() + timeoutMs);
+      this.wakeGrace?.();
+      return this.stopped ?? Promise.resolve();
+    }
+    if (this.state !== "started") return Promise.resolve();
     this.state = "stopping";
+    this.graceDeadline = Infinity;
+    this.stopped = this.shutDown(timeoutMs);
+    return this.stopped;
+  }
+
+  /**
+   * SIGINT and SIGTERM stop this worker gracefully; a second signal ends the grace at once
+   * (see worker/signals.ts). `afterStop` runs once it has stopped, e.g. `() => lh.close()`.
+   * Returns a function that removes the listeners.
+   */
+  stopOnSignals(options?: StopOnSignalsOptions): () => void {
+    return stopOnSignals(this, this.logger, options);
+  }
+
+  private async shutDown(timeoutMs: number): Promise<void> {
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
     clearTimeout(this.livenessTimer);
     this.flow.stop();
     await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
-    const deadline = Date.now() + timeoutMs;
-    while (this.running > 0 && Date.now() < deadline) {
+    this.graceDeadline = Math.min(this.graceDeadline, Date.now() + timeoutMs);
+    while (this.running > 0 && Date.now() < this.graceDeadline) {
       await new Promise<void>((resolve) => {
         this.once("slot", resolve);
-        setTimeout(resolve, Math.max(0, deadline - Date.now())).unref();
+        this.wakeGrace = resolve;
+        setTimeout(resolve, Math.max(0, this.graceDeadline - Date.now())).unref();
       });
     }
+    this.wakeGrace = undefined;
     const unfinished = [...this.inFlight.values()].filter((e) => e.phase === "running" && !e.lostReason);
     for (const e of unfinished) {
       e.lostReason = "shutdown";

@@ -18,6 +18,9 @@ import { printJobEvents } from "../job-events.js";
 import { int } from "../parse.js";
 import { untilSignal } from "../signals.js";
 import { EXAMPLE_TASKS, loadTasks } from "../tasks.js";
+import { examplePayload } from "../example-payload.js";
+import type { AnyTask } from "leasehold/internal/tasks/define";
+import type { PayloadIssue } from "leasehold/internal/tasks/validate";
 import type { DashboardMode } from "../../server/dashboard-mode.js";
 import { DEFAULT_PORT, dashboardMode, startServer } from "./serve.js";
 
@@ -71,7 +74,7 @@ export function registerDev(program: Command, run: Run): void {
             ? pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, pino.destination({ fd: 2, sync: true }))
             : pino({ level: process.env.LEASEHOLD_LOG_LEVEL ?? "info" }, { write: (line: string) => say(formatLog(line)) });
           if (!cli.json) say("Starting Leasehold dev…");
-          const { file, handlers } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
+          const { file, handlers, tasks } = await loadTasks(opts.tasks ?? EXAMPLE_TASKS);
           cli.useNats(opts.nats);
           const lh = await cli.connect({ logger, poolSize: 20, quiet: true, graceful: true });
           const token = opts.token ?? cli.token ?? randomBytes(18).toString("base64url");
@@ -136,6 +139,7 @@ export function registerDev(program: Command, run: Run): void {
               file: rel(file),
               stateFile: rel(path.join(cli.dataDir, "dev.json")),
               pgdata: rel(cli.embeddedDataDir),
+              enqueue: await suggestedEnqueue(taskNames, tasks),
             });
           }
           if (!opts.tasks && opts.examples) {
@@ -170,6 +174,7 @@ function printBanner(
     stateFile: string;
     pgdata: string;
     dashboard: DashboardMode;
+    enqueue: string;
   },
 ): void {
   const { apiUrl, token, lh, cli, taskNames } = b;
@@ -187,11 +192,33 @@ function printBanner(
   say(`  Tasks      ${taskNames.join(", ")}  from ${b.file}`);
   say("");
   say(`From another terminal in this folder (commands find this dev session through ${b.stateFile}):`);
-  say(`  npx leasehold enqueue ${taskNames[0]} --payload '${JSON.stringify(EXAMPLE_JOBS.find((j) => j.task === taskNames[0])?.payload ?? {})}'`);
+  say(`  ${b.enqueue}`);
   say("  npx leasehold jobs list        npx leasehold jobs show <id>        npx leasehold stats");
   say(`  curl -H 'Authorization: Bearer ${token}' ${apiUrl}/v1/stats`);
   say("Press Ctrl-C to stop (running jobs get a few seconds to finish; the rest are released).");
   say("");
+}
+
+/**
+ * The enqueue command the banner suggests, with a payload the task accepts (the examples' own,
+ * or one its schema was seen to take), so the job it makes can run. When every task's schema
+ * refuses what can be made up, the command has a placeholder and names what the schema asks for.
+ */
+async function suggestedEnqueue(taskNames: string[], tasks: ReadonlyMap<string, AnyTask>): Promise<string> {
+  const command = (task: string, payload: string) => `npx leasehold enqueue ${task} --payload '${payload}'`;
+  const example = EXAMPLE_JOBS.find((j) => j.task === taskNames[0]);
+  if (example) return command(example.task, JSON.stringify(example.payload));
+  let refused: { task: string; issues: PayloadIssue[] } | undefined;
+  for (const task of taskNames) {
+    const suggestion = await examplePayload(tasks.get(task));
+    if (suggestion.ok) return command(task, JSON.stringify(suggestion.payload));
+    refused ??= { task, issues: suggestion.issues };
+  }
+  const needs = refused!.issues
+    .slice(0, 3)
+    .map((i) => `${i.path}: ${i.message}`)
+    .join("; ");
+  return `${command(refused!.task, "<JSON>")}   (its schema needs ${needs})`;
 }
 
 /** The dashboard, signed in: the token rides in the fragment, which the browser never sends; the page keeps it and drops it from the address. */
