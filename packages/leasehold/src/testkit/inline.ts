@@ -7,11 +7,13 @@
  */
 import pg from "pg";
 import type { Logger } from "../logger.js";
+import { guardTransaction } from "../worker/transaction-guard.js";
 import {
   fencedWrite,
   JobAbortedError,
   PermanentJobError,
   RetrySupersededError,
+  TransactionMisuseError,
   ValidationError,
   type AbortReason,
   type AttemptOutcome,
@@ -105,6 +107,8 @@ class InlineContext implements JobContext {
   /** The first refused fenced write decides the end: superseded. */
   superseded = false;
   committed = false;
+  /** The handler broke out of its transaction: the attempt fails, even if it caught the error (as on a worker). */
+  transactionMisuse: TransactionMisuseError | undefined;
   private transacting = false;
 
   constructor(
@@ -192,14 +196,26 @@ class InlineContext implements JobContext {
     if (this.signal.aborted) throw this.signal.reason;
     this.transacting = true;
     const client = await (options.pool ?? this.options.pool ?? this.host.appPool()).connect();
+    // The tx a worker hands out: COMMIT, ROLLBACK and release refused, dead after the callback.
+    const guard = guardTransaction(client, `job ${this.jobId} attempt ${this.attempt}`);
     try {
       await client.query("BEGIN");
-      const value = await work(client);
+      let value: T;
+      try {
+        value = await work(guard.tx);
+      } catch (err) {
+        throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
+      } finally {
+        guard.end();
+      }
+      // Refused before it was sent, and caught by the handler: the attempt fails all the same.
+      if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
       await client.query("COMMIT");
       // As with a worker: committed, the job is finished whatever the handler does next.
       this.committed = true;
       return value;
     } catch (err) {
+      if (err instanceof TransactionMisuseError) this.transactionMisuse ??= err;
       await client.query("ROLLBACK").catch(() => {});
       throw err;
     } finally {
@@ -239,6 +255,10 @@ export async function runInline<R>(
     error = err;
   } finally {
     external?.removeEventListener("abort", onAbort);
+  }
+  if (ctx.transactionMisuse !== undefined && (!threw || error instanceof JobAbortedError)) {
+    threw = true;
+    error = ctx.transactionMisuse;
   }
   const aborted = ctx.signal.aborted ? (ctx.signal.reason as JobAbortedError) : undefined;
   const state: InlineState = ctx.committed
