@@ -149,13 +149,13 @@ test("a result that is not JSON or over maxResultBytes ends its attempt dead at 
   ]);
 });
 
-test("a result is serialised as JSON.stringify would: a pg row's Date is stored as its ISO string, toJSON is honoured, and the limits apply to what it becomes", async (t) => {
+test("a result is serialised as JSON.stringify would: a pg row's Date is stored as its ISO string, toJSON is honoured, an undefined field left out, and the limits apply to what it becomes", async (t) => {
   const lh = await freshLeasehold(t);
   const worker = lh.worker({
     handlers: {
       // A row as pg returns it: timestamptz columns are Dates.
       row: async () => (await lh.pool.query("SELECT 7 AS id, timestamptz '2026-01-02T03:04:05.678Z' AS created_at")).rows[0],
-      custom: () => ({ money: { toJSON: (key: string) => ({ key, cents: 1234 }) }, list: [new Date(0)] }),
+      custom: () => ({ money: { toJSON: (key: string) => ({ key, cents: 1234 }) }, list: [new Date(0)], note: undefined }),
       nul: () => ({ money: { toJSON: () => "a\u0000b" } }),
     },
     maxResultBytes: 1_000,

@@ -288,7 +288,8 @@ export const MAX_RESULT_BYTES_LIMIT = 16 * 1024 * 1024;
 
 /**
  * A handler's return value as the job's result: undefined and null store none; a value with a
- * `toJSON` method (a Date) is replaced by what it returns, as JSON.stringify does; anything
+ * `toJSON` method (a Date) is replaced by what it returns and an undefined field is left out,
+ * as JSON.stringify does; anything
  * else must be JSON a payload could be (serializePayload's rules) and at most `maxBytes`
  * serialised. Returns the JSON, undefined for none, or `{ problem }` naming what is wrong
  * and the cap: the attempt then ends as failed without retries (the same code would return
@@ -310,7 +311,7 @@ export function serializeResult(returned: unknown, maxBytes: number): string | u
 
 /**
  * The value with every `toJSON` method applied (called with its key, as JSON.stringify calls
- * it), so a Date becomes its ISO string; the rest is left as it is for jsonProblem to judge. A
+ * it), so a Date becomes its ISO string, and without undefined fields; the rest is left as it is for jsonProblem to judge. A
  * cycle is not followed (jsonProblem names it).
  */
 function withToJSON(value: unknown, key: string, seen: Set<object>): unknown {
@@ -325,7 +326,11 @@ function withToJSON(value: unknown, key: string, seen: Set<object>): unknown {
     const proto = Object.getPrototypeOf(value);
     if (proto !== Object.prototype && proto !== null) return value;
     const out: Record<string, unknown> = {};
-    for (const [k, v] of Object.entries(value)) out[k] = withToJSON(v, k, seen);
+    for (const [k, v] of Object.entries(value)) {
+      const json = withToJSON(v, k, seen);
+      // JSON.stringify leaves out an undefined field (an optional one not set).
+      if (json !== undefined) out[k] = json;
+    }
     return out;
   } finally {
     seen.delete(value);
