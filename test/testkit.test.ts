@@ -471,6 +471,21 @@ test("runInline's ctx.transaction hands out the tx a worker does: COMMIT refused
   await assert.rejects(kept!.query("SELECT 1"), /tx was used after its callback returned/);
 });
 
+test("runInline ends a result a worker could not store as the worker does (dead, naming the field); a Date is stored as its ISO string", async (t) => {
+  const q = await queue(t, {
+    row: () => ({ created_at: new Date(0) }),
+    map: () => ({ byId: new Map([["a", 1]]) }),
+    big: () => ({ blob: "x".repeat(100) }),
+  });
+  assert.equal((await q.runInline("row", {})).state, "succeeded");
+  const map = await q.runInline("map", {});
+  assert.equal(map.state, "dead");
+  assert.match((map.error as Error).message, /^the handler's result was refused: result\.byId is a Map object/);
+  const big = await q.runInline("big", {}, { maxResultBytes: 50 });
+  assert.equal(big.state, "dead");
+  assert.match((big.error as Error).message, /over maxResultBytes \(50\)/);
+});
+
 test("the testkit uses the library through its public entry points only (so it can move to a package of its own)", () => {
   const dir = path.join(import.meta.dirname, "..", "packages", "leasehold", "src", "testkit");
   const own = new Set(fs.readdirSync(dir).map((f) => `./${f.replace(/\.ts$/, ".js")}`));
@@ -484,6 +499,7 @@ test("the testkit uses the library through its public entry points only (so it c
     "../metrics.js",
     "../embedded-options.js",
     "../tasks/define.js",
+    "../jobs/validate.js",
     "../worker/transaction-guard.js",
     "pg",
   ]);

@@ -7,6 +7,7 @@
  */
 import pg from "pg";
 import type { Logger } from "../logger.js";
+import { serializeResult } from "../jobs/validate.js";
 import { guardTransaction } from "../worker/transaction-guard.js";
 import {
   fencedWrite,
@@ -15,6 +16,7 @@ import {
   RetrySupersededError,
   TransactionMisuseError,
   ValidationError,
+  DEFAULT_MAX_RESULT_BYTES,
   type AbortReason,
   type AttemptOutcome,
   type FencedWriteDb,
@@ -51,6 +53,8 @@ export interface InlineOptions {
   parents?: ParentRecord[];
   /** The pool `ctx.transaction` uses when the handler passes none; default: the test database's. */
   pool?: pg.Pool;
+  /** The largest result a worker would store (its option of that name); default 65,536. */
+  maxResultBytes?: number;
 }
 
 /**
@@ -259,6 +263,12 @@ export async function runInline<R>(
   if (ctx.transactionMisuse !== undefined && (!threw || error instanceof JobAbortedError)) {
     threw = true;
     error = ctx.transactionMisuse;
+  }
+  // A result a worker could not store ends its attempt dead: checked by the worker's own rule.
+  const stored = threw || ctx.committed ? undefined : serializeResult(value, options.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES);
+  if (typeof stored === "object") {
+    threw = true;
+    error = new PermanentJobError(`the handler's result was refused: ${stored.problem}`);
   }
   const aborted = ctx.signal.aborted ? (ctx.signal.reason as JobAbortedError) : undefined;
   const state: InlineState = ctx.committed
