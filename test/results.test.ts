@@ -149,6 +149,31 @@ test("a result that is not JSON or over maxResultBytes ends its attempt dead at 
   ]);
 });
 
+test("a result is serialised as JSON.stringify would: a pg row's Date is stored as its ISO string, toJSON is honoured, an undefined field left out, and the limits apply to what it becomes", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    handlers: {
+      // A row as pg returns it: timestamptz columns are Dates.
+      row: async () => (await lh.pool.query("SELECT 7 AS id, timestamptz '2026-01-02T03:04:05.678Z' AS created_at")).rows[0],
+      custom: () => ({ money: { toJSON: (key: string) => ({ key, cents: 1234 }) }, list: [new Date(0)], note: undefined }),
+      nul: () => ({ money: { toJSON: () => "a\u0000b" } }),
+    },
+    maxResultBytes: 1_000,
+    pollIntervalMs: 20,
+  });
+  await worker.start();
+  t.after(() => worker.stop());
+  const [row, custom, nul] = await lh.enqueueMany(["row", "custom", "nul"].map((task) => ({ task })));
+  const rowJob = await lh.waitFor(row!.id, { timeoutMs: 15_000 });
+  assert.equal(rowJob.state, "succeeded", rowJob.lastError ?? "");
+  assert.deepEqual(rowJob.result, { id: 7, created_at: "2026-01-02T03:04:05.678Z" });
+  const customJob = await lh.waitFor(custom!.id, { timeoutMs: 15_000 });
+  assert.deepEqual(customJob.result, { money: { key: "money", cents: 1234 }, list: ["1970-01-01T00:00:00.000Z"] });
+  const nulJob = await lh.waitFor(nul!.id, { timeoutMs: 15_000 });
+  assert.equal(nulJob.state, "dead");
+  assert.match(nulJob.lastError!, /result\.money contains a NUL character/);
+});
+
 test("maxResultBytes is checked when the worker is made", async (t) => {
   const lh = await freshLeasehold(t);
   for (const v of [0, 1.5, 17 * 1024 * 1024, "64k"]) {

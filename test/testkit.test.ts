@@ -12,10 +12,15 @@ import path from "node:path";
 import pg from "pg";
 import { createTestQueue, type TestQueue } from "../packages/leasehold/src/testkit/index.js";
 import { TEMPLATE_PREFIX, templateName } from "../packages/leasehold/src/testkit/database.js";
+import { z } from "zod";
 import {
+  ConfigError,
+  defineTask,
   JobAbortedError,
   JobNotFoundError,
+  PayloadValidationError,
   PermanentJobError,
+  TransactionMisuseError,
   ValidationError,
   type JobContext,
   type TaskHandlers,
@@ -114,7 +119,7 @@ test("drain() runs every ready job with the handlers through a real worker, incl
   await q.lh.enqueue("unknown-task", {});
   const later = await q.lh.enqueue("parent", { n: 3 }, { delayMs: HOUR });
 
-  const result = await q.drain();
+  const result = await q.drain({ leaveUnhandled: ["unknown-task"] });
   assert.deepEqual(seen, ["spawn 1", "parent 2", "child of 1"]);
   const states = Object.fromEntries(result.ran.map((j) => [j.task, j.state]));
   assert.deepEqual(states, { spawn: "succeeded", parent: "succeeded", broken: "waiting", hopeless: "dead", child: "succeeded" });
@@ -372,12 +377,132 @@ test("runInline: one handler call with a real context, no worker and no job row"
   await app.end(); // before close() drops the database under it
 });
 
+const resize = defineTask({
+  name: "resize",
+  schema: z.object({ file: z.string(), width: z.number().int().default(800) }),
+  handler: async (payload) => ({ file: payload.file, width: payload.width }),
+});
+const sendEmail = defineTask({
+  name: "send-email",
+  schema: z.object({ to: z.email() }),
+  handler: async (payload) => ({ sent: payload.to }),
+});
+
+test("typed tasks run in the test kit behind their schema, as a typed worker runs them: defaults filled, a bad payload dead with its field named", async (t) => {
+  // A list of tasks, and a task in a map under its name, both run.
+  const q = await createTestQueue({ handlers: [resize], logger: silent });
+  t.after(() => q.close());
+  q.register({ "send-email": sendEmail, plain: (p: { n: number }) => p.n + 1 });
+
+  const ok = await q.runInline("resize", { file: "a.png" });
+  assert.equal(ok.state, "succeeded");
+  assert.deepEqual(ok.value, { file: "a.png", width: 800 }, "the schema's default is filled in");
+  const bad = await q.runInline("resize", { file: 42 });
+  assert.equal(bad.state, "dead", "a payload the schema refuses ends the attempt for good");
+  assert.ok(bad.error instanceof PermanentJobError);
+  assert.ok(bad.error.cause instanceof PayloadValidationError);
+  assert.match(bad.error.message, /task "resize"\): invalid payload: payload\.file: /);
+  assert.equal((await q.runInline("plain", { n: 1 })).value, 2);
+
+  const good = await q.lh.enqueue("send-email", { to: "ada@example.com" });
+  const wrong = await q.lh.enqueue("send-email", { to: "not an address" });
+  const result = await q.drain();
+  assert.deepEqual(
+    result.ran.map((j) => [j.id, j.state]),
+    [
+      [good.id, "succeeded"],
+      [wrong.id, "dead"],
+    ],
+  );
+  assert.deepEqual((await q.lh.getJob(good.id)).job.result, { sent: "ada@example.com" });
+  const dead = (await q.lh.getJob(wrong.id)).job;
+  assert.match(dead.lastError!, /invalid payload: payload\.to: /);
+  assert.ok((result.failed[0]!.error as Error).cause instanceof PayloadValidationError);
+
+  assert.throws(() => q.register({ email: sendEmail }), ConfigError, "a task under another task's name");
+  assert.throws(() => q.register([resize.handler] as never), /register\[0\] is not a task made by defineTask/);
+});
+
+test("drain() fails, naming the tasks, when a due job's task has no handler, unless the test says it means to leave them", async (t) => {
+  const q = await queue(t, { known: () => {} });
+  await q.lh.enqueue("known", {});
+  await q.lh.enqueue("forgotten", {});
+  await q.lh.enqueue("forgotten", {});
+  await q.lh.enqueue("also-forgotten", {});
+  await q.lh.enqueue("later-forgotten", {}, { delayMs: HOUR });
+  await assert.rejects(q.drain(), (err: Error) => {
+    assert.ok(err instanceof AssertionError);
+    assert.match(err.message, /no handler: also-forgotten \(1 job\), forgotten \(2 jobs\)\. .*leaveUnhandled: \["also-forgotten","forgotten"\]/);
+    return true;
+  });
+  const result = await q.drain({ leaveUnhandled: ["forgotten", "also-forgotten"] });
+  assert.deepEqual(
+    result.left.map((j) => [j.task, j.why]),
+    [
+      ["forgotten", "no_handler"],
+      ["forgotten", "no_handler"],
+      ["also-forgotten", "no_handler"],
+      ["later-forgotten", "no_handler"],
+    ],
+  );
+});
+
+test("runInline's ctx.transaction hands out the tx a worker does: COMMIT refused and the attempt failed even if caught; tx dead after the callback", async (t) => {
+  let kept: pg.PoolClient | undefined;
+  const q = await queue(t, {
+    commits: (_p: unknown, ctx: JobContext) => ctx.transaction((tx) => tx.query("COMMIT")),
+    catches: async (_p: unknown, ctx: JobContext) => {
+      await ctx.transaction((tx) => tx.query("ROLLBACK")).catch(() => {});
+      return "carried on";
+    },
+    keeps: async (_p: unknown, ctx: JobContext) => {
+      await ctx.transaction(async (tx) => void (kept = tx));
+      return "ok";
+    },
+  });
+  const commits = await q.runInline("commits", {});
+  assert.equal(commits.state, "failed");
+  assert.ok(commits.error instanceof TransactionMisuseError);
+  assert.match(commits.error.message, /sent COMMIT on tx, which was not run/);
+  const catches = await q.runInline("catches", {});
+  assert.equal(catches.state, "failed", "a worker fails the attempt even though the handler caught the refusal");
+  assert.match((catches.error as Error).message, /sent ROLLBACK on tx/);
+  assert.equal((await q.runInline("keeps", {})).state, "succeeded");
+  await assert.rejects(kept!.query("SELECT 1"), /tx was used after its callback returned/);
+});
+
+test("runInline ends a result a worker could not store as the worker does (dead, naming the field); a Date is stored as its ISO string", async (t) => {
+  const q = await queue(t, {
+    row: () => ({ created_at: new Date(0) }),
+    map: () => ({ byId: new Map([["a", 1]]) }),
+    big: () => ({ blob: "x".repeat(100) }),
+  });
+  assert.equal((await q.runInline("row", {})).state, "succeeded");
+  const map = await q.runInline("map", {});
+  assert.equal(map.state, "dead");
+  assert.match((map.error as Error).message, /^the handler's result was refused: result\.byId is a Map object/);
+  const big = await q.runInline("big", {}, { maxResultBytes: 50 });
+  assert.equal(big.state, "dead");
+  assert.match((big.error as Error).message, /over maxResultBytes \(50\)/);
+});
+
 test("the testkit uses the library through its public entry points only (so it can move to a package of its own)", () => {
   const dir = path.join(import.meta.dirname, "..", "packages", "leasehold", "src", "testkit");
   const own = new Set(fs.readdirSync(dir).map((f) => `./${f.replace(/\.ts$/, ".js")}`));
   // The public entry, and the few internals with no state of their own (a quiet logger, the
-  // optional-package loader, a private metrics registry, the embedded server's option types).
-  const allowed = new Set(["../index.js", "../logger.js", "../optional.js", "../metrics.js", "../embedded-options.js", "pg"]);
+  // optional-package loader, a private metrics registry, the embedded server's option types,
+  // how a worker runs a defined task, the guard a worker puts on ctx.transaction's tx).
+  const allowed = new Set([
+    "../index.js",
+    "../logger.js",
+    "../optional.js",
+    "../metrics.js",
+    "../embedded-options.js",
+    "../tasks/define.js",
+    "../jobs/validate.js",
+    "../worker/transaction-guard.js",
+    "pg",
+  ]);
   for (const file of fs.readdirSync(dir)) {
     const source = fs.readFileSync(path.join(dir, file), "utf8");
     for (const [, spec] of source.matchAll(/(?:from|import\()\s*"([^"]+)"/g)) {

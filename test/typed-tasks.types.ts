@@ -6,7 +6,15 @@
 import { type } from "arktype";
 import * as v from "valibot";
 import { z } from "zod";
-import { defineTask, type JobOutcome, type Leasehold, type ClaimedJob, type TaskInput, type TaskOutput } from "../packages/leasehold/src/index.js";
+import {
+  defineTask,
+  type JobOutcome,
+  type JsonValue,
+  type Leasehold,
+  type ClaimedJob,
+  type TaskInput,
+  type TaskOutput,
+} from "../packages/leasehold/src/index.js";
 
 /** Compile-time equality: `expectTypeOf(x).toBe<T>()` compiles only if x's type is exactly T. */
 type Equal<A, B> = (<G>() => G extends A ? 1 : 2) extends <G>() => G extends B ? 1 : 2 ? true : false;
@@ -160,3 +168,22 @@ export async function misuse(lh: Leasehold): Promise<void> {
   await lh.schedule({ name: "x", cron: "* * * * *", task: "anything", payload: { a: 1 } });
   lh.worker({ handlers: { anything: async (payload: { a: number }) => payload.a } });
 }
+
+// A handler's result is typed as what the worker stores (JSON, as JSON.stringify writes it).
+interface Row {
+  id: number;
+  created_at: Date; // a toJSON value: stored as its ISO string
+  tags: string[];
+  note?: string;
+}
+defineTask({ name: "returns-row", schema: z.object({}), handler: async (): Promise<Row> => ({ id: 1, created_at: new Date(), tags: [] }) });
+defineTask({ name: "returns-date", schema: z.object({}), handler: () => new Date() });
+defineTask({ name: "returns-nothing", schema: z.object({}), handler: async () => {} });
+defineTask({ name: "returns-json", schema: z.object({}), handler: (): JsonValue => ({ a: [1, "b", null] }) });
+defineTask({ name: "returns-any", schema: z.object({}), handler: async (): Promise<any> => ({}) });
+// @ts-expect-error a bigint is not JSON
+defineTask({ name: "returns-bigint", schema: z.object({}), handler: async () => ({ total: 10n }) });
+// @ts-expect-error a function is not JSON
+defineTask({ name: "returns-function", schema: z.object({}), handler: () => ({ callback: () => 1 }) });
+// @ts-expect-error a Map is not JSON (JSON.stringify would write {})
+defineTask({ name: "returns-map", schema: z.object({}), handler: () => ({ byId: new Map<string, number>() }) });

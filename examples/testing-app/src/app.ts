@@ -23,5 +23,5 @@ export async function declareSchedules(lh: Leasehold): Promise<void> {
 
 /** The app's worker process. */
 export async function startWorker(lh: Leasehold, mailer: Mailer): Promise<Worker> {
-  return lh.worker({ handlers: createTasks(mailer), concurrency: 5 }).start();
+  return lh.typed(createTasks(mailer)).worker({ concurrency: 5 }).start();
 }

@@ -2,7 +2,8 @@
  * The app's job handlers. Delivery is at-least-once: a handler may run more than once for a
  * job, so each one is idempotent (the mailer dedups on an idempotency key).
  */
-import type { JobContext, TaskHandlers } from "leasehold";
+import { defineTask } from "leasehold";
+import { z } from "zod";
 
 export interface Mail {
   to: string;
@@ -20,28 +21,39 @@ export interface ImportProgress {
   of: number;
 }
 
-export function createTasks(mailer: Mailer): TaskHandlers {
-  return {
-    "send-welcome-email": {
-      handler: async (payload: { to: string }, ctx: JobContext) => {
+/** The app's tasks, typed by their schemas: the worker and the tests run them behind them. */
+export function createTasks(mailer: Mailer) {
+  return [
+    defineTask({
+      name: "send-welcome-email",
+      schema: z.object({ to: z.email() }),
+      handler: async (payload, ctx) => {
         await mailer.send({ to: payload.to, subject: "Welcome!", idempotencyKey: `welcome:${ctx.jobId}` }, ctx.signal);
       },
       // A mail provider that is down for a minute should not cost the whole budget.
       backoff: { baseMs: 30_000, factor: 2, maxMs: 3600_000, jitter: 0 },
-    },
-    "send-digest": async (payload: { to: string }, ctx: JobContext) => {
-      await mailer.send({ to: payload.to, subject: "Your daily digest", idempotencyKey: `digest:${ctx.jobId}` }, ctx.signal);
-    },
-    "import-contacts": async (payload: { contacts: string[] }, ctx: JobContext) => {
-      // Resume where an earlier attempt stopped.
-      const from = (ctx.previousCheckpoint as { next: number } | null)?.next ?? 0;
-      for (let i = from; i < payload.contacts.length; i++) {
-        ctx.signal.throwIfAborted();
-        await mailer.send({ to: payload.contacts[i]!, subject: "You were invited", idempotencyKey: `invite:${ctx.jobId}:${i}` }, ctx.signal);
-        ctx.progress({ done: i + 1, of: payload.contacts.length } satisfies ImportProgress);
-        ctx.checkpoint({ next: i + 1 });
-      }
-      return { imported: payload.contacts.length - from };
-    },
-  };
+    }),
+    defineTask({
+      name: "send-digest",
+      schema: z.object({ to: z.email() }),
+      handler: async (payload, ctx) => {
+        await mailer.send({ to: payload.to, subject: "Your daily digest", idempotencyKey: `digest:${ctx.jobId}` }, ctx.signal);
+      },
+    }),
+    defineTask({
+      name: "import-contacts",
+      schema: z.object({ contacts: z.array(z.email()) }),
+      handler: async (payload, ctx) => {
+        // Resume where an earlier attempt stopped.
+        const from = (ctx.previousCheckpoint as { next: number } | null)?.next ?? 0;
+        for (let i = from; i < payload.contacts.length; i++) {
+          ctx.signal.throwIfAborted();
+          await mailer.send({ to: payload.contacts[i]!, subject: "You were invited", idempotencyKey: `invite:${ctx.jobId}:${i}` }, ctx.signal);
+          ctx.progress({ done: i + 1, of: payload.contacts.length } satisfies ImportProgress);
+          ctx.checkpoint({ next: i + 1 });
+        }
+        return { imported: payload.contacts.length - from };
+      },
+    }),
+  ] as const;
 }

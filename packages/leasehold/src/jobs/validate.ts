@@ -287,21 +287,54 @@ export const DEFAULT_MAX_RESULT_BYTES = 64 * 1024;
 export const MAX_RESULT_BYTES_LIMIT = 16 * 1024 * 1024;
 
 /**
- * A handler's return value as the job's result: undefined and null store none; anything
+ * A handler's return value as the job's result: undefined and null store none; a value with a
+ * `toJSON` method (a Date) is replaced by what it returns and an undefined field is left out,
+ * as JSON.stringify does; anything
  * else must be JSON a payload could be (serializePayload's rules) and at most `maxBytes`
  * serialised. Returns the JSON, undefined for none, or `{ problem }` naming what is wrong
  * and the cap: the attempt then ends as failed without retries (the same code would return
  * the same value again).
  */
-export function serializeResult(value: unknown, maxBytes: number): string | undefined | { problem: string } {
-  if (value === undefined || value === null) return undefined;
+export function serializeResult(returned: unknown, maxBytes: number): string | undefined | { problem: string } {
+  if (returned === undefined || returned === null) return undefined;
   const cap = `maxResultBytes (${maxBytes.toLocaleString("en-US")})`;
+  // As JSON.stringify would see it: a Date (a pg row's timestamp) is its ISO string.
+  const value = withToJSON(returned, "", new Set());
+  if (value === undefined || value === null) return undefined;
   const problem = jsonProblem(value, "result");
   if (problem) return { problem: `${problem}; a result must be JSON of at most ${cap} bytes` };
   const json = JSON.stringify(value);
   const bytes = Buffer.byteLength(json);
   if (bytes > maxBytes) return { problem: `result is ${bytes.toLocaleString("en-US")} bytes, over ${cap}` };
   return json;
+}
+
+/**
+ * The value with every `toJSON` method applied (called with its key, as JSON.stringify calls
+ * it), so a Date becomes its ISO string, and without undefined fields; the rest is left as it is for jsonProblem to judge. A
+ * cycle is not followed (jsonProblem names it).
+ */
+function withToJSON(value: unknown, key: string, seen: Set<object>): unknown {
+  if (typeof value !== "object" || value === null) return value;
+  if (typeof (value as { toJSON?: unknown }).toJSON === "function") {
+    return withToJSON((value as { toJSON(key: string): unknown }).toJSON(key), key, seen);
+  }
+  if (seen.has(value)) return value;
+  seen.add(value);
+  try {
+    if (Array.isArray(value)) return value.map((v, i) => withToJSON(v, String(i), seen));
+    const proto = Object.getPrototypeOf(value);
+    if (proto !== Object.prototype && proto !== null) return value;
+    const out: Record<string, unknown> = {};
+    for (const [k, v] of Object.entries(value)) {
+      const json = withToJSON(v, k, seen);
+      // JSON.stringify leaves out an undefined field (an optional one not set).
+      if (json !== undefined) out[k] = json;
+    }
+    return out;
+  } finally {
+    seen.delete(value);
+  }
 }
 
 /**

@@ -18,13 +18,42 @@ import { checkPayload, PayloadValidationError } from "./validate.js";
 /** Marks what defineTask made (Symbol.for: two copies of the package still recognise each other's). */
 const DEFINED_TASK: unique symbol = Symbol.for("leasehold.definedTask");
 
-export interface TaskConfig<N extends string, S extends StandardSchemaV1> {
+/**
+ * Whether a handler's result type can be stored, judged as JSON.stringify writes it (the
+ * worker's serialisation): a `toJSON` method (a Date) counts as what it returns; a function,
+ * bigint or symbol anywhere, or an object with methods (a Map, a class instance), cannot.
+ * `any` and `unknown` pass: there is nothing to judge, the worker checks at run time.
+ */
+export type StorableResult<T> = 0 extends 1 & T ? true : unknown extends T ? true : Storable<T, []>;
+/** Depth-capped (`D` counts levels) so a recursive type such as JsonValue stays cheap to check. */
+type Storable<T, D extends unknown[]> = D["length"] extends 8
+  ? true
+  : T extends string | number | boolean | null | undefined | void
+    ? true
+    : T extends { toJSON(...args: never[]): infer J }
+      ? Storable<J, [...D, 0]>
+      : T extends bigint | symbol | ((...args: never[]) => unknown)
+        ? false
+        : T extends readonly (infer E)[]
+          ? Storable<E, [...D, 0]>
+          : T extends object
+            ? { [K in keyof T]-?: Storable<T[K], [...D, 0]> }[keyof T] extends true
+              ? true
+              : false
+            : false;
+
+/** What a handler whose result cannot be stored is told, in the compile error. */
+export interface ResultNotJson {
+  "a handler's result must be JSON (a Date or another value with toJSON is stored as what toJSON returns)": never;
+}
+
+export interface TaskConfig<N extends string, S extends StandardSchemaV1, R = unknown> {
   /** The task's name: what its jobs carry, what `enqueue` takes. */
   name: N;
   /** The payload's schema, from any library that implements Standard Schema. */
   schema: S;
   /** Runs a job; gets the schema's output (defaults and transforms applied). */
-  handler(payload: StandardSchemaV1.InferOutput<S>, ctx: JobContext): unknown;
+  handler(payload: StandardSchemaV1.InferOutput<S>, ctx: JobContext): R;
   /** Retry backoff for this task; fields left out take the worker's policy. */
   backoff?: Partial<BackoffPolicy>;
   /** An attempt that calls neither ctx.progress nor ctx.checkpoint for this long has stalled. */
@@ -65,7 +94,9 @@ const CONFIG_KEYS = new Set(["name", "schema", "handler", "backoff", "progressTi
  * Throws a ConfigError for a bad name, a schema that is not a Standard Schema, or an unknown
  * option; the policy (backoff, limits) is checked when a worker is made, as for untyped handlers.
  */
-export function defineTask<const N extends string, S extends StandardSchemaV1>(config: TaskConfig<N, S>): DefinedTask<N, S> {
+export function defineTask<const N extends string, S extends StandardSchemaV1, R>(
+  config: TaskConfig<N, S, R> & (StorableResult<Awaited<R>> extends true ? unknown : ResultNotJson),
+): DefinedTask<N, S> {
   if (config === null || typeof config !== "object") throw new ConfigError("defineTask takes { name, schema, handler }");
   for (const key of Object.keys(config)) {
     if (!CONFIG_KEYS.has(key)) throw new ConfigError(`defineTask: unknown option "${key}"${suggest(key, CONFIG_KEYS)}`);

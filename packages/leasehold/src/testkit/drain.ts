@@ -14,6 +14,7 @@
  * next) as soon as it is reported. A blocked job whose parents cannot run is reported in `left`
  * with the unfinished parents it waits for.
  */
+import { AssertionError } from "node:assert";
 import type pg from "pg";
 import type { Handler, JobContext, JobOutcome, JsonValue, Leasehold, TaskDefinition, TaskHandlers, Worker } from "../index.js";
 import type { TestClock } from "./clock.js";
@@ -35,6 +36,12 @@ export interface DrainOptions {
   maxJobs?: number;
   /** Stop with an error (naming the running jobs) after this long; default 30,000 ms. */
   timeoutMs?: number;
+  /**
+   * Tasks the test means to have no handler. A due job of any other task without a handler
+   * makes drain() throw an AssertionError naming the tasks (a forgotten handler must fail the
+   * test); jobs of these tasks are left, in `left` with `why: "no_handler"`. Default none.
+   */
+  leaveUnhandled?: string[];
 }
 
 /** One attempt the drain ran, and how it ended. */
@@ -109,6 +116,12 @@ SELECT id::text, task, queue, run_at, run_at > now() AS later,
           WHERE d.child_id = jobs.id ORDER BY d.parent_id) END AS waiting_for
   FROM jobs WHERE state IN ('waiting', 'blocked') ORDER BY run_at, id LIMIT $1`;
 
+/** Due jobs of tasks with no handler, by task (within the drained queues). */
+const UNHANDLED = `
+SELECT task, count(*)::int AS jobs FROM jobs
+ WHERE state = 'waiting' AND run_at <= now() AND NOT task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))
+ GROUP BY task ORDER BY task`;
+
 export interface DrainHost {
   lh: Leasehold;
   /** A pool on the Leasehold schema of the test database. */
@@ -146,6 +159,7 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
     if (rows[0]!.at === null) break;
     await host.clock.advanceTo(rows[0]!.at);
   }
+  await checkUnhandled(host.pool, tasks, queues, options.leaveUnhandled ?? []);
   const handled = new Set(tasks);
   const left = (
     await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean; held: boolean; waiting_for: string[] | null }>(
@@ -170,6 +184,22 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
         },
   );
   return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded"), left };
+}
+
+/** Throws an AssertionError naming the tasks of due jobs that have no handler and were not expected to be left. */
+async function checkUnhandled(pool: pg.Pool, tasks: string[], queues: string[] | null, expected: string[]): Promise<void> {
+  const { rows } = await pool.query<{ task: string; jobs: number }>(UNHANDLED, [tasks, queues]);
+  const missing = rows.filter((r) => !expected.includes(r.task));
+  if (missing.length === 0) return;
+  const names = missing.map((r) => r.task);
+  throw new AssertionError({
+    message:
+      `drain() found due jobs of tasks with no handler: ${missing.map((r) => `${r.task} (${r.jobs} job${r.jobs === 1 ? "" : "s"})`).join(", ")}. ` +
+      `Register their handlers, or pass drain({ leaveUnhandled: ${JSON.stringify(names)} }) if the test means to leave them`,
+    actual: names,
+    expected: [],
+    operator: "drain",
+  });
 }
 
 /** One worker, on the queues that have ready jobs, until none of its jobs is ready or in its hands. */

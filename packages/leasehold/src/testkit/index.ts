@@ -13,6 +13,7 @@
 export { createTestQueue, TestQueue } from "./queue.js";
 export type { TestQueueOptions } from "./queue.js";
 export type { TestClock } from "./clock.js";
+export type { TestHandlers } from "./handlers.js";
 export type { DrainOptions, DrainResult, DrainedJob, LeftJob } from "./drain.js";
 export type { ExpectEnqueuedOptions, PayloadMatcher, WaitForOptions } from "./expect.js";
 export { payloadMatches } from "./expect.js";

@@ -7,12 +7,16 @@
  */
 import pg from "pg";
 import type { Logger } from "../logger.js";
+import { serializeResult } from "../jobs/validate.js";
+import { guardTransaction } from "../worker/transaction-guard.js";
 import {
   fencedWrite,
   JobAbortedError,
   PermanentJobError,
   RetrySupersededError,
+  TransactionMisuseError,
   ValidationError,
+  DEFAULT_MAX_RESULT_BYTES,
   type AbortReason,
   type AttemptOutcome,
   type FencedWriteDb,
@@ -49,6 +53,8 @@ export interface InlineOptions {
   parents?: ParentRecord[];
   /** The pool `ctx.transaction` uses when the handler passes none; default: the test database's. */
   pool?: pg.Pool;
+  /** The largest result a worker would store (its option of that name); default 65,536. */
+  maxResultBytes?: number;
 }
 
 /**
@@ -105,6 +111,8 @@ class InlineContext implements JobContext {
   /** The first refused fenced write decides the end: superseded. */
   superseded = false;
   committed = false;
+  /** The handler broke out of its transaction: the attempt fails, even if it caught the error (as on a worker). */
+  transactionMisuse: TransactionMisuseError | undefined;
   private transacting = false;
 
   constructor(
@@ -192,14 +200,26 @@ class InlineContext implements JobContext {
     if (this.signal.aborted) throw this.signal.reason;
     this.transacting = true;
     const client = await (options.pool ?? this.options.pool ?? this.host.appPool()).connect();
+    // The tx a worker hands out: COMMIT, ROLLBACK and release refused, dead after the callback.
+    const guard = guardTransaction(client, `job ${this.jobId} attempt ${this.attempt}`);
     try {
       await client.query("BEGIN");
-      const value = await work(client);
+      let value: T;
+      try {
+        value = await work(guard.tx);
+      } catch (err) {
+        throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
+      } finally {
+        guard.end();
+      }
+      // Refused before it was sent, and caught by the handler: the attempt fails all the same.
+      if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
       await client.query("COMMIT");
       // As with a worker: committed, the job is finished whatever the handler does next.
       this.committed = true;
       return value;
     } catch (err) {
+      if (err instanceof TransactionMisuseError) this.transactionMisuse ??= err;
       await client.query("ROLLBACK").catch(() => {});
       throw err;
     } finally {
@@ -239,6 +259,16 @@ export async function runInline<R>(
     error = err;
   } finally {
     external?.removeEventListener("abort", onAbort);
+  }
+  if (ctx.transactionMisuse !== undefined && (!threw || error instanceof JobAbortedError)) {
+    threw = true;
+    error = ctx.transactionMisuse;
+  }
+  // A result a worker could not store ends its attempt dead: checked by the worker's own rule.
+  const stored = threw || ctx.committed ? undefined : serializeResult(value, options.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES);
+  if (typeof stored === "object") {
+    threw = true;
+    error = new PermanentJobError(`the handler's result was refused: ${stored.problem}`);
   }
   const aborted = ctx.signal.aborted ? (ctx.signal.reason as JobAbortedError) : undefined;
   const state: InlineState = ctx.committed

@@ -11,11 +11,16 @@ import { DatabaseClock, type TestClock } from "./clock.js";
 import { createTestDatabase, dropTestDatabase, ensureTemplate, urlForDatabase } from "./database.js";
 import { drain, type DrainOptions, type DrainResult } from "./drain.js";
 import { expectEnqueued, waitForJob, waitForMatch, type ExpectEnqueuedOptions, type PayloadMatcher, type WaitForOptions } from "./expect.js";
+import { workerHandlers, type TestHandlers } from "./handlers.js";
 import { handlerOf, runInline, type InlineOptions, type InlineResult } from "./inline.js";
 
 export interface TestQueueOptions {
-  /** Task name to handler (or `{ handler, backoff, ... }`), as for `lh.worker`: what drain() and runInline() run. */
-  handlers?: TaskHandlers;
+  /**
+   * What drain() and runInline() run: task name to handler (or `{ handler, backoff, ... }`), as
+   * for `lh.worker`, or to a task made by `defineTask`; or a list of such tasks. A defined task
+   * runs behind its schema, as a typed worker runs it.
+   */
+  handlers?: TestHandlers;
   /**
    * The PostgreSQL server to make test databases on: a URL to any database there (default
    * DATABASE_URL). Its role needs CREATEDB; fake time needs a superuser.
@@ -47,11 +52,11 @@ export class TestQueue {
     readonly clock: TestClock,
     /** False when the server role is not a superuser: then `clock.advance` refuses. */
     readonly fakeTime: boolean,
-    handlers: TaskHandlers,
+    handlers: TestHandlers,
     private readonly adminUrl: string,
     private readonly embedded: EmbeddedServer | undefined,
   ) {
-    this.handlers = { ...handlers };
+    this.handlers = workerHandlers(handlers);
   }
 
   /** @internal use createTestQueue() */
@@ -86,9 +91,9 @@ export class TestQueue {
     }
   }
 
-  /** Adds (or replaces) handlers. */
-  register(handlers: TaskHandlers): this {
-    Object.assign(this.handlers, handlers);
+  /** Adds (or replaces) handlers: a map, or a list of tasks made by `defineTask`, as `createTestQueue` takes. */
+  register(handlers: TestHandlers): this {
+    Object.assign(this.handlers, workerHandlers(handlers, "register"));
     return this;
   }
 
