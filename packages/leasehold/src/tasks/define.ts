@@ -18,13 +18,13 @@ import { checkPayload, PayloadValidationError } from "./validate.js";
 /** Marks what defineTask made (Symbol.for: two copies of the package still recognise each other's). */
 const DEFINED_TASK: unique symbol = Symbol.for("leasehold.definedTask");
 
-export interface TaskConfig<N extends string, S extends StandardSchemaV1> {
+export interface TaskConfig<N extends string, S extends StandardSchemaV1, R = unknown> {
   /** The task's name: what its jobs carry, what `enqueue` takes. */
   name: N;
   /** The payload's schema, from any library that implements Standard Schema. */
   schema: S;
-  /** Runs a job; gets the schema's output (defaults and transforms applied). */
-  handler(payload: StandardSchemaV1.InferOutput<S>, ctx: JobContext): unknown;
+  /** Runs a job; gets the schema's output (defaults and transforms applied). What it returns is the job's result. */
+  handler(payload: StandardSchemaV1.InferOutput<S>, ctx: JobContext): R;
   /** Retry backoff for this task; fields left out take the worker's policy. */
   backoff?: Partial<BackoffPolicy>;
   /** An attempt that calls neither ctx.progress nor ctx.checkpoint for this long has stalled. */
@@ -34,7 +34,7 @@ export interface TaskConfig<N extends string, S extends StandardSchemaV1> {
 }
 
 /** What defineTask returns: the definition as given, frozen, and recognisable as one. */
-export type DefinedTask<N extends string = string, S extends StandardSchemaV1 = StandardSchemaV1> = Readonly<TaskConfig<N, S>> & {
+export type DefinedTask<N extends string = string, S extends StandardSchemaV1 = StandardSchemaV1, R = unknown> = Readonly<TaskConfig<N, S, R>> & {
   readonly [DEFINED_TASK]: true;
 };
 
@@ -49,6 +49,15 @@ export type TaskOf<T extends readonly AnyTask[], K extends TaskName<T>> = Extrac
 export type TaskInput<T extends readonly AnyTask[], K extends TaskName<T>> = StandardSchemaV1.InferInput<TaskOf<T, K>["schema"]>;
 /** What its handler gets: its schema's output type. */
 export type TaskOutput<T extends readonly AnyTask[], K extends TaskName<T>> = StandardSchemaV1.InferOutput<TaskOf<T, K>["schema"]>;
+
+/**
+ * A task's result as stored and read back (`job.result`, `ctx.parents(task)`): what its handler
+ * resolves to, or null where it returns nothing (undefined keeps no result).
+ */
+export type ResultOf<Task extends AnyTask> = Task extends DefinedTask<string, StandardSchemaV1, infer R> ? StoredResult<Awaited<R>> : never;
+type StoredResult<V> = [V] extends [void | undefined] ? null : Exclude<V, undefined> | (undefined extends V ? null : never);
+/** The result of the task of that name in a task set. */
+export type TaskResult<T extends readonly AnyTask[], K extends TaskName<T>> = ResultOf<TaskOf<T, K>>;
 
 const CONFIG_KEYS = new Set(["name", "schema", "handler", "backoff", "progressTimeoutMs", "maxRunMs"]);
 
@@ -65,7 +74,7 @@ const CONFIG_KEYS = new Set(["name", "schema", "handler", "backoff", "progressTi
  * Throws a ConfigError for a bad name, a schema that is not a Standard Schema, or an unknown
  * option; the policy (backoff, limits) is checked when a worker is made, as for untyped handlers.
  */
-export function defineTask<const N extends string, S extends StandardSchemaV1>(config: TaskConfig<N, S>): DefinedTask<N, S> {
+export function defineTask<const N extends string, S extends StandardSchemaV1, R>(config: TaskConfig<N, S, R>): DefinedTask<N, S, R> {
   if (config === null || typeof config !== "object") throw new ConfigError("defineTask takes { name, schema, handler }");
   for (const key of Object.keys(config)) {
     if (!CONFIG_KEYS.has(key)) throw new ConfigError(`defineTask: unknown option "${key}"${suggest(key, CONFIG_KEYS)}`);

@@ -24,6 +24,8 @@ import {
   type ParentRecord,
   type DependencyCounts,
 } from "../index.js";
+import type { AnyTask } from "../tasks/define.js";
+import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
 
 export interface InlineOptions {
   queue?: string;
@@ -140,8 +142,11 @@ class InlineContext implements JobContext {
   get lastError(): string | null {
     return this.options.lastError ?? null;
   }
-  async parents(): Promise<ParentRecord[]> {
-    return (this.options.parents ?? []).map((p) => ({ ...p }));
+  parents(): Promise<ParentRecord[]>;
+  parents<Task extends AnyTask>(task: Task): Promise<TypedParentRecord<Task>[]>;
+  async parents(task?: AnyTask): Promise<(ParentRecord | TypedParentRecord<AnyTask>)[]> {
+    const all = (this.options.parents ?? []).map((p) => ({ ...p }));
+    return task === undefined ? all : parentsOfTask(all, task);
   }
   async dependencies(): Promise<DependencyCounts> {
     const parents = this.options.parents ?? [];
