@@ -12,7 +12,9 @@ import path from "node:path";
 import pg from "pg";
 import { createTestQueue, type TestQueue } from "../packages/leasehold/src/testkit/index.js";
 import { TEMPLATE_PREFIX, templateName } from "../packages/leasehold/src/testkit/database.js";
+import { z } from "zod";
 import {
+  defineTask,
   JobAbortedError,
   JobNotFoundError,
   PermanentJobError,
@@ -370,6 +372,23 @@ test("runInline: one handler call with a real context, no worker and no job row"
   assert.equal(older.aborted?.reason, "fence_refused");
   assert.deepEqual((await app.query("SELECT v FROM fenced")).rows, [{ v: "newer" }]);
   await app.end(); // before close() drops the database under it
+});
+
+test("runInline: ctx.parents(task) gives the parents that are jobs of that task, as a worker's context does", async (t) => {
+  const measure = defineTask({ name: "measure", schema: z.object({ file: z.string() }), handler: ({ file }) => ({ bytes: file.length }) });
+  const q = await queue(t, {
+    report: async (_p: unknown, ctx: JobContext) => {
+      const measured = await ctx.parents(measure);
+      return { total: measured.reduce((n, p) => n + (p.result?.bytes ?? 0), 0), all: (await ctx.parents()).length };
+    },
+    misuse: async (_p: unknown, ctx: JobContext) => ctx.parents("measure" as never),
+  });
+  const parent = (id: string, task: string, result: { bytes: number }) => ({ id, ref: null, task, state: "succeeded", result, error: null }) as const;
+  const parents = [parent("1", "measure", { bytes: 3 }), parent("2", "measure", { bytes: 4 }), parent("3", "note", { bytes: 100 })];
+  const run = await q.runInline("report", {}, { parents: [...parents] });
+  assert.deepEqual(run.value, { total: 7, all: 3 });
+  const misuse = await q.runInline("misuse", {}, { parents: [...parents] });
+  assert.match(String(misuse.error), /ctx\.parents\(task\) takes a task made by defineTask/);
 });
 
 test("the testkit uses the library through its public entry points only (so it can move to a package of its own)", () => {

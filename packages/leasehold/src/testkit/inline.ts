@@ -23,9 +23,10 @@ import {
   type TaskDefinition,
   type ParentRecord,
   type DependencyCounts,
+  type AnyTask,
+  type TypedParentRecord,
+  ConfigError,
 } from "../index.js";
-import type { AnyTask } from "../tasks/define.js";
-import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
 
 export interface InlineOptions {
   queue?: string;
@@ -146,7 +147,12 @@ class InlineContext implements JobContext {
   parents<Task extends AnyTask>(task: Task): Promise<TypedParentRecord<Task>[]>;
   async parents(task?: AnyTask): Promise<(ParentRecord | TypedParentRecord<AnyTask>)[]> {
     const all = (this.options.parents ?? []).map((p) => ({ ...p }));
-    return task === undefined ? all : parentsOfTask(all, task);
+    if (task === undefined) return all;
+    // As the worker's ctx.parents(task): the parents that are jobs of that task.
+    if (typeof task !== "object" || task === null || typeof task.name !== "string") {
+      throw new ConfigError("ctx.parents(task) takes a task made by defineTask");
+    }
+    return all.filter((p) => p.task === task.name);
   }
   async dependencies(): Promise<DependencyCounts> {
     const parents = this.options.parents ?? [];
