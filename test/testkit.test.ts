@@ -486,6 +486,23 @@ test("runInline ends a result a worker could not store as the worker does (dead,
   assert.match((big.error as Error).message, /over maxResultBytes \(50\)/);
 });
 
+test("runInline: ctx.parents(task) gives the parents that are jobs of that task, as a worker's context does", async (t) => {
+  const measure = defineTask({ name: "measure", schema: z.object({ file: z.string() }), handler: ({ file }) => ({ bytes: file.length }) });
+  const q = await queue(t, {
+    report: async (_p: unknown, ctx: JobContext) => {
+      const measured = await ctx.parents(measure);
+      return { total: measured.reduce((n, p) => n + (p.result?.bytes ?? 0), 0), all: (await ctx.parents()).length };
+    },
+    misuse: async (_p: unknown, ctx: JobContext) => ctx.parents("measure" as never),
+  });
+  const parent = (id: string, task: string, result: { bytes: number }) => ({ id, ref: null, task, state: "succeeded", result, error: null }) as const;
+  const parents = [parent("1", "measure", { bytes: 3 }), parent("2", "measure", { bytes: 4 }), parent("3", "note", { bytes: 100 })];
+  const run = await q.runInline("report", {}, { parents: [...parents] });
+  assert.deepEqual(run.value, { total: 7, all: 3 });
+  const misuse = await q.runInline("misuse", {}, { parents: [...parents] });
+  assert.match(String(misuse.error), /ctx\.parents\(task\) takes a task made by defineTask/);
+});
+
 test("the testkit uses the library through its public entry points only (so it can move to a package of its own)", () => {
   const dir = path.join(import.meta.dirname, "..", "packages", "leasehold", "src", "testkit");
   const own = new Set(fs.readdirSync(dir).map((f) => `./${f.replace(/\.ts$/, ".js")}`));

@@ -317,3 +317,55 @@ export default [defineTask({ name: "double", schema, handler: (n: number) => n }
     message: 'job 1 (task "double"): invalid payload: payload: not a number',
   });
 });
+
+test("past the job boundary: a typed flow keyed by its refs, ctx.parents(task) with that task's results, waitFor typed by task", async (t) => {
+  const lh = await freshLeasehold(t);
+  // A job enqueued without a payload stores {}, so payload-less tasks accept {}.
+  const measure = defineTask({
+    name: "measure",
+    schema: z.object({ file: z.string() }),
+    handler: async ({ file }) => ({ file, bytes: file.length * 100 }),
+  });
+  const note = defineTask({ name: "note", schema: z.object({}).optional(), handler: () => "a parent of another task" });
+  const report = defineTask({
+    name: "report",
+    schema: z.object({}).optional(),
+    handler: async (_payload, ctx) => {
+      const measured = await ctx.parents(measure);
+      return {
+        files: measured.map((p) => p.result?.file ?? "?").sort(),
+        total: measured.reduce((n, p) => n + (p.result?.bytes ?? 0), 0),
+        parents: (await ctx.parents()).length,
+      };
+    },
+  });
+  const queue = lh.typed([measure, note, report]);
+  const worker = queue.worker({ pollIntervalMs: 20 });
+  await worker.start();
+  t.after(() => worker.stop());
+
+  const { jobs } = await queue.enqueueFlow([
+    { ref: "a", task: "measure", payload: { file: "a.png" } },
+    { ref: "bb", task: "measure", payload: { file: "bb.png" } },
+    { ref: "n", task: "note" },
+    { ref: "sum", task: "report", dependsOn: ["a", "bb", "n"] },
+  ]);
+  assert.deepEqual(Object.keys(jobs).sort(), ["a", "bb", "n", "sum"]);
+  const summed = await queue.waitFor("report", jobs.sum, { timeoutMs: 20_000 });
+  assert.equal(summed.state, "succeeded", JSON.stringify([summed.lastError, (await lh.getJob(jobs.n)).job.lastError]));
+  assert.deepEqual(summed.result, { files: ["a.png", "bb.png"], total: 1100, parents: 3 }, "only the measure parents, with their results");
+
+  const one = await queue.enqueue("measure", { file: "c.png" });
+  assert.equal(one.task, "measure");
+  const measured = await queue.waitFor(one, { timeoutMs: 20_000 });
+  assert.deepEqual(measured.result, { file: "c.png", bytes: 500 });
+
+  // An id of another task's job would give a result of another type: refused, naming both.
+  await assert.rejects(queue.waitFor("measure", jobs.sum), (err) => {
+    assert.ok(err instanceof ValidationError);
+    assert.match(err.message, new RegExp(`waitFor: job ${jobs.sum} is a job of task "report", not "measure"`));
+    return true;
+  });
+  await assert.rejects(queue.waitFor("mesure" as never, jobs.a), /waitFor: unknown task "mesure".*did you mean "measure"/i);
+  await assert.rejects(queue.waitFor("measure", 42 as never), /waitFor: the job id must be a string \(got number\)/);
+});

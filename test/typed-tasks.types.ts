@@ -12,8 +12,10 @@ import {
   type JsonValue,
   type Leasehold,
   type ClaimedJob,
+  type ResultOf,
   type TaskInput,
   type TaskOutput,
+  type TaskResult,
 } from "../packages/leasehold/src/index.js";
 
 /** Compile-time equality: `expectTypeOf(x).toBe<T>()` compiles only if x's type is exactly T. */
@@ -116,7 +118,20 @@ export async function misuse(lh: Leasehold): Promise<void> {
     { ref: "mail", task: "send-email", payload: { to: "ada@example.com" }, dependsOn: ["fetch"], onParentFailure: "run" },
     { ref: "done", task: "ping", dependsOn: ["mail"] },
   ]);
-  expectTypeOf(flow).toBe<{ jobs: Record<string, string> }>();
+  // The answer is keyed by the flow's refs, and dependsOn takes only those.
+  expectTypeOf(flow).toBe<{ jobs: Record<"fetch" | "mail" | "done", string> }>();
+  void flow.jobs.mail;
+  // @ts-expect-error enqueueFlow: the answer has no such ref
+  void flow.jobs.mial;
+  await queue.enqueueFlow([
+    { ref: "fetch", task: "resize", payload: { file: "a.png" } },
+    // @ts-expect-error enqueueFlow: dependsOn names a ref the flow does not have
+    { ref: "mail", task: "send-email", payload: { to: "ada@example.com" }, dependsOn: ["fecth"] },
+  ]);
+  // An existing job by id, and refs built at run time (Ref is then string), still compile.
+  await queue.enqueueFlow([{ ref: "a", task: "ping", dependsOn: [{ id: "42" }] }]);
+  const dynamic = ["x", "y"].map((ref, i) => ({ ref, task: "ping" as const, dependsOn: i ? ["x"] : [] }));
+  expectTypeOf(await queue.enqueueFlow(dynamic)).toBe<{ jobs: Record<string, string> }>();
   // @ts-expect-error enqueueFlow: unknown task name
   await queue.enqueueFlow([{ ref: "a", task: "reszie", payload: { file: "a.png" } }]);
   // @ts-expect-error enqueueFlow: one task's payload under another's name
@@ -187,3 +202,66 @@ defineTask({ name: "returns-bigint", schema: z.object({}), handler: async () => 
 defineTask({ name: "returns-function", schema: z.object({}), handler: () => ({ callback: () => 1 }) });
 // @ts-expect-error a Map is not JSON (JSON.stringify would write {})
 defineTask({ name: "returns-map", schema: z.object({}), handler: () => ({ byId: new Map<string, number>() }) });
+
+// Results: typed from what the handler returns, through waitFor and ctx.parents(task).
+const measure = defineTask({
+  name: "measure",
+  schema: z.object({ file: z.string() }),
+  handler: async (payload) => ({ file: payload.file, bytes: 1024, tags: ["a"] }),
+});
+const count = defineTask({
+  name: "count",
+  schema: z.undefined(),
+  handler: () => 7,
+});
+const report = defineTask({
+  name: "report",
+  schema: z.undefined(),
+  handler: async (_payload, ctx) => {
+    const measured = await ctx.parents(measure);
+    expectTypeOf(measured[0]!.result).toBe<{ file: string; bytes: number; tags: string[] } | null>();
+    expectTypeOf(measured[0]!.task).toBe<"measure">();
+    // @ts-expect-error ctx.parents(task): a field the parent task's result does not have
+    void measured[0]!.result?.byts;
+    // Untyped, as before: every parent, results as JSON.
+    const all = await ctx.parents();
+    expectTypeOf(all[0]!.task).toBe<string | null>();
+    // @ts-expect-error ctx.parents takes a task made by defineTask, not a name
+    await ctx.parents("measure");
+    return { total: measured.reduce((n, p) => n + (p.result?.bytes ?? 0), 0) };
+  },
+});
+expectType<Equal<ResultOf<typeof measure>, { file: string; bytes: number; tags: string[] }>>(true);
+expectType<Equal<ResultOf<typeof count>, number>>(true);
+expectType<Equal<ResultOf<typeof resize>, null>>(true);
+expectType<Equal<TaskResult<readonly [typeof measure, typeof report], "report">, { total: number }>>(true);
+
+export async function results(lh: Leasehold): Promise<void> {
+  const queue = lh.typed([measure, count, report, ping]);
+
+  const job = await queue.enqueue("measure", { file: "a.png" });
+  expectTypeOf(job.task).toBe<"measure">();
+  const done = await queue.waitFor(job, { timeoutMs: 1000 });
+  expectTypeOf(done.result).toBe<{ file: string; bytes: number; tags: string[] } | null>();
+  expectTypeOf(done.task).toBe<"measure">();
+  // @ts-expect-error waitFor: a field the task's result does not have
+  void done.result?.size;
+
+  const { jobs } = await queue.enqueueFlow([
+    { ref: "m", task: "measure", payload: { file: "a.png" } },
+    { ref: "r", task: "report", dependsOn: ["m"] },
+  ]);
+  const reported = await queue.waitFor("report", jobs.r);
+  expectTypeOf(reported.result).toBe<{ total: number } | null>();
+  expectTypeOf((await queue.waitFor("count", "1")).result).toBe<number | null>();
+  expectTypeOf((await queue.waitFor("ping", "1")).result).toBe<null>();
+  // @ts-expect-error waitFor: a field the report task's result does not have
+  void reported.result?.totl;
+  // @ts-expect-error waitFor: a task not in the set
+  await queue.waitFor("resize", jobs.m);
+  // @ts-expect-error waitFor: a handle of another client's task
+  await queue.waitFor({ id: "1", task: "resize" });
+
+  // Untyped waitFor is unchanged: any id, results as JSON.
+  expectTypeOf((await lh.waitFor("1")).task).toBe<string>();
+}

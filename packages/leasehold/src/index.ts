@@ -38,8 +38,18 @@ export type { WorkerOptions, JobOutcome } from "./worker/worker.js";
 export type { StopOnSignalsOptions } from "./worker/signals.js";
 export type { WorkerEvents, WorkerEventName } from "./worker/events.js";
 export { defineTask } from "./tasks/define.js";
-export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput } from "./tasks/define.js";
-export type { TypedBatchInput, TypedFlowNode, TypedLeasehold, TypedNewJob, TypedScheduleDefinition, TypedWorkerOptions } from "./tasks/client.js";
+export type { TaskConfig, DefinedTask, AnyTask, TaskName, TaskOf, TaskInput, TaskOutput, TaskResult, ResultOf } from "./tasks/define.js";
+export type {
+  TypedBatchInput,
+  TypedEnqueuedJob,
+  TypedFlowNode,
+  TypedJobRecord,
+  TypedLeasehold,
+  TypedNewJob,
+  TypedScheduleDefinition,
+  TypedWorkerOptions,
+} from "./tasks/client.js";
+export type { TypedParentRecord } from "./tasks/parents.js";
 export { PayloadValidationError } from "./tasks/validate.js";
 export type { PayloadIssue } from "./tasks/validate.js";
 export type { StandardSchemaV1 } from "./tasks/standard-schema.js";

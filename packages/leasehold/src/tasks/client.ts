@@ -2,20 +2,22 @@
  * The typed side of a client: `lh.typed([resize, sendEmail])`. Its `enqueue`, `enqueueMany`,
  * `enqueueFlow`, `enqueueBatch` and `schedule` take only the set's task names and each task's
  * payload type, check the payload against the task's schema before anything is written (a
- * PayloadValidationError names the field), and its `worker()` runs the set's handlers.
+ * PayloadValidationError names the field), its `waitFor` types the job's result by its task,
+ * and its `worker()` runs the set's handlers.
  * Everything else (getJob, cancel, stats, ...) stays on the client, `typed.client`.
  *
  * The stored payload is the one given (the schema's input), not the schema's output: the
  * worker validates it again and hands the output to the handler (src/tasks/define.ts).
  */
 import type { Leasehold, EnqueueTarget } from "../client.js";
+import type { WaitOptions } from "../waiters.js";
 import { ConfigError, ValidationError } from "../errors.js";
 import type { BatchInput, FlowNode } from "../jobs/flow-graph.js";
 import type { ScheduleDefinition } from "../jobs/schedule.js";
-import type { EnqueueOptions, EnqueuedJob, NewJob } from "../jobs/types.js";
+import type { EnqueueOptions, EnqueuedJob, JobRecord, NewJob } from "../jobs/types.js";
 import type { ScheduleRecord } from "../store/schedules.js";
 import type { Worker } from "../worker/worker.js";
-import { knownTask, taskSet, toHandlers, type AnyTask, type TaskInput, type TaskName } from "./define.js";
+import { knownTask, taskSet, toHandlers, type AnyTask, type TaskInput, type TaskName, type TaskResult } from "./define.js";
 import { checkPayload, PayloadValidationError, type Checked } from "./validate.js";
 
 /** `payload` may be left out only where the schema accepts undefined. */
@@ -27,10 +29,26 @@ export type TypedNewJob<T extends readonly AnyTask[]> = {
   [K in TaskName<T>]: { task: K } & PayloadField<TaskInput<T, K>> & EnqueueOptions;
 }[TaskName<T>];
 
-/** A node of `enqueueFlow` of a task set: a task of the set, with that task's payload. */
-export type TypedFlowNode<T extends readonly AnyTask[]> = {
-  [K in TaskName<T>]: Omit<FlowNode, "task" | "payload"> & { task: K } & PayloadField<TaskInput<T, K>>;
+/**
+ * A node of `enqueueFlow` of a task set: a task of the set, with that task's payload. `Ref` is
+ * the flow's refs, inferred from the nodes' `ref`s: `dependsOn` takes only those (or `{ id }`).
+ */
+export type TypedFlowNode<T extends readonly AnyTask[], Ref extends string = string> = {
+  [K in TaskName<T>]: Omit<FlowNode, "ref" | "dependsOn" | "task" | "payload"> & {
+    ref: Ref;
+    dependsOn?: (NoInfer<Ref> | { id: string })[];
+    task: K;
+  } & PayloadField<TaskInput<T, K>>;
 }[TaskName<T>];
+
+/** What the typed `enqueue` returns: the job, and its task, which `waitFor` types the result by. */
+export type TypedEnqueuedJob<K extends string> = EnqueuedJob & { task: K };
+
+/** A job of task `K` of the set as `waitFor` returns it: its `result` has the task's result type. */
+export type TypedJobRecord<T extends readonly AnyTask[], K extends TaskName<T>> = Omit<JobRecord, "task" | "result"> & {
+  task: K;
+  result: TaskResult<T, K> | null;
+};
 
 /** A batch of a task set: its members and its `onComplete` job, each a task of the set with its payload. */
 export interface TypedBatchInput<T extends readonly AnyTask[]> {
@@ -66,33 +84,62 @@ export class TypedLeasehold<const T extends readonly AnyTask[]> {
   async enqueue<K extends TaskName<T>>(
     task: K,
     ...[payload, options]: PayloadArgs<TaskInput<T, K>, EnqueueOptions & EnqueueTarget>
-  ): Promise<EnqueuedJob> {
+  ): Promise<TypedEnqueuedJob<K>> {
     const checked = await checkPayload(knownTask(this.tasks, task, "enqueue").schema, payload);
     if (!checked.ok) throw new PayloadValidationError(task, checked.issues);
-    return this.client.enqueue(task, payload, options);
+    return { ...(await this.client.enqueue(task, payload, options)), task };
   }
 
   /**
    * Enqueues many jobs of the set's tasks, all or nothing; every payload is checked first, and
    * a bad one fails the batch naming its index and field.
    */
-  async enqueueMany(jobs: TypedNewJob<T>[], target?: EnqueueTarget): Promise<EnqueuedJob[]> {
+  async enqueueMany(jobs: TypedNewJob<T>[], target?: EnqueueTarget): Promise<TypedEnqueuedJob<TaskName<T>>[]> {
     if (!Array.isArray(jobs)) throw new ValidationError("enqueueMany takes an array of jobs");
     await this.checkPayloads(jobs as NewJob[], (i) => `job ${i}`);
-    return this.client.enqueueMany(jobs as NewJob[], target);
+    const enqueued = await this.client.enqueueMany(jobs as NewJob[], target);
+    return enqueued.map((job, i) => ({ ...job, task: jobs[i]!.task }));
   }
 
   /**
    * Enqueues a graph of jobs of the set's tasks (see `Leasehold.enqueueFlow`); every node's
-   * payload is checked first, and a bad one refuses the graph naming its ref and field.
+   * payload is checked first, and a bad one refuses the graph naming its ref and field. The
+   * answer's `jobs` is keyed by the flow's refs.
    */
-  async enqueueFlow(nodes: TypedFlowNode<T>[], target?: EnqueueTarget): Promise<{ jobs: Record<string, string> }> {
+  async enqueueFlow<Ref extends string>(nodes: TypedFlowNode<T, Ref>[], target?: EnqueueTarget): Promise<{ jobs: Record<Ref, string> }> {
     if (!Array.isArray(nodes)) throw new ValidationError("enqueueFlow takes an array of nodes");
     await this.checkPayloads(nodes as FlowNode[], (i) => {
       const ref = (nodes[i] as { ref?: unknown } | null)?.ref;
       return typeof ref === "string" ? `node ${JSON.stringify(ref)}` : `node ${i}`;
     });
-    return this.client.enqueueFlow(nodes as FlowNode[], target);
+    const { jobs } = await this.client.enqueueFlow(nodes as FlowNode[], target);
+    return { jobs: jobs as Record<Ref, string> };
+  }
+
+  /**
+   * Waits for a job of the set's task `K` to finish (see `Leasehold.waitFor`); its `result` is
+   * typed as that task's result. Takes what `enqueue` returned, or the task and the job's id (a
+   * flow's `jobs[ref]`). A job of another task is a ValidationError: its result has another type.
+   */
+  waitFor<K extends TaskName<T>>(job: { id: string; task: K }, options?: WaitOptions): Promise<TypedJobRecord<T, K>>;
+  waitFor<K extends TaskName<T>>(task: K, id: string, options?: WaitOptions): Promise<TypedJobRecord<T, K>>;
+  async waitFor(
+    jobOrTask: { id: string; task: string } | string,
+    idOrOptions?: string | WaitOptions,
+    maybeOptions?: WaitOptions,
+  ): Promise<TypedJobRecord<T, TaskName<T>>> {
+    const byHandle = typeof jobOrTask === "object" && jobOrTask !== null;
+    const task = byHandle ? jobOrTask.task : jobOrTask;
+    const id = byHandle ? jobOrTask.id : idOrOptions;
+    const options = (byHandle ? idOrOptions : maybeOptions) as WaitOptions | undefined;
+    knownTask(this.tasks, task, "waitFor");
+    if (typeof id !== "string") throw new ValidationError(`waitFor: the job id must be a string (got ${typeof id})`);
+    const record = await this.client.waitFor(id, options);
+    if (record.task !== task) {
+      throw new ValidationError(`waitFor: job ${id} is a job of task ${JSON.stringify(record.task)}, not ${JSON.stringify(task)}`);
+    }
+    // Stored by this task's handler, so the result has its type.
+    return record as TypedJobRecord<T, TaskName<T>>;
   }
 
   /**

@@ -52,7 +52,7 @@ export interface TaskConfig<N extends string, S extends StandardSchemaV1, R = un
   name: N;
   /** The payload's schema, from any library that implements Standard Schema. */
   schema: S;
-  /** Runs a job; gets the schema's output (defaults and transforms applied). */
+  /** Runs a job; gets the schema's output (defaults and transforms applied). What it returns is the job's result. */
   handler(payload: StandardSchemaV1.InferOutput<S>, ctx: JobContext): R;
   /** Retry backoff for this task; fields left out take the worker's policy. */
   backoff?: Partial<BackoffPolicy>;
@@ -63,7 +63,7 @@ export interface TaskConfig<N extends string, S extends StandardSchemaV1, R = un
 }
 
 /** What defineTask returns: the definition as given, frozen, and recognisable as one. */
-export type DefinedTask<N extends string = string, S extends StandardSchemaV1 = StandardSchemaV1> = Readonly<TaskConfig<N, S>> & {
+export type DefinedTask<N extends string = string, S extends StandardSchemaV1 = StandardSchemaV1, R = unknown> = Readonly<TaskConfig<N, S, R>> & {
   readonly [DEFINED_TASK]: true;
 };
 
@@ -78,6 +78,15 @@ export type TaskOf<T extends readonly AnyTask[], K extends TaskName<T>> = Extrac
 export type TaskInput<T extends readonly AnyTask[], K extends TaskName<T>> = StandardSchemaV1.InferInput<TaskOf<T, K>["schema"]>;
 /** What its handler gets: its schema's output type. */
 export type TaskOutput<T extends readonly AnyTask[], K extends TaskName<T>> = StandardSchemaV1.InferOutput<TaskOf<T, K>["schema"]>;
+
+/**
+ * A task's result as stored and read back (`job.result`, `ctx.parents(task)`): what its handler
+ * resolves to, or null where it returns nothing (undefined keeps no result).
+ */
+export type ResultOf<Task extends AnyTask> = Task extends DefinedTask<string, StandardSchemaV1, infer R> ? StoredResult<Awaited<R>> : never;
+type StoredResult<V> = [V] extends [void | undefined] ? null : Exclude<V, undefined> | (undefined extends V ? null : never);
+/** The result of the task of that name in a task set. */
+export type TaskResult<T extends readonly AnyTask[], K extends TaskName<T>> = ResultOf<TaskOf<T, K>>;
 
 const CONFIG_KEYS = new Set(["name", "schema", "handler", "backoff", "progressTimeoutMs", "maxRunMs"]);
 
@@ -96,7 +105,7 @@ const CONFIG_KEYS = new Set(["name", "schema", "handler", "backoff", "progressTi
  */
 export function defineTask<const N extends string, S extends StandardSchemaV1, R>(
   config: TaskConfig<N, S, R> & (StorableResult<Awaited<R>> extends true ? unknown : ResultNotJson),
-): DefinedTask<N, S> {
+): DefinedTask<N, S, R> {
   if (config === null || typeof config !== "object") throw new ConfigError("defineTask takes { name, schema, handler }");
   for (const key of Object.keys(config)) {
     if (!CONFIG_KEYS.has(key)) throw new ConfigError(`defineTask: unknown option "${key}"${suggest(key, CONFIG_KEYS)}`);

@@ -27,6 +27,9 @@ import {
   type TaskDefinition,
   type ParentRecord,
   type DependencyCounts,
+  type AnyTask,
+  type TypedParentRecord,
+  ConfigError,
 } from "../index.js";
 
 export interface InlineOptions {
@@ -148,8 +151,16 @@ class InlineContext implements JobContext {
   get lastError(): string | null {
     return this.options.lastError ?? null;
   }
-  async parents(): Promise<ParentRecord[]> {
-    return (this.options.parents ?? []).map((p) => ({ ...p }));
+  parents(): Promise<ParentRecord[]>;
+  parents<Task extends AnyTask>(task: Task): Promise<TypedParentRecord<Task>[]>;
+  async parents(task?: AnyTask): Promise<(ParentRecord | TypedParentRecord<AnyTask>)[]> {
+    const all = (this.options.parents ?? []).map((p) => ({ ...p }));
+    if (task === undefined) return all;
+    // As the worker's ctx.parents(task): the parents that are jobs of that task.
+    if (typeof task !== "object" || task === null || typeof task.name !== "string") {
+      throw new ConfigError("ctx.parents(task) takes a task made by defineTask");
+    }
+    return all.filter((p) => p.task === task.name);
   }
   async dependencies(): Promise<DependencyCounts> {
     const parents = this.options.parents ?? [];

@@ -15,6 +15,8 @@ import { LeaseholdError } from "../errors.js";
 import type { BackoffPolicy } from "./backoff.js";
 import type { FencedWriteDb } from "../fencing.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
+import type { AnyTask } from "../tasks/define.js";
+import type { TypedParentRecord } from "../tasks/parents.js";
 
 export interface JobContext {
   jobId: string;
@@ -90,8 +92,12 @@ export interface JobContext {
    * This job's parents (enqueued with `dependsOn`, or a batch's members for its callback) and
    * how each ended: state, result (its handler's return value) and error. A parent forgotten
    * by retention reads as state "unknown". A job without parents: [].
+   *
+   * With a task made by defineTask, only the parents that are jobs of that task, each `result`
+   * typed as that task's result (docs/typescript.md#flows-results-and-parents).
    */
   parents(): Promise<ParentRecord[]>;
+  parents<Task extends AnyTask>(task: Task): Promise<TypedParentRecord<Task>[]>;
   /**
    * How this job's parents ended, counted: `{ total, succeeded, dead, cancelled }` (a batch
    * callback's counts). A job without parents: all 0.

@@ -11,6 +11,8 @@ import type { Metrics } from "../metrics.js";
 import type { AbortReason, JobContext, TransactionResult } from "./context.js";
 import type { InFlight } from "./heartbeat.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
+import type { AnyTask } from "../tasks/define.js";
+import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
 
 export interface ContextHost {
   logger: Logger;
@@ -123,8 +125,11 @@ class AttemptContext implements JobContext {
     return this.host.transaction(this.entry, work, options.pool, options.result);
   }
 
-  parents(): Promise<ParentRecord[]> {
-    return this.host.parents(this.entry);
+  parents(): Promise<ParentRecord[]>;
+  parents<Task extends AnyTask>(task: Task): Promise<TypedParentRecord<Task>[]>;
+  async parents(task?: AnyTask): Promise<(ParentRecord | TypedParentRecord<AnyTask>)[]> {
+    const all = await this.host.parents(this.entry);
+    return task === undefined ? all : parentsOfTask(all, task);
   }
 
   dependencies(): Promise<DependencyCounts> {
