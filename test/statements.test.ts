@@ -55,7 +55,7 @@ async function checkStatement(client: pg.PoolClient, st: Statement): Promise<str
 /** A value of a parameter type that satisfies NOT NULL and CHECK constraints of ordinary columns. */
 function sampleValue(type: string): unknown {
   if (type.endsWith("[]")) return [];
-  if (/^(integer|bigint|smallint|numeric|double precision)$/.test(type)) return 100; // within every CHECK (rate windows are >= 10 ms)
+  if (/^(integer|bigint|smallint|numeric|double precision)$/.test(type)) return 1000; // within every CHECK (rate windows >= 10 ms, holds >= 1000 ms, backfill limits <= 1000)
   if (type === "boolean") return false;
   if (type === "jsonb" || type === "json") return "{}";
   if (type.startsWith("timestamp")) return new Date();
