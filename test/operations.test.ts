@@ -70,8 +70,11 @@ test("a worker whose session blips (terminated, reconnects) keeps its jobs: the 
   const starts = recordEvents(worker, "job:start");
   const { id } = await lh.enqueue("t");
   await starts.waitFor((j: { id: string }) => j.id === id);
+  // Only this test's worker: ending another test file's sessions would break that file.
   const { rows } = await lh.pool.query<{ n: number }>(
-    "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = 'leasehold-worker' AND query LIKE 'LISTEN%'",
+    `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+      WHERE application_name = 'leasehold-worker' AND starts_with(query, 'LISTEN "leasehold:' || $1 || '"')`,
+    [lh.schema],
   );
   assert.ok(rows[0]!.n >= 1, "terminated the worker's session");
   await new Promise((r) => setTimeout(r, 2_000)); // longer than the grace, but it came back sooner

@@ -286,8 +286,11 @@ test("a worker frozen while its liveness session is ended wakes to abort its han
   frozen.child.kill("SIGSTOP");
   // While it is stopped, its liveness session ends (a restart of a pooler, a terminate storm):
   // its lease (30 s) still holds, but the watchdog recovers its job after the grace.
+  // Only this test's worker: another test file running beside this one has LISTEN sessions too.
   const { rows } = await lh.pool.query<{ n: number }>(
-    "SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity WHERE application_name = 'leasehold-worker' AND query LIKE 'LISTEN%'",
+    `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+      WHERE application_name = 'leasehold-worker' AND starts_with(query, 'LISTEN "leasehold:' || $1 || '"')`,
+    [lh.schema],
   );
   assert.equal(rows[0]!.n, 1, "ended the stopped worker's liveness session");
   const watchdog = lh.watchdog({ livenessIntervalMs: 100 }).start();
