@@ -3,7 +3,7 @@
 --
 -- Until this version a rate's window was two arrays in flow_state (and in flow_key_state per
 -- key), one entry per claim still in the window, which every claim read whole, summed and
--- rewrote: with a one-day window, 8,000 starts made each claim ~12 times dearer. Now each claim
+-- rewrote: with a one-day window, 8,000 starts made each claim ~14 times dearer. Now each claim
 -- appends one row to flow_starts, carrying the running count of the queue's (or key's) starts;
 -- the starts in a window are the last row's count less the count before the window's first row
 -- (two index descents), and the claim deletes the rows that left the window.
