@@ -210,17 +210,21 @@ const WORKLOADS: Workload[] = [
   },
   {
     id: "flow-rate",
-    title: "8c. Rate accuracy: one queue limited to a rate, several worker processes, starts from the audit trail",
+    title: "8c. Rate accuracy: one queue limited to a rate, several worker processes, claims and handler starts on the database's clock",
     repeated: false,
     rows: (ctx, systems) =>
       systems
         .filter((s) => s.name === "leasehold")
-        .map((s) => ({
-          label: `leasehold (${ctx.options.rateLimit}/s, ${ctx.options.rateProcesses} processes, ${ctx.options.rateSeconds} s)`,
-          system: s.name,
-          settings: `setQueueLimits({ rate: { limit: ${ctx.options.rateLimit}, windowMs: 1000 } }); ${ctx.options.rateProcesses} processes of concurrency 50, default lease; a backlog longer than the run`,
-          measure: () => rateWorkload(ctx, s),
-        })),
+        .flatMap((s) =>
+          ctx.options.rateConcurrency.map((c) => ({
+            label: `leasehold (${ctx.options.rateLimit}/s, ${ctx.options.rateProcesses} processes, ${ctx.options.rateSeconds} s, c=${c})`,
+            system: s.name,
+            settings:
+              `setQueueLimits({ rate: { limit: ${ctx.options.rateLimit}, windowMs: 1000 } }); ${ctx.options.rateProcesses} processes of concurrency ${c}, ` +
+              `handlers busy ${ctx.options.rateBusyMs} ms, default lease; a backlog longer than the run`,
+            measure: () => rateWorkload(ctx, s, c),
+          })),
+        ),
   },
   {
     id: "cancel-latency",
@@ -318,6 +322,8 @@ const program = new Command("bench")
   .option("--rate <n>", "starts per second allowed in the rate workload", int, 50)
   .option("--rate-seconds <n>", "seconds the rate workload measures", int, 60)
   .option("--rate-processes <n>", "worker processes in the rate workload", int, 4)
+  .option("--rate-concurrency <list>", "handler concurrencies of the rate workload's processes, a row each", "10,50")
+  .option("--rate-busy-ms <n>", "how long each handler of the rate workload runs (±50%)", (v: string) => (v === "0" ? 0 : int(v)), 0)
   .option("--cancels <n>", "running jobs cancelled one at a time in the cancel-latency workload", int, 100)
   .option("--graph-size <n>", "children of the fan-out, parents of the fan-in", int, 10_000)
   .option("--graph-chain <n>", "jobs in the chain", int, 1_000)
@@ -362,6 +368,10 @@ const options: BenchOptions = {
   rateLimit: o.rate,
   rateSeconds: o.rateSeconds,
   rateProcesses: o.rateProcesses,
+  rateConcurrency: String(o.rateConcurrency)
+    .split(",")
+    .map((v) => int(v.trim())),
+  rateBusyMs: o.rateBusyMs,
   cancels: o.cancels,
   graphSize: o.graphSize,
   graphChain: o.graphChain,

@@ -35,10 +35,12 @@ export interface BenchOptions {
   flowJobs: number;
   flowConcurrency: number[];
   flowKeys: number;
-  /** Rate accuracy: starts per second allowed, seconds measured, worker processes. */
+  /** Rate accuracy: starts per second allowed, seconds measured, worker processes, their handler concurrencies (a row each), handlers' run time. */
   rateLimit: number;
   rateSeconds: number;
   rateProcesses: number;
+  rateConcurrency: number[];
+  rateBusyMs: number;
   /** Cancel-to-abort latency: jobs cancelled one at a time while running (pg-boss with a heartbeat: at most 20). */
   cancels: number;
   /** Jobs that build on jobs: fan-out/fan-in width, chain length (pg-boss: its steps), handler concurrencies. */

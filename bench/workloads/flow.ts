@@ -6,10 +6,9 @@
  * writes (jobs_running_idx), kept vs dropped; and how close a rate limit holds its rate
  * across worker processes, read from the audit trail.
  */
-import { nowMs, sleep, waitUntil } from "../lib/stats.js";
-import { WorkerGroup } from "../lib/workers.js";
+import { measureRateStarts, spread } from "../lib/rate-starts.js";
 import { connect } from "../systems/leasehold.js";
-import type { BenchSystem } from "../systems/types.js";
+import { QUEUE as TASK, type BenchSystem } from "../systems/types.js";
 import { DEFAULT_QUEUE } from "../../packages/leasehold/src/jobs/validate.js";
 import { urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
 import { drainWorkload, fillQueue, type DrainSetup } from "./throughput.js";
@@ -182,63 +181,55 @@ export function runningIndexRows(ctx: BenchContext, systems: BenchSystem[]): Flo
   ];
 }
 
-/** Worker processes' handler concurrency in the rate workload: far more than the rate needs. */
-const RATE_CONCURRENCY = 50;
 const RATE_WINDOW_MS = 1_000;
 
 /**
  * A rate limit across processes: `--rate` starts per second on one queue, `--rate-processes`
- * worker processes, a backlog that outlasts `--rate-seconds`. Starts are the attempts'
- * `started_at` in the audit trail (all_attempts: every attempt, its start is the claim, on the database's clock): their rate over the
- * measured span, and the most in any 1-second window, sliding (every start opens one) and in
- * fixed seconds from the first start.
+ * worker processes of handler concurrency `concurrency` each, a backlog that outlasts
+ * `--rate-seconds`, handlers busy `--rate-busy-ms`. Measured by bench/lib/rate-starts.ts (as
+ * bench/flow-rate.ts does): the claims' starts from the audit trail and the handlers' own
+ * stamps, both on the database's clock; their rate over the measured span, the most of each in
+ * any sliding 1-second window (every start opens one), and each fixed second's claims.
  */
-export async function rateWorkload(ctx: BenchContext, system: BenchSystem): Promise<Metrics> {
+export async function rateWorkload(ctx: BenchContext, system: BenchSystem, concurrency: number): Promise<Metrics> {
   const url = urlOf(ctx, system);
-  const { rateLimit, rateSeconds, rateProcesses } = ctx.options;
+  const { rateLimit, rateSeconds, rateProcesses, rateBusyMs } = ctx.options;
   await system.reset(url, "throughput");
   await withLeasehold(url, (lh) => lh.setQueueLimits(QUEUE, { rate: { limit: rateLimit, windowMs: RATE_WINDOW_MS } }, { create: true }));
   await fillQueue(ctx, system, Math.ceil(rateLimit * rateSeconds * 1.25) + 1_000);
   await withClient(url, (db) => db.query("VACUUM ANALYZE"));
-  const group = await WorkerGroup.start(system.name, url, { profile: "throughput", concurrency: RATE_CONCURRENCY }, rateProcesses, false);
-  try {
-    await group.go();
-    if (!(await waitUntil(() => group.firstStartAt !== null, 30_000))) throw new Error("no job started within 30 s");
-    // The span, and a moment for its last starts' claims to be answered.
-    await sleep(group.firstStartAt! + rateSeconds * 1_000 + 1_000 - nowMs());
-  } finally {
-    await group.stop();
-  }
-  const starts = await withClient(url, async (db) => {
-    const { rows } = await db.query<{ ms: string }>(
-      `SELECT (extract(epoch FROM started_at) * 1000)::float8 AS ms FROM ${system.schema}.all_attempts ORDER BY started_at`,
-    );
-    return rows.map((r) => Number(r.ms));
+  const r = await measureRateStarts({
+    url,
+    schema: system.schema,
+    queue: QUEUE,
+    task: TASK,
+    limit: rateLimit,
+    windowMs: RATE_WINDOW_MS,
+    seconds: rateSeconds,
+    concurrency: Array.from({ length: rateProcesses }, () => concurrency),
+    busyMs: rateBusyMs,
   });
-  if (starts.length === 0) throw new Error("no attempt in the audit trail");
-  const t0 = starts[0]!;
-  const span = starts.filter((t) => t < t0 + rateSeconds * 1_000);
-  // Sliding: the starts in [t, t + 1 s) for every start t.
-  let worst = 0;
-  for (let i = 0, j = 0; i < span.length; i++) {
-    while (j < span.length && span[j]! < span[i]! + RATE_WINDOW_MS) j++;
-    worst = Math.max(worst, j - i);
-  }
-  const seconds = Array.from({ length: rateSeconds }, () => 0);
-  for (const t of span) seconds[Math.floor((t - t0) / 1_000)]!++;
-  const rate = span.length / rateSeconds;
-  ctx.log(`  starts per second from the first (audit trail, database clock): ${seconds.join(" ")}`);
+  if (r.claims.length === 0) throw new Error("no attempt in the audit trail");
+  const rate = r.claims.length / rateSeconds;
+  const over = (n: number) => (n / rateLimit - 1) * 100;
+  ctx.log(`  claims per second from the first (audit trail, database clock): ${r.perSecond.join(" ")}`);
   ctx.log(
-    `  ${span.length} starts in ${rateSeconds} s = ${rate.toFixed(2)}/s (${((rate / rateLimit - 1) * 100).toFixed(1)}% off ${rateLimit}/s); ` +
-      `worst sliding 1-s window ${worst} (${((worst / rateLimit - 1) * 100).toFixed(1)}% over)`,
+    `  ${r.claims.length} starts in ${rateSeconds} s = ${rate.toFixed(2)}/s (${over(rate).toFixed(1)}% off ${rateLimit}/s); ` +
+      `most in a sliding 1-s window: ${r.mostClaims} claims, ${r.mostHandlerStarts} handler starts (limit ${rateLimit})`,
   );
+  ctx.log(`  handler start after its claim: ${spread(r.claimToHandler)}`);
   return {
-    starts: span.length,
+    starts: r.claims.length,
     startsPerSecond: rate,
-    rateErrorPct: (rate / rateLimit - 1) * 100,
-    worstWindowStarts: worst,
-    worstWindowOverPct: (worst / rateLimit - 1) * 100,
-    worstFixedSecond: Math.max(...seconds),
-    quietestFixedSecond: Math.min(...seconds),
+    rateErrorPct: over(rate),
+    worstWindowStarts: r.mostClaims,
+    worstWindowOverPct: over(r.mostClaims),
+    // A window that opens mid-burst also holds the next burst's first handler starts: the
+    // claims' window less the claim-to-handler time is what holds (docs/flow-control.md).
+    worstHandlerWindowStarts: r.mostHandlerStarts,
+    claimToHandlerP99Ms: r.claimToHandler[Math.min(r.claimToHandler.length - 1, Math.floor(0.99 * r.claimToHandler.length))] ?? NaN,
+    claimToHandlerMaxMs: r.claimToHandler.at(-1) ?? NaN,
+    worstFixedSecond: Math.max(...r.perSecond),
+    quietestFixedSecond: Math.min(...r.perSecond),
   };
 }

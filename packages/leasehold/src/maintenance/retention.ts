@@ -10,6 +10,7 @@ import {
   GENERATIONS,
   pruneDeadJobs,
   pruneFlowKeyState,
+  pruneFlowStarts,
   pruneStaleRefusals,
   setGenerationWidth,
   truncateOldGenerations,
@@ -74,6 +75,10 @@ export class Retention extends MaintenanceService<number> {
     // Per-key rate logs and holds of keys that went quiet (one row per key that was ever limited).
     for (let i = 0; i < MAX_BATCHES_PER_RUN; i++) {
       if ((await pruneFlowKeyState(this.pool, { limit: batch })) < batch) break;
+    }
+    // Rate starts of queues and keys no longer claimed (a claim deletes its own that left the window).
+    for (let i = 0; i < MAX_BATCHES_PER_RUN; i++) {
+      if ((await pruneFlowStarts(this.pool, { limit: batch })) < batch) break;
     }
     this.metrics.retentionDeleted.inc(total);
     if (total > 0) {

@@ -231,7 +231,8 @@ export async function clearQueueHolds(db: Queryable, name: string): Promise<Clea
 
 /**
  * Forgets per-key flow state no claim needs: no hold in force and no start inside any rate
- * window (a window is at most a day). A key's row comes back with its next limited start.
+ * window (a window is at most a day) in its log of the old form (version 26 keeps starts in
+ * flow_starts). A key's row comes back with its next hold.
  */
 const PRUNE_KEY_STATE = statement(
   "pruneFlowKeyState",
@@ -250,6 +251,27 @@ SELECT count(*)::int AS deleted FROM gone`,
 
 export async function pruneFlowKeyState(db: Queryable, p: { limit: number }): Promise<number> {
   return (await run(db, PRUNE_KEY_STATE, [p.limit]))[0]!.deleted;
+}
+
+/**
+ * Forgets rate starts outside every window: a claim deletes its queue's (or key's) rows that left
+ * the window, so this finds the rows of queues and keys no longer claimed. A window is at most a
+ * day; the hour more leaves alone a row a claim that began a while ago may still count.
+ */
+const PRUNE_FLOW_STARTS = statement(
+  "pruneFlowStarts",
+  `WITH gone AS (
+  DELETE FROM flow_starts AS f
+   WHERE (f.queue, f.flow_key, f.total) IN (
+         SELECT queue, flow_key, total FROM flow_starts WHERE started_at < now() - interval '25 hours' LIMIT $1)
+  RETURNING 1
+)
+SELECT count(*)::int AS deleted FROM gone`,
+  { deleted: "int4" },
+);
+
+export async function pruneFlowStarts(db: Queryable, p: { limit: number }): Promise<number> {
+  return (await run(db, PRUNE_FLOW_STARTS, [p.limit]))[0]!.deleted;
 }
 
 /**

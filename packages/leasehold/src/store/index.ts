@@ -46,6 +46,7 @@ export {
   setQueueLimits,
   clearQueueHolds,
   pruneFlowKeyState,
+  pruneFlowStarts,
   DEFAULT_MAX_HOLD_MS,
   MAX_LISTED_HOLDS,
 } from "./flow.js";
