@@ -123,7 +123,8 @@ test("each package ships what its users run: a README, a LICENSE, compiled code 
     for (const js of compiled) assert.ok(entries.includes(`${js}.map`), `${name}: ${js} has no source map`);
     const { stdout: map } = await run("tar", ["-xzOf", file, `${compiled[0]}.map`]);
     const { sources, sourcesContent } = JSON.parse(map) as { sources: string[]; sourcesContent?: string[] };
-    if (name === "leasehold") assert.ok(sources.length > 0 && sources.every((s) => s.endsWith(".ts")), `${name}: ${compiled[0]}.map names no TypeScript source`);
+    if (name === "leasehold")
+      assert.ok(sources.length > 0 && sources.every((s) => s.endsWith(".ts")), `${name}: ${compiled[0]}.map names no TypeScript source`);
     else assert.equal(sourcesContent?.length, sources.length, `${name}: ${compiled[0]}.map does not inline its sources`);
     assert.deepEqual(
       entries.filter((e) => /^package\/src\/|\/testing\/|\.test\./.test(e)),
