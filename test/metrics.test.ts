@@ -151,7 +151,9 @@ test("leasehold doctor recommends a lease from the beat delays real workers sent
     findings: { level: string; message: string }[];
     lease: { beats: number; p99DelayMs: number; workers: { id: string; recommendedMs: number }[] };
   };
-  assert.ok(d.lease.beats >= 4 && d.lease.beats < 100, `${d.lease.beats} beats recorded`);
+  // Three beats carry a delay for certain: the late one's and the first two of ours (the third's
+  // rides on a later beat). A beat due meanwhile adds one when the machine is slow, not otherwise.
+  assert.ok(d.lease.beats >= 3 && d.lease.beats < 100, `${d.lease.beats} beats recorded`);
   // Fewer than 100 beats: the 99th percentile is the worst, 1.3 to 1.5 s late (bucket 1-2.5 s).
   assert.equal(d.lease.p99DelayMs, 2_500);
   // max(3 x 200 ms, 200 ms + 2.5 s + 2.5 s), in whole seconds: more than its 3 s lease.
