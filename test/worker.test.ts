@@ -599,7 +599,9 @@ test("while more jobs are buffered than the handlers can start, a claim waits un
   const claimer = new Claimer(host, transport, "half-prefetch", settings, ["t"], metricsFor(new Registry()), new Outage(silent), silent);
   // A finishing rate of thousands of jobs/s: a prefetch of hundreds to thousands (250 ms of work).
   for (let i = 0; i < 2_000; i++) claimer.jobFinished();
-  await new Promise((r) => setTimeout(r, 100));
+  // Past the 100 ms sample period with room to spare: a timer may fire a little before its
+  // time by performance.now(), and then no sample is taken (prefetch 0).
+  await new Promise((r) => setTimeout(r, 150));
   const prefetch = claimer.target() - concurrency;
   assert.ok(prefetch >= 200, `prefetch ${prefetch}`);
 
@@ -640,7 +642,7 @@ test("a rate-limited (paced) queue is claimed only for free handler slots: no pr
   const claimer = new Claimer(host, transport, "paced", settings, ["t"], metricsFor(new Registry()), new Outage(silent), silent);
   // A finishing rate of thousands of jobs/s: a prefetch of hundreds (250 ms of work).
   for (let i = 0; i < 2_000; i++) claimer.jobFinished();
-  await new Promise((r) => setTimeout(r, 100));
+  await new Promise((r) => setTimeout(r, 150)); // past the 100 ms sample period (see the test above)
   assert.ok(claimer.target() - concurrency >= 100);
 
   // Every slot busy: the prefetch claim leaves the paced queue out.
