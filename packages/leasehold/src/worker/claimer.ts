@@ -179,8 +179,7 @@ export class Claimer {
   /** Starts claims while the buffer is short of the target, up to MAX_CLAIMS_IN_FLIGHT. */
   kick(): void {
     while (!this.stopped && !this.held && !this.drained && !this.errorTimer && this.inFlight < MAX_CLAIMS_IN_FLIGHT) {
-      const view = this.host.queues();
-      if (this.paused && view.flowQueues.length === 0) return;
+      if (this.paused && this.host.queues().flowQueues.length === 0) return;
       // While reports cannot get through (a half-open connection), finished jobs keep their
       // leases: stop claiming once more than `concurrency` of them wait, so leases held stay
       // bounded.
@@ -195,15 +194,17 @@ export class Claimer {
       // so each of 4 processes sharing a queue sent claims (and completions) a quarter the size.
       const prefetch = target - this.settings.concurrency;
       if (this.host.buffered() > this.settings.concurrency && want < Math.min(this.maxBatch, prefetch / 2)) return;
-      // Paced queues only for slots free now: without one, the claim leaves them out.
+      // Paced queues only for slots free now: without one, the claim leaves them out. The view
+      // is read only here, once a claim is due: kick() runs at every job's end.
+      const view = this.host.queues();
       const free = want - prefetch;
       const paced = free >= 1 ? [] : view.pacedQueues;
+      const claimed = this.claimed(view, paced);
       if (paced.length > 0) {
-        const queues = this.claimed(view, paced).queues;
-        if (queues.length === 0 || this.unpacedDrained) return;
-        this.claim(Math.min(want, this.maxBatch), paced);
+        if (claimed.queues.length === 0 || this.unpacedDrained) return;
+        this.claim(Math.min(want, this.maxBatch), claimed, true);
       } else {
-        this.claim(Math.min(view.pacedQueues.length > 0 ? free : want, this.maxBatch), []);
+        this.claim(Math.min(view.pacedQueues.length > 0 ? free : want, this.maxBatch), claimed, false);
       }
     }
   }
@@ -214,13 +215,12 @@ export class Claimer {
     return { queues: (this.paused ? view.flowQueues : view.queues).filter((q) => !leftOut.includes(q)), flowQueues };
   }
 
-  /** Claims up to `limit` jobs, leaving out the paced queues `leftOut` (no slot is free for them). */
-  private claim(limit: number, leftOut: string[]): void {
+  /** Claims up to `limit` jobs from `view`'s queues; `pacedLeftOut`: the paced queues were left out (no slot is free for them). */
+  private claim(limit: number, view: { queues: string[]; flowQueues: string[] }, pacedLeftOut: boolean): void {
     this.inFlight++;
     this.asked += limit;
     const sentAt = performance.now();
     const wakesAtSend = this.wakes;
-    const view = this.claimed(this.host.queues(), leftOut);
     const queues = view.queues;
     const turn = this.claimsSent++ % Math.max(1, view.flowQueues.length);
     const flowQueues = [...view.flowQueues.slice(turn), ...view.flowQueues.slice(0, turn)];
@@ -235,7 +235,7 @@ export class Claimer {
           this.limited = jobs.retryInMs !== undefined;
           if (jobs.paused) this.host.queuesStale();
           // A wake-up while this claim ran may be for jobs its snapshot did not see.
-          if (jobs.length < limit && !this.stopped && this.wakes === wakesAtSend && leftOut.length > 0) {
+          if (jobs.length < limit && !this.stopped && this.wakes === wakesAtSend && pacedLeftOut) {
             // Only the queues claimed ahead are drained: a freed slot still claims the paced ones.
             this.unpacedDrained = true;
             this.host.idle();
