@@ -10,7 +10,7 @@ import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
 
 export type JobOutcome =
-  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" }
+  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" | "suspended" }
   /** `error`: why the worker ended it dead itself, when the handler threw nothing (a refused result). */
   | { state: "dead"; error?: ValidationError }
   | { state: "stale"; error: StaleLeaseError }
