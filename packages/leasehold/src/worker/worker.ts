@@ -14,11 +14,10 @@ import { silentLogger, type Logger } from "../logger.js";
 import type { CounterChild, HistogramChild, MetricsRegistry } from "../metric-shapes.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type pg from "pg";
-import { ConfigError, StaleLeaseError, TransactionMisuseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import { ConfigError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
-import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
-import { serializeResult } from "../jobs/validate.js";
+import { JobAbortedError, type AbortReason, type TransactionResult } from "./context.js";
 import { Heartbeater, attemptKey, canVouchFor, hasUnsentValues, type InFlight } from "./heartbeat.js";
 import { FlowView, REFRESH_IDLE_MS } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
@@ -28,7 +27,8 @@ import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
-import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
+import { TransactionRunner } from "./transaction.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -92,6 +92,7 @@ export class Worker extends WorkerEmitter {
   private readonly claimer: Claimer;
   private readonly flow: FlowView;
   private readonly heartbeater: Heartbeater;
+  private readonly transactions: TransactionRunner;
   readonly reporter: Reporter;
   private attachment?: Attachment;
   private sweepTimer?: NodeJS.Timeout;
@@ -183,6 +184,20 @@ export class Worker extends WorkerEmitter {
       this.settings.heartbeatMs,
       this.metrics,
       this.outage,
+      this.logger,
+    );
+    this.transactions = new TransactionRunner(
+      {
+        stale: (job, err) => this.emit("job:stale", job, err),
+        abort: (e, reason) => this.abortJob(e, reason),
+        leaseLost: (e, reason) => this.leaseLost(e, reason),
+        forget: (e) => this.forget(e),
+      },
+      this.heartbeater,
+      this.transport,
+      this.id,
+      this.settings.maxResultBytes,
+      this.metrics,
       this.logger,
     );
   }
@@ -624,76 +639,10 @@ export class Worker extends WorkerEmitter {
 
   /**
    * @internal ctx.transaction: the handler's writes and the attempt's completion in one
-   * transaction. Committed, the job is finished (nothing is reported when the handler
-   * returns); refused, everything is rolled back and the handler gets a StaleLeaseError.
+   * transaction (./transaction.ts).
    */
-  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, resultOption?: TransactionResult<T>): Promise<T> {
-    const { job } = entry;
-    if (!this.transport.completeWithin) {
-      // Retrying cannot help (every attempt runs on this same kind of worker): the attempt
-      // ends the job now, whatever the handler does with this error.
-      entry.permanent = true;
-      throw new PermanentJobError(
-        "ctx.transaction needs a worker on the database: a remote worker (RemoteTransport, through leasehold serve) " +
-          "cannot join the server's transactions, so the job is dead without retries. Run this task on a worker " +
-          "connected to the database (a Worker with a database URL, or leasehold worker without --server), or write without " +
-          "ctx.transaction and fence the writes with ctx.fencedWrite",
-      );
-    }
-    if (entry.within)
-      throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
-    // The job finishes in this transaction: what the handler set before it is stored first
-    // (that beat may find the attempt cancelled or its lease gone: checked next).
-    if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
-    if (entry.abortedWith) throw entry.abortedWith;
-    let result: CompleteWithinResult<T>;
-    try {
-      result = await this.transport.completeWithin({
-        workerId: this.id,
-        job: { id: job.id, attempt: job.attempt },
-        work,
-        pool,
-        ...(resultOption !== undefined && { result: (value: T) => this.transactionResult(entry, resultOption, value) }),
-        committing: () => (entry.within = "committing"),
-      });
-    } catch (err) {
-      entry.within = undefined;
-      // The handler broke out of its transaction: the attempt fails, even if it catches this.
-      if (err instanceof TransactionMisuseError) entry.transactionMisuse ??= err;
-      throw err;
-    }
-    if (!result.completed) {
-      entry.within = undefined;
-      const reason = result.lost?.reason ?? "missing";
-      const stale = new StaleLeaseError(job.id, job.attempt, reason);
-      this.metrics.fencingRejections.inc({ kind: "complete", reason });
-      recordRefusals(this.transport, [{ jobId: job.id, attempt: job.attempt, workerId: this.id, kind: "complete", reason }]);
-      this.logger.warn({ jobId: job.id, attempt: job.attempt, reason }, "transaction rolled back: the attempt no longer holds its job");
-      this.emit("job:stale", job, stale);
-      // A cancelled job is still this attempt's to end: the handler's end is reported as usual
-      // and ends it as cancelled. Any other reason: the lease is gone, nothing is reported.
-      if (reason === "cancelled") this.abortJob(entry, "cancelled");
-      else this.leaseLost(entry, reason);
-      throw stale;
-    }
-    entry.within = "committed";
-    clearTimeout(entry.limitTimer);
-    this.forget(entry); // finished: no more beats, and a late beat's miss is not a loss
-    return result.value;
-  }
-
-  /**
-   * The result ctx.transaction stores with its completion (`{ result }`: a value, or a function
-   * of what `work` returned), as JSON. A bad one rolls the transaction back and ends the
-   * attempt without retries, as a bad return value does.
-   */
-  private transactionResult<T>(entry: InFlight, result: TransactionResult<T>, value: T): string | undefined {
-    const json = serializeResult(typeof result === "function" ? (result as (v: T) => unknown)(value) : result, this.settings.maxResultBytes);
-    if (typeof json === "object") {
-      entry.permanent = true;
-      throw new PermanentJobError(`ctx.transaction's result was refused: ${json.problem}`);
-    }
-    return json;
+  transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, resultOption?: TransactionResult<T>): Promise<T> {
+    return this.transactions.run(entry, work, pool, resultOption);
   }
 
   /**
