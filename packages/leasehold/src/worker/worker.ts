@@ -29,6 +29,7 @@ import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
 import { TransactionRunner } from "./transaction.js";
+import { LivenessWatch } from "./liveness.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -106,13 +107,7 @@ export class Worker extends WorkerEmitter {
   private dispatch?: WorkerDispatch;
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
-  /** Monotonic ms at which the liveness session was lost, while it is gone. */
-  private livenessLostAt?: number;
-  private livenessTimer?: NodeJS.Timeout;
-  /** Monotonic ms of the last give-up on liveness: a claim sent before it must not start. */
-  private gaveUpAt = -Infinity;
-  /** Buffered attempts given up with the liveness session: released once it is back. */
-  private givenUp: InFlight[] = [];
+  private readonly liveness: LivenessWatch;
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
   private readonly endings = new Map<string, CounterChild>();
@@ -200,6 +195,23 @@ export class Worker extends WorkerEmitter {
       this.metrics,
       this.logger,
     );
+    this.liveness = new LivenessWatch(
+      {
+        started: () => this.state === "started",
+        lost: () => this.claimer.setHeld(true),
+        attempts: () => this.inFlight.values(),
+        drop: (e, reason) => this.drop(e, reason),
+        abort: (e, reason) => this.abortJob(e, reason),
+        back: (givenUp) => {
+          if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
+          this.claimer.setHeld(false);
+          this.dispatch?.kick();
+          this.pump();
+        },
+      },
+      this.settings.livenessGraceMs,
+      this.logger,
+    );
   }
 
   /** Jobs whose leases this worker holds now (buffered, running or being reported). */
@@ -233,7 +245,7 @@ export class Worker extends WorkerEmitter {
       onConnection: (state, err, lateByMs) => {
         if (state === "up") this.outage.ok();
         else this.outage.failed("listen", err);
-        this.livenessChanged(state, lateByMs ?? 0);
+        this.liveness.changed(state, lateByMs ?? 0);
       },
     });
     this.reportSession(this.attachment.session);
@@ -258,7 +270,7 @@ export class Worker extends WorkerEmitter {
           tasks: this.tasks,
           logger: this.logger,
           metrics: this.metrics,
-          capacity: () => (this.livenessLostAt !== undefined ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
+          capacity: () => (this.liveness.lost ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
           deliver: (jobs, at) => this.deliver(jobs, at),
           setPolling: (on) => this.claimer.setPaused(!on),
         });
@@ -349,7 +361,7 @@ export class Worker extends WorkerEmitter {
   private async shutDown(timeoutMs: number): Promise<void> {
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
-    clearTimeout(this.livenessTimer);
+    this.liveness.stop();
     this.flow.stop();
     await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
@@ -420,7 +432,7 @@ export class Worker extends WorkerEmitter {
       this.inFlight.set(attemptKey(job), entry);
       this.newestAttempt.set(job.id, entry);
       // Claimed before this worker gave up on its liveness: the watchdog may recover it.
-      if (sentAt <= this.gaveUpAt) stale.push(entry);
+      if (sentAt <= this.liveness.gaveUpAt) stale.push(entry);
       else this.buffer.push(entry);
       shortestLease = Math.min(shortestLease, job.leaseMs);
       perQueue.set(job.queue, (perQueue.get(job.queue) ?? 0) + 1);
@@ -438,7 +450,7 @@ export class Worker extends WorkerEmitter {
    * run yet), and none while the liveness session is gone.
    */
   private pump(): void {
-    if (this.livenessLostAt !== undefined) return;
+    if (this.liveness.lost) return;
     let unvouched: InFlight[] | undefined;
     let pausedNow: InFlight[] | undefined;
     let now = performance.now();
@@ -483,55 +495,6 @@ export class Worker extends WorkerEmitter {
       this.metrics.leasesLost.inc({ reason: "renewal_failed" });
     }
     void this.release(entries, "not vouched for");
-  }
-
-  /**
-   * The liveness session (which holds this worker's liveness lock) went down or came back.
-   * While it is gone nothing starts and nothing is claimed; if it is not back within half the
-   * grace the watchdog waits before recovering this worker's jobs, the worker gives them all
-   * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
-   * released once the session is back.
-   */
-  private livenessChanged(state: "up" | "down", lateByMs = 0): void {
-    const grace = this.settings.livenessGraceMs;
-    if (grace === null || this.state !== "started") return;
-    if (state === "down") {
-      if (this.livenessLostAt !== undefined) return;
-      this.livenessLostAt = performance.now();
-      this.claimer.setHeld(true);
-      this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
-      // The session may have ended on the server before this process noticed (it was silent,
-      // or this process was stopped): only what is left of half the grace remains. Waking from
-      // a freeze to a dead session, that is nothing: the watchdog may already have recovered
-      // the jobs, so the handlers stop now.
-      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - lateByMs));
-      this.livenessTimer.unref();
-      return;
-    }
-    clearTimeout(this.livenessTimer);
-    if (this.livenessLostAt === undefined) return;
-    this.logger.info({ downMs: Math.round(performance.now() - this.livenessLostAt) }, "liveness session back");
-    this.livenessLostAt = undefined;
-    const givenUp = this.givenUp;
-    this.givenUp = [];
-    if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
-    this.claimer.setHeld(false);
-    this.dispatch?.kick();
-    this.pump();
-  }
-
-  private giveUpOnLiveness(): void {
-    if (this.livenessLostAt === undefined || this.state !== "started") return;
-    this.gaveUpAt = performance.now();
-    const entries = [...this.inFlight.values()];
-    this.logger.warn({ jobs: entries.length }, "liveness session not back within half its grace: aborting this worker's attempts");
-    for (const e of entries) {
-      if (e.lostReason || e.within) continue;
-      if (e.phase === "buffered") {
-        this.drop(e, "liveness_lost");
-        this.givenUp.push(e);
-      } else if (e.phase === "running") this.abortJob(e, "liveness_lost");
-    }
   }
 
   /**
