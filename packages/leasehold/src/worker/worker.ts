@@ -30,6 +30,8 @@ import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
 import { TransactionRunner } from "./transaction.js";
 import { LivenessWatch } from "./liveness.js";
+import { armLimits, limitPassed, type LimitOutcome } from "./limits.js";
+import { releaseAttempts, type ReleaseWhy } from "./release.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -57,16 +59,6 @@ const RECONCILE_RETRY_MAX_MS = 16_000;
 /** A buffered job not started within this share of its lease is given back. */
 const BUFFER_MAX_LEASE_SHARE = 0.25;
 const BUFFER_MAX_AGE_MS = 10_000;
-
-/** Why a live worker gives jobs back, and the `cause` label it is counted under. */
-const RELEASE_CAUSE = {
-  shutdown: "shutdown",
-  "buffered too long": "buffer_age",
-  cancelled: "cancelled",
-  "not vouched for": "unvouched",
-  "liveness lost": "liveness_lost",
-  "queue paused": "paused",
-} as const;
 
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
 export function makeWorkerId(name?: string): string {
@@ -108,6 +100,8 @@ export class Worker extends WorkerEmitter {
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
   private readonly liveness: LivenessWatch;
+  /** Bound once: arming an attempt's limits makes no closure per job. */
+  private readonly limitReached = (entry: InFlight, outcome: LimitOutcome) => this.endAtLimit(entry, outcome);
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
   private readonly endings = new Map<string, CounterChild>();
@@ -393,21 +387,10 @@ export class Worker extends WorkerEmitter {
   }
 
   /** Gives jobs back without spending an attempt (this worker is alive and chose to). */
-  private async release(entries: InFlight[], why: keyof typeof RELEASE_CAUSE): Promise<void> {
+  private async release(entries: InFlight[], why: ReleaseWhy): Promise<void> {
     if (entries.length === 0) return;
     for (const e of entries) this.forget(e);
-    try {
-      const released = await this.transport.release({
-        workerId: this.id,
-        jobs: entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
-        reason: why === "shutdown" ? "released: worker shut down" : `released: ${why}`,
-      });
-      this.metrics.released.inc({ cause: RELEASE_CAUSE[why] }, released.size);
-      if (why === "shutdown") this.logger.info({ released: released.size }, "released unfinished jobs");
-    } catch (err) {
-      // Their leases will expire and the watchdog will recover them.
-      this.logger.warn({ err: String(err), jobs: entries.length }, `could not release jobs (${why})`);
-    }
+    await releaseAttempts(this.transport, this.id, entries, why, this.metrics, this.logger);
   }
 
   private deliver(jobs: ClaimedJob[], sentAt: number): void {
@@ -543,7 +526,7 @@ export class Worker extends WorkerEmitter {
     entry.phase = "running";
     entry.startedAt = entry.lastProgressAt = performance.now();
     this.running++;
-    this.armLimits(entry);
+    armLimits(entry, this.limitReached);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const around = this.hooks.aroundHandler;
@@ -609,31 +592,13 @@ export class Worker extends WorkerEmitter {
   }
 
   /**
-   * Progress timeout and maximum run time: one timer per attempt with limits, armed for the
-   * earlier deadline and re-armed when it fires early (progress moved the deadline).
-   */
-  private armLimits(entry: InFlight): void {
-    if (entry.progressTimeoutMs === null && entry.maxRunMs === null) return;
-    const check = () => {
-      if (entry.phase !== "running") return;
-      const now = performance.now();
-      const runLeft = entry.maxRunMs === null ? Infinity : entry.startedAt! + entry.maxRunMs - now;
-      const progressLeft = entry.progressTimeoutMs === null ? Infinity : entry.lastProgressAt! + entry.progressTimeoutMs - now;
-      if (runLeft <= 0) return this.endAtLimit(entry, "timed_out");
-      if (progressLeft <= 0) return this.endAtLimit(entry, "stalled");
-      entry.limitTimer = setTimeout(check, Math.min(runLeft, progressLeft) + 1);
-    };
-    check();
-  }
-
-  /**
    * A handler past its limit: abort it, stop renewing it, and report the attempt's end now;
    * whatever the handler does later (if it ever settles) is ignored, and its slot is free.
    */
-  private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
+  private endAtLimit(entry: InFlight, outcome: LimitOutcome): void {
     if (entry.within) return; // its transaction is finishing the job: that decides
 
-    const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
+    const limit = limitPassed(entry, outcome);
     this.logger.warn(
       { jobId: entry.job.id, attempt: entry.job.attempt, outcome },
       `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
@@ -684,7 +649,7 @@ export class Worker extends WorkerEmitter {
     this.pump();
   }
 
-  private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
+  private async report(entry: InFlight, err: unknown, outcome?: LimitOutcome, message?: string): Promise<void> {
     this.reporting++;
     try {
       if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
