@@ -20,6 +20,7 @@ import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } f
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
+import { checkEventName, serializeEventData } from "./jobs/steps.js";
 import type { Queryable } from "./store/db.js";
 import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
@@ -526,6 +527,20 @@ export class Leasehold {
   }
 
   /** Moves a dead or cancelled job back to waiting with a fresh retry budget. */
+  /**
+   * Sends an event to the jobs waiting for it (ctx.waitForEvent, docs/durable.md#events): each
+   * waiter whose `match` the data contains resumes with the data. Kept for the events' retention
+   * window, so a wait that begins after the send (of a job enqueued before it) still receives it.
+   * With `{ db }`, inside your transaction: the event exists only if it commits. Returns its id.
+   */
+  async sendEvent(event: string, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
+    checkEventName(event, "sendEvent");
+    const dataJson = serializeEventData(data, "sendEvent");
+    if (target.db !== undefined) checkCallerClient(target.db);
+    const [id] = await store.sendEvents(target.db ?? this.pool, [{ name: event, dataJson }], target.db && this.schema);
+    return { id: id! };
+  }
+
   async retry(id: string): Promise<void> {
     checkJobId(id);
     let result: store.RetryResult;

@@ -205,7 +205,8 @@ export class StepMismatchError extends LeaseholdError {
     readonly recorded: { name: string; occurrence: number; kind: string } | undefined,
     readonly reached: { name: string; occurrence: number; kind: string } | undefined,
   ) {
-    const at = (s: { name: string; occurrence: number; kind: string }) => `${s.kind} "${s.name}"${s.occurrence > 0 ? ` (call ${s.occurrence + 1} of that name)` : ""}`;
+    const at = (s: { name: string; occurrence: number; kind: string }) =>
+      `${s.kind} "${s.name}"${s.occurrence > 0 ? ` (call ${s.occurrence + 1} of that name)` : ""}`;
     super(
       "step_mismatch",
       reached === undefined

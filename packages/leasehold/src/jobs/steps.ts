@@ -73,7 +73,8 @@ export function serializeEventData(data: unknown, where = "event"): string | nul
   if (data === undefined) return null;
   const json = serializePayload(data, where, "event data");
   const bytes = Buffer.byteLength(json);
-  if (bytes > MAX_EVENT_DATA_BYTES) throw new ValidationError(`${where}: event data is ${bytes} bytes as JSON; the limit is ${MAX_EVENT_DATA_BYTES} (256 KiB)`);
+  if (bytes > MAX_EVENT_DATA_BYTES)
+    throw new ValidationError(`${where}: event data is ${bytes} bytes as JSON; the limit is ${MAX_EVENT_DATA_BYTES} (256 KiB)`);
   return json;
 }
 
@@ -85,7 +86,8 @@ export function serializeStepResult(value: unknown, step: string): string | unde
   if (value === undefined) return undefined;
   if (value === null) return "null";
   const json = serializeResult(value, MAX_STEP_RESULT_BYTES);
-  if (typeof json === "object") throw new ValidationError(`step "${step}": its result was refused: ${json.problem.replace("maxResultBytes", "the step result limit")}`);
+  if (typeof json === "object")
+    throw new ValidationError(`step "${step}": its result was refused: ${json.problem.replace("maxResultBytes", "the step result limit")}`);
   return json ?? "null";
 }
 

@@ -130,10 +130,7 @@ export interface StepFate {
  * Why a record was refused: the attempt no longer holds its job (`held` false), or another
  * attempt recorded this place first (`recorded`: what it recorded there).
  */
-export async function stepFate(
-  db: Queryable,
-  p: { workerId: string; id: string; attempt: number; seq: number },
-): Promise<StepFate> {
+export async function stepFate(db: Queryable, p: { workerId: string; id: string; attempt: number; seq: number }): Promise<StepFate> {
   const [row] = await run(db, STEP_FATE, [p.id, p.attempt, p.workerId, p.seq]);
   const r = row!;
   const recorded =
@@ -177,7 +174,17 @@ const qualifiedRecordWithin = new Map<string, typeof RECORD_WITHIN>();
 export async function recordStepWithin(
   db: Queryable,
   schema: string,
-  p: { workerId: string; id: string; attempt: number; seq: number; name: string; occurrence: number; resultJson: string | null; durationMs: number; marker: string },
+  p: {
+    workerId: string;
+    id: string;
+    attempt: number;
+    seq: number;
+    name: string;
+    occurrence: number;
+    resultJson: string | null;
+    durationMs: number;
+    marker: string;
+  },
 ): Promise<"recorded" | "refused" | "not_ours"> {
   let st = qualifiedRecordWithin.get(schema);
   if (!st) qualifiedRecordWithin.set(schema, (st = { ...RECORD_WITHIN, text: recordWithinText(`${quoteIdent(schema)}.`) }));
@@ -288,9 +295,7 @@ SELECT EXISTS (SELECT 1 FROM held) AS held,
 );
 
 export type ReceiveResult =
-  | { held: false }
-  | { held: true; recorded: true; received: boolean; data: JsonValue | null }
-  | { held: true; recorded: false; deadline: Date };
+  { held: false } | { held: true; recorded: true; received: boolean; data: JsonValue | null } | { held: true; recorded: false; deadline: Date };
 
 export async function receiveEvent(db: Queryable, p: EventWait): Promise<ReceiveResult> {
   const [r] = await run(db, RECEIVE_EVENT, [p.id, p.attempt, p.workerId, p.seq, p.name, p.occurrence, p.kind, p.event, p.matchJson, p.timeoutMs]);
@@ -375,7 +380,8 @@ const SEND_EVENTS = statement(
 );
 
 export async function sendEvents(db: Queryable, events: { name: string; dataJson: string | null }[], schema?: string): Promise<string[]> {
-  const st = schema === undefined ? SEND_EVENTS : { ...SEND_EVENTS, text: SEND_EVENTS.text.replace("send_event(", `${quoteIdent(schema)}.send_event(`) };
+  const st =
+    schema === undefined ? SEND_EVENTS : { ...SEND_EVENTS, text: SEND_EVENTS.text.replace("send_event(", `${quoteIdent(schema)}.send_event(`) };
   const rows = await run(db, st, [events.map((e) => e.name), events.map((e) => e.dataJson)]);
   return rows.map((r) => r.id);
 }

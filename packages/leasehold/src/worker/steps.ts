@@ -82,10 +82,9 @@ export class AttemptSteps {
     private readonly host: StepWorker,
   ) {}
 
-  readonly step: StepFunction = Object.assign(
-    <T>(name: string, fn: () => T | Promise<T>, options?: StepOptions) => this.runStep(name, fn, options),
-    { transaction: <T>(name: string, work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }) => this.runTransaction(name, work, options) },
-  );
+  readonly step: StepFunction = Object.assign(<T>(name: string, fn: () => T | Promise<T>, options?: StepOptions) => this.runStep(name, fn, options), {
+    transaction: <T>(name: string, work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }) => this.runTransaction(name, work, options),
+  });
 
   /** Takes the next place, synchronously (call order, not completion order). */
   private take(name: unknown, kind: StepKind, call: string): Place {
@@ -147,7 +146,13 @@ export class AttemptSteps {
         break;
       } catch (err) {
         if (run >= retry.attempts || this.entry.abortedWith) {
-          await this.host.record(this.entry, { ...place, kind: "step", state: "failed", error: errorText(err), durationMs: performance.now() - started });
+          await this.host.record(this.entry, {
+            ...place,
+            kind: "step",
+            state: "failed",
+            error: errorText(err),
+            durationMs: performance.now() - started,
+          });
           throw err;
         }
         await pause(retryDelay(retry, run), this.host.signal(this.entry));
@@ -156,7 +161,13 @@ export class AttemptSteps {
     }
     const json = serializeStepResult(value, name);
     this.host.progressed(this.entry);
-    const stored = await this.host.record(this.entry, { ...place, kind: "step", state: "succeeded", resultJson: json, durationMs: performance.now() - started });
+    const stored = await this.host.record(this.entry, {
+      ...place,
+      kind: "step",
+      state: "succeeded",
+      resultJson: json,
+      durationMs: performance.now() - started,
+    });
     // Another attempt of this job recorded the place first (it ran meanwhile): its result stands.
     if (stored !== undefined) return stored.result as Awaited<T>;
     return (json === undefined ? undefined : JSON.parse(json)) as Awaited<T>;
@@ -216,8 +227,13 @@ function checkRetry(retry: StepRetry | undefined, step: string): Required<StepRe
   const delayMs = retry.delayMs ?? 1_000;
   const factor = retry.factor ?? 2;
   const maxDelayMs = retry.maxDelayMs ?? 60_000;
-  for (const [key, v, max] of [["delayMs", delayMs, 3_600_000], ["factor", factor, 100], ["maxDelayMs", maxDelayMs, 3_600_000]] as const) {
-    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > max) throw new ValidationError(`${where}.${key} must be a number from 0 to ${max}, got ${String(v)}`);
+  for (const [key, v, max] of [
+    ["delayMs", delayMs, 3_600_000],
+    ["factor", factor, 100],
+    ["maxDelayMs", maxDelayMs, 3_600_000],
+  ] as const) {
+    if (typeof v !== "number" || !Number.isFinite(v) || v < 0 || v > max)
+      throw new ValidationError(`${where}.${key} must be a number from 0 to ${max}, got ${String(v)}`);
   }
   return { attempts: retry.attempts, delayMs, factor, maxDelayMs };
 }

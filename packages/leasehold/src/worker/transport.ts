@@ -299,7 +299,11 @@ export class DatabaseTransport implements WorkerTransport {
         throw explainAbortedTransaction(err, label);
       });
       if (done === "not_ours") throw bypassed(label, "the job was not completed");
-      if (done === "stale") return { commit: false, answer: async () => ({ completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) }) };
+      if (done === "stale")
+        return {
+          commit: false,
+          answer: async () => ({ completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) }),
+        };
       return {
         commit: true,
         answer: { completed: true, value },

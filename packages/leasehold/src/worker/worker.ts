@@ -14,7 +14,7 @@ import { silentLogger, type Logger } from "../logger.js";
 import type { CounterChild, HistogramChild, MetricsRegistry } from "../metric-shapes.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type pg from "pg";
-import { ConfigError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import { ConfigError, JobSuspendedError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
 import { JobAbortedError, type AbortReason, type TransactionResult } from "./context.js";
@@ -29,6 +29,7 @@ import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
 import { TransactionRunner } from "./transaction.js";
+import { StepHost } from "./step-host.js";
 import { LivenessWatch } from "./liveness.js";
 import { armLimits, limitPassed, type LimitOutcome } from "./limits.js";
 import { releaseAttempts, type ReleaseWhy } from "./release.js";
@@ -86,6 +87,8 @@ export class Worker extends WorkerEmitter {
   private readonly flow: FlowView;
   private readonly heartbeater: Heartbeater;
   private readonly transactions: TransactionRunner;
+  /** @internal Where durable steps are recorded (./step-host.ts). */
+  readonly steps: StepHost;
   readonly reporter: Reporter;
   private attachment?: Attachment;
   private sweepTimer?: NodeJS.Timeout;
@@ -189,6 +192,16 @@ export class Worker extends WorkerEmitter {
       this.metrics,
       this.logger,
     );
+    this.steps = new StepHost({
+      id: this.id,
+      transport: this.transport,
+      metrics: this.metrics,
+      logger: this.logger,
+      progressed: (e) => this.progressed(e),
+      stepLost: (e, reason) => this.leaseLost(e, reason),
+      attemptSuspended: (e) => this.forget(e),
+      sendPending: (e) => this.heartbeater.sendPending(e),
+    });
     this.liveness = new LivenessWatch(
       {
         started: () => this.state === "started",
@@ -617,16 +630,16 @@ export class Worker extends WorkerEmitter {
     // Ended already (at a limit) or dropped: nothing is reported twice.
     if (entry.phase !== "running") return;
     this.slotFreed(entry);
-    if (entry.within === "committed") {
-      // Its transaction finished the job; what the handler did after cannot change that.
-      if (err !== undefined) {
-        this.logger.warn(
-          { jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) },
-          "handler threw after its transaction completed the job",
-        );
+    const w = entry.within;
+    if (w === "committed" || w === "suspended" || w === "cancelled") {
+      // Its transaction finished the job, or a sleep or wait suspended it (./step-host.ts): what
+      // the handler did after cannot change that.
+      const state = w === "committed" ? "succeeded" : w;
+      if (err !== undefined && !(err instanceof JobSuspendedError)) {
+        this.logger.warn({ jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) }, `handler threw after its attempt ended (${state})`);
       }
-      this.countEnded(entry.job.queue, "succeeded");
-      this.ended(entry, { state: "succeeded" }, err);
+      this.countEnded(entry.job.queue, state);
+      this.ended(entry, { state }, err);
       return;
     }
     if (entry.lostReason) {
