@@ -640,6 +640,7 @@ export class Worker extends WorkerEmitter {
       }
       this.countEnded(entry.job.queue, state);
       this.ended(entry, { state }, err);
+      this.claimer.reportLanded(); // its end is in the database already: a limited queue's slot is free
       return;
     }
     if (entry.lostReason) {
