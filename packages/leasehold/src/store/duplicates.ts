@@ -62,8 +62,9 @@ WITH upserted AS (
   ${JOB_ROWS}
   ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
      SET payload = excluded.payload${moveTime ? ",\n         run_at = excluded.run_at" : ""}
-   -- a holder outside the scope is left alone (and locked), and refused below
-   WHERE cur.state <> 'running'${scope.byTask ? " AND cur.task = excluded.task" : ""}${scope.byQueue ? " AND cur.queue = excluded.queue" : ""}
+   -- a holder outside the scope is left alone (and locked), and refused below; a running or
+   -- suspended one (a durable job, its steps half done) is kept as it is, payload and wake time
+   WHERE cur.state NOT IN ('running', 'suspended')${scope.byTask ? " AND cur.task = excluded.task" : ""}${scope.byQueue ? " AND cur.queue = excluded.queue" : ""}
   -- xmax is 0 only on a row this statement inserted (an updated one carries our lock)
   RETURNING cur.id, cur.unique_key, cur.queue, cur.state, cur.run_at, cur.attempt, cur.xmax::text = '0' AS inserted
 )${
@@ -91,15 +92,16 @@ SELECT id, unique_key, inserted FROM upserted`
 }`;
 
 /**
- * Frees keys from the running jobs that hold them; `cancel`: also requests their cancel
- * (migration 014's trigger notifies the worker that runs them, at commit).
+ * Frees keys from the running (or suspended: durable, half done) jobs that hold them; `cancel`:
+ * also requests their cancel (migration 014's trigger notifies the worker that runs them, at
+ * commit; a suspended job's next end, when it wakes, is then its cancel).
  */
 const freeText = (n: Names) => `
 UPDATE ${n.jobs} AS j
    SET unique_key = NULL,
        cancel_requested_at = CASE WHEN f.cancel THEN coalesce(j.cancel_requested_at, now()) ELSE j.cancel_requested_at END
   FROM unnest($1::text[], $2::bool[]) AS f(unique_key, cancel)
- WHERE j.unique_key = f.unique_key AND j.state = 'running'
+ WHERE j.unique_key = f.unique_key AND j.state IN ('running', 'suspended')
 RETURNING j.id, f.unique_key`;
 
 /** The holders of keys an upsert left alone (running, or outside the scope), locked by it. */
