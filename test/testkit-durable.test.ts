@@ -247,7 +247,7 @@ test("drain() runs durable jobs for real: sleeps end on the fake clock (advanceC
   assert.deepEqual(third.left, []);
 });
 
-test("drain({ advanceClock }) times out a wait with a timeout, and wakes a sleep that is due without moving the clock", async (t) => {
+test("drain() wakes a sleep that is due without moving the clock; drain({ advanceClock }) times out a wait with a timeout", async (t) => {
   const q = await queue(t, {
     wait: async (_: unknown, ctx: JobContext) => ({ got: await ctx.waitForEvent("w", { event: "never.sent", timeout: "2h" }) }),
     nap: async (_: unknown, ctx: JobContext) => {
@@ -255,12 +255,25 @@ test("drain({ advanceClock }) times out a wait with a timeout, and wakes a sleep
       return "rested";
     },
   });
-  const wait = await q.lh.enqueue("wait", {});
   const nap = await q.lh.enqueue("nap", {});
+  const napped = await q.drain();
+  assert.deepEqual(
+    napped.ran.map((r) => r.state),
+    ["suspended", "succeeded"],
+  );
+  assert.equal((await q.lh.getJob(nap.id))?.job.result, "rested");
+  assert.equal(await q.clock.offsetMs(), 0, "the clock did not move");
+
+  const wait = await q.lh.enqueue("wait", {});
+  const first = await q.drain();
+  assert.deepEqual(
+    first.left.map((l) => [l.id, l.why]),
+    [[wait.id, "suspended"]],
+    "without advanceClock the wait is left",
+  );
   const drained = await q.drain({ advanceClock: true });
   assert.deepEqual(drained.failed, []);
   assert.deepEqual((await q.lh.getJob(wait.id))?.job.result, { got: null });
-  assert.equal((await q.lh.getJob(nap.id))?.job.result, "rested");
   assert.ok((await q.clock.offsetMs()) >= 2 * HOUR - 60_000, "the clock moved to the wait's timeout");
 });
 

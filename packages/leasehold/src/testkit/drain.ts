@@ -58,7 +58,7 @@ export interface DrainedJob {
   queue: string;
   payload: JsonValue;
   attempt: number;
-  /** The worker's outcome: `succeeded`, `superseded`, `waiting` (failed, will retry), `dead`, `cancelled`, ... */
+  /** The worker's outcome: `succeeded`, `superseded`, `waiting` (failed, will retry), `dead`, `cancelled`, `suspended` (a sleep or a wait), ... */
   state: JobOutcome["state"];
   /** What the handler threw, if it threw. */
   error?: unknown;
