@@ -20,7 +20,7 @@ import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } f
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
-import { checkEventName, serializeEventData } from "./jobs/steps.js";
+import { eventToSend, type AnyEvent, type EventInput } from "./tasks/events.js";
 import type { Queryable } from "./store/db.js";
 import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
@@ -532,12 +532,14 @@ export class Leasehold {
    * waiter whose `match` the data contains resumes with the data. Kept for the events' retention
    * window, so a wait that begins after the send (of a job enqueued before it) still receives it.
    * With `{ db }`, inside your transaction: the event exists only if it commits. Returns its id.
+   * An event made by `defineEvent` types the data and checks it against its schema first.
    */
-  async sendEvent(event: string, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
-    checkEventName(event, "sendEvent");
-    const dataJson = serializeEventData(data, "sendEvent");
+  sendEvent<E extends AnyEvent>(event: E, data: EventInput<E>, target?: EnqueueTarget): Promise<{ id: string }>;
+  sendEvent(event: string, data?: unknown, target?: EnqueueTarget): Promise<{ id: string }>;
+  async sendEvent(event: string | AnyEvent, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
+    const sent = await eventToSend(event, data, "sendEvent");
     if (target.db !== undefined) checkCallerClient(target.db);
-    const [id] = await store.sendEvents(target.db ?? this.pool, [{ name: event, dataJson }], target.db && this.schema);
+    const [id] = await store.sendEvents(target.db ?? this.pool, [sent], target.db && this.schema);
     return { id: id! };
   }
 

@@ -51,6 +51,8 @@ export type {
 } from "./tasks/client.js";
 export type { TypedParentRecord } from "./tasks/parents.js";
 export { PayloadValidationError } from "./tasks/validate.js";
+export { defineEvent, EventValidationError } from "./tasks/events.js";
+export type { DefinedEvent, AnyEvent, EventInput, EventData } from "./tasks/events.js";
 export type { PayloadIssue } from "./tasks/validate.js";
 export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
 export { JobAbortedError, PermanentJobError, RetrySupersededError, RateLimitedError } from "./worker/context.js";

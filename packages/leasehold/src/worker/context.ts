@@ -19,6 +19,7 @@ import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
 import type { StepFunction, WaitForEventOptions } from "./steps.js";
 import type { Duration } from "../jobs/steps.js";
+import type { AnyEvent, EventData } from "../tasks/events.js";
 
 export interface JobContext {
   jobId: string;
@@ -126,6 +127,7 @@ export interface JobContext {
    * contains `match`: the event's data, or null after `timeout`. If it was sent since the job was
    * enqueued, it returns at once; otherwise the job suspends (as ctx.sleep) until it comes.
    */
+  waitForEvent<E extends AnyEvent>(name: string, options: WaitForEventOptions & { event: E }): Promise<EventData<E> | null>;
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null>;
   logger: Logger;
 }

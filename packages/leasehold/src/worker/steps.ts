@@ -12,7 +12,6 @@ import type pg from "pg";
 import { StepMismatchError, ValidationError } from "../errors.js";
 import {
   MAX_STEPS_PER_JOB,
-  checkEventName,
   checkStepName,
   durationMs,
   serializeEventData,
@@ -26,6 +25,7 @@ import type { JsonValue } from "../jobs/types.js";
 import type { InFlight } from "./heartbeat.js";
 import type { StepWorker } from "./step-host.js";
 import { PermanentJobError } from "./context.js";
+import { eventName, isDefinedEvent, receivedData, type AnyEvent } from "../tasks/events.js";
 
 /** A step's own retries, within the attempt, before its error fails the attempt. */
 export interface StepRetry {
@@ -44,8 +44,8 @@ export interface StepOptions {
 }
 
 export interface WaitForEventOptions {
-  /** The event to wait for (as sent by sendEvent). */
-  event: string;
+  /** The event to wait for (as sent by sendEvent): its name, or an event made by defineEvent (its data then goes through the schema). */
+  event: string | AnyEvent;
   /** Fields the event's data must contain (JSON containment, as PostgreSQL's @>). */
   match?: Record<string, JsonValue>;
   /** How long to wait (ms, or a duration such as "3d"); the wait then returns null. Default: 3650 days. */
@@ -199,17 +199,21 @@ export class AttemptSteps {
     const place = this.take(name, "event", "ctx.waitForEvent");
     const call = `ctx.waitForEvent("${name}")`;
     if (options === null || typeof options !== "object") throw new ValidationError(`${call}: options { event, match?, timeout? } are required`);
-    checkEventName(options.event, call);
+    const event = eventName(options.event, call);
     const matchJson = options.match === undefined ? null : serializeEventData(options.match, `${call}: match`);
     const timeoutMs = options.timeout === undefined ? null : durationMs(options.timeout, `${call}: timeout`);
     const record = await this.recorded(place);
+    let data: JsonValue | null;
     if (record?.state === "succeeded") {
       this.host.replayed(this.entry, place);
-      return (record.result ?? null) as T | null;
+      data = record.result ?? null;
+    } else {
+      this.usable();
+      data = await this.host.waitForEvent(this.entry, place, { event, matchJson, timeoutMs });
     }
-    this.usable();
-    const data = await this.host.waitForEvent(this.entry, place, { event: options.event, matchJson, timeoutMs });
-    return (data ?? null) as T | null;
+    // A defined event's data goes through its schema (defaults, transforms), on every replay too.
+    if (data === null || !isDefinedEvent(options.event)) return data as T | null;
+    return (await receivedData(options.event, data, call)) as T;
   }
 }
 
