@@ -5,7 +5,7 @@
  * a worker would end its attempt. No job row is written: the job id and fence are fresh values
  * from the queue's own sequences, so they never collide with a real job's.
  */
-import type { StepFunction } from "../worker/steps.js";
+import type { Callback, StepFunction } from "../worker/steps.js";
 import pg from "pg";
 import type { Logger } from "../logger.js";
 import { serializeResult } from "../jobs/validate.js";
@@ -135,6 +135,9 @@ class InlineContext implements JobContext {
     throw new ConfigError("runInline: durable steps are not supported yet");
   }
   waitForEvent<T>(): Promise<T | null> {
+    throw new ConfigError("runInline: durable steps are not supported yet");
+  }
+  callback<T>(): Promise<Callback<T>> {
     throw new ConfigError("runInline: durable steps are not supported yet");
   }
 
