@@ -8,11 +8,15 @@
  */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
+import { Writable } from "node:stream";
 import type { FastifyInstance } from "fastify";
+import pino from "pino";
+import { Registry } from "prom-client";
+import { Leasehold } from "../packages/leasehold/src/client.js";
 import { createServer } from "../packages/cli/src/server/app.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { CallbackRefusedError } from "../packages/leasehold/src/errors.js";
-import { eventually, freshLeasehold } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { api, TOKEN } from "./helpers/server.js";
 
@@ -267,4 +271,32 @@ test("the CLI completes a callback and re-runs a job from a step; jobs show list
   const again = await cli("callbacks", "complete", tokens[0]!, "{}");
   assert.equal(again.code, 4, "a used token: exit 4 (invalid state)");
   assert.match(again.stderr, /completed already/);
+});
+
+test("a server that logs its requests names a callback token by its first characters only", async (t) => {
+  const lines: string[] = [];
+  const sink = new Writable({
+    write(chunk: Buffer, _encoding, done) {
+      lines.push(chunk.toString());
+      done();
+    },
+  });
+  const logged = await Leasehold.connect({
+    databaseUrl: databaseUrl(),
+    schema: lh.schema,
+    logger: pino({ level: "info" }, sink),
+    metricsRegistry: new Registry(),
+  });
+  t.after(() => logged.close());
+  const server = createServer({ leasehold: logged, token: TOKEN, logRequests: true });
+  await server.listen({ host: "127.0.0.1", port: 0 });
+  t.after(() => server.close());
+  const at = `http://127.0.0.1:${(server.server.address() as { port: number }).port}`;
+  const token = "Zq9".repeat(14) + "x";
+  const res = await api(at, "POST", `/v1/callbacks/${token}`, { approved: true }, anonymous);
+  assert.equal(res.status, 404);
+  await eventually(async () => lines.some((l) => l.includes("/v1/callbacks/")) || undefined, "the request is logged");
+  const all = lines.join("");
+  assert.ok(all.includes(`/v1/callbacks/${token.slice(0, 6)}`), all);
+  assert.ok(!all.includes(token), "the full token is never logged");
 });
