@@ -300,3 +300,44 @@ test("a server that logs its requests names a callback token by its first charac
   assert.ok(all.includes(`/v1/callbacks/${token.slice(0, 6)}`), all);
   assert.ok(!all.includes(token), "the full token is never logged");
 });
+
+test("through a server (--server, no database): the CLI re-runs a job from a step, shows it, and completes a callback", async (t) => {
+  const { id, runs } = await threeStepJob(t, "rerun-remote");
+  const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
+  const cli = (...args: string[]) => runCli(["--server", base, ...args], { schema: lh.schema, env });
+
+  const unknownStep = await cli("jobs", "rerun", id, "--from-step", "nope");
+  assert.equal(unknownStep.code, 2);
+  assert.match(unknownStep.stderr, /recorded no step "nope"/);
+  const rerun = await cli("jobs", "rerun", id, "--from-step", "transform", "--json");
+  assert.equal(rerun.code, 0, rerun.stderr);
+  assert.equal(JSON.parse(rerun.stdout).stepsDropped, 2);
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded" && runs.length === 5 && (true as const), "the re-run succeeds");
+  assert.deepEqual(runs, ["extract", "transform", "load", "transform", "load"]);
+  const show = await cli("jobs", "show", id, "--json");
+  assert.equal(show.code, 0, show.stderr);
+  assert.equal(JSON.parse(show.stdout).reruns[0].fromStep, "transform");
+
+  const tokens: string[] = [];
+  const worker = lh.worker({
+    queues: ["remote-callback"],
+    handlers: {
+      ask: async (_: unknown, ctx: JobContext) => {
+        const cb = await ctx.callback("answer");
+        await ctx.step("send", () => void tokens.push(cb.token));
+        return cb.wait();
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const asked = await lh.enqueue("ask", {}, { queue: "remote-callback" });
+  await settled(asked.id, "suspended");
+  const done = await cli("callbacks", "complete", tokens[0]!, '["yes"]');
+  assert.equal(done.code, 0, done.stderr);
+  assert.deepEqual((await settled(asked.id, "succeeded")).job.result, ["yes"]);
+  const again = await cli("callbacks", "complete", tokens[0]!);
+  assert.equal(again.code, 4, again.stderr);
+  const unknown = await cli("callbacks", "complete", "B".repeat(43));
+  assert.equal(unknown.code, 3, unknown.stderr);
+});
