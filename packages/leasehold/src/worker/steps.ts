@@ -242,6 +242,8 @@ export class AttemptSteps {
     if (options === null || typeof options !== "object") throw new ValidationError(`${call}: options must be an object { timeout? }`);
     const timeoutMs = options.timeout === undefined ? null : durationMs(options.timeout, `${call}: timeout`);
     const record = await this.recorded(place);
+    // The token's record holds no event, its wait's does: a wait met where a token is recorded is a changed handler.
+    if (record && record.event !== null) throw new StepMismatchError(this.entry.job.id, place.seq, record, place);
     let token: string;
     if (record?.state === "succeeded") {
       this.host.replayed(this.entry, place);
@@ -268,6 +270,7 @@ export class AttemptSteps {
         waited = true;
         const wait = this.take(name, "callback", "ctx.callback", `\0wait:${name}`);
         const over = await this.recorded(wait);
+        if (over && over.event === null) throw new StepMismatchError(this.entry.job.id, wait.seq, over, wait);
         if (over?.state === "succeeded") {
           this.host.replayed(this.entry, wait);
           return (over.result ?? null) as T | null;
