@@ -98,6 +98,10 @@ test("approval: the callback's URL completes its wait once over HTTP without an 
   assert.equal(malformed.status, 400);
   assert.match(malformed.json.error.message, /token/);
 
+  // Data over the limit is refused whole, and the token stays good for one completion.
+  const tooLarge = await api(base, "POST", `/v1/callbacks/${token}`, { note: "x".repeat(300 * 1024) }, anonymous);
+  assert.equal(tooLarge.status, 413);
+  assert.equal((await lh.getJob(id)).job.state, "suspended");
   const done = await api(base, "POST", `/v1/callbacks/${token}`, { approved: true, by: "ana" }, anonymous);
   assert.equal(done.status, 200, done.text);
   assert.deepEqual(done.json, { result: "completed" });
