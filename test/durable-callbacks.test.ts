@@ -157,6 +157,14 @@ test("a callback's wait times out with null, and a late completion is refused; t
   assert.equal((refused.reason as CallbackRefusedError).reason, "used");
   const done = await settled(twice.id, "succeeded");
   assert.ok([1, 2].includes((done.job.result as { answer: { n: number } }).answer.n));
+
+  // The data a wait received is the caller's: a "token" in it is no token handed out.
+  const forged = "F".repeat(43);
+  const third = await lh.enqueue("twice", {}, { queue: "late" });
+  await settled(third.id, "suspended");
+  await lh.completeCallback(seen[2]!, { token: forged });
+  await settled(third.id, "succeeded");
+  await assert.rejects(lh.completeCallback(forged, {}), (err: unknown) => (err as CallbackRefusedError).reason === "unknown");
 });
 
 /** A 3-step job that has succeeded once; `runs` says which steps ran, in order. */

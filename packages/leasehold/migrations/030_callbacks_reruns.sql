@@ -11,7 +11,9 @@
 --
 -- Additive: new objects only. A previous release's workers never record a 'callback' step.
 
-CREATE INDEX job_steps_callback_token_idx ON job_steps ((result ->> 'token')) WHERE kind = 'callback';
+-- The tokens' records: a callback's wait is a 'callback' record too, but with its event (and the
+-- data it was completed with, which is the caller's to shape), so it is never read as a token.
+CREATE INDEX job_steps_callback_token_idx ON job_steps ((result ->> 'token')) WHERE kind = 'callback' AND event IS NULL;
 
 -- Uses a callback token: 'completed' (the event is sent: its job resumes with `data`), or why
 -- not: 'unknown' (never handed out, or its record was dropped by a re-run), 'used' (completed
@@ -27,7 +29,7 @@ BEGIN
   IF token IS NULL OR token !~ '^[A-Za-z0-9_-]{43}$' THEN
     RETURN 'unknown';
   END IF;
-  SELECT s.job_id INTO handed_job FROM job_steps AS s WHERE s.kind = 'callback' AND s.result ->> 'token' = token;
+  SELECT s.job_id INTO handed_job FROM job_steps AS s WHERE s.kind = 'callback' AND s.event IS NULL AND s.result ->> 'token' = token;
   IF NOT FOUND THEN
     RETURN 'unknown';
   END IF;
