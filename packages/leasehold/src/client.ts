@@ -41,6 +41,7 @@ import { checkConnectRetry, checkDatabaseUrl, reachingDatabase, type ConnectRetr
 import { allOrNothing, checkCallerClient } from "./caller-client.js";
 import { loadTracing } from "./otel/load.js";
 import type { JobRelations } from "./store/admin.js";
+import { completeCallback, rerunFromStep, type Rerun, type RerunOptions } from "./durable-admin.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -452,16 +453,22 @@ export class Leasehold {
    * A job's record (with its result once it succeeded), its attempts, and its place in a flow:
    * its parents and children with their states (see store.getJobRelations).
    */
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: store.JobRerun[] }> {
     checkJobId(id);
     // One snapshot: read apart, a completion committing between the reads would show a
     // finished job without its final attempt, or a running one with it.
-    const [job, attempts, relations] = await store.withSnapshot(
+    const [job, attempts, relations, reruns] = await store.withSnapshot(
       this.pool,
-      async (client) => [await store.getJob(client, id), await store.getAttempts(client, id), await store.getJobRelations(client, id)] as const,
+      async (client) =>
+        [
+          await store.getJob(client, id),
+          await store.getAttempts(client, id),
+          await store.getJobRelations(client, id),
+          await store.getJobReruns(client, id),
+        ] as const,
     );
     if (!job) throw new JobNotFoundError(id);
-    return { job, attempts, ...relations };
+    return { job, attempts, ...relations, reruns };
   }
 
   /** Waits for jobs on one shared LISTEN session, made on the first wait. */
@@ -541,6 +548,16 @@ export class Leasehold {
     if (target.db !== undefined) checkCallerClient(target.db);
     const [id] = await store.sendEvents(target.db ?? this.pool, [sent], target.db && this.schema);
     return { id: id! };
+  }
+
+  /** Completes a callback's wait (ctx.callback) with `data`, once; CallbackRefusedError says why not (docs/durable-callbacks.md). */
+  completeCallback(token: string, data?: unknown): Promise<void> {
+    return completeCallback(this.pool, token, data);
+  }
+
+  /** Re-runs a finished or dead durable job from a recorded step: the steps before it replay, it and those after run again. */
+  rerunFromStep(id: string, step: string, options?: RerunOptions): Promise<Rerun> {
+    return rerunFromStep(this.pool, id, step, options);
   }
 
   async retry(id: string): Promise<void> {

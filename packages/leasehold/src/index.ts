@@ -79,6 +79,7 @@ export type { Retention, RetentionOptions } from "./maintenance/retention.js";
 export type { QueueStats } from "./store/admin.js";
 export type { QueueDepth } from "./store/depth.js";
 export * from "./errors.js";
+export type { Callback, CallbackOptions } from "./worker/steps.js";
 export * from "./jobs/types.js";
 export { fencedWrite, fencedWriteSql } from "./fencing.js";
 export type { FencedWrite, FencedWriteDb } from "./fencing.js";

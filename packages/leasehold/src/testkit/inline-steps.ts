@@ -97,6 +97,11 @@ export class InlineStepHost implements StepWorker {
     return this.journal.list();
   }
 
+  /** An inline run has no server to hand a URL for: its callbacks are completed with queue.completeCallback. */
+  callbackUrl(): string | null {
+    return null;
+  }
+
   async record(entry: InFlight, outcome: StepOutcome): Promise<{ result: JsonValue | undefined } | undefined> {
     const existing = this.journal.records.get(outcome.seq);
     // As the database's ON CONFLICT: a success stands, a failure gives way.

@@ -6,7 +6,7 @@
  * row is written: the job id and fence are fresh values from the queue's own sequences, so they
  * never collide with a real job's.
  */
-import { AttemptSteps, type StepFunction, type WaitForEventOptions } from "../worker/steps.js";
+import { AttemptSteps, type Callback, type CallbackOptions, type StepFunction, type WaitForEventOptions } from "../worker/steps.js";
 import pg from "pg";
 import type { Duration, StepRecord } from "../jobs/steps.js";
 import { inlineEntry, InlineJournal, InlineStepHost, type InFlight, type InlineSuspension } from "./inline-steps.js";
@@ -178,6 +178,9 @@ class InlineContext implements JobContext {
   }
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null> {
     return this.durable.waitForEvent<T>(name, options);
+  }
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
+    return this.durable.callback<T>(name, options);
   }
 
   get queue(): string {

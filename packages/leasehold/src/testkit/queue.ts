@@ -3,6 +3,8 @@
  * Made by `createTestQueue()`; `close()` drops the database.
  */
 import pg from "pg";
+import { CallbackRefusedError } from "../errors.js";
+import { callbackEvent } from "../jobs/callbacks.js";
 import { silentLogger, type Logger } from "../logger.js";
 import { newRegistry } from "../metrics.js";
 import { Leasehold, type AnyEvent, type EventInput, type JobRecord, type ListedJob, type TaskHandlers } from "../index.js";
@@ -158,6 +160,20 @@ export class TestQueue {
   sendEvent(event: string, data?: unknown): Promise<{ id: string }>;
   sendEvent(event: string | AnyEvent, data?: unknown): Promise<{ id: string }> {
     return this.lh.sendEvent(event as string, data);
+  }
+
+  /**
+   * Completes a callback (`ctx.callback`) with `data`, as `lh.completeCallback` does: a drained
+   * job's callback through the database's checks; an inline run's (recorded in memory, not in
+   * the database) by sending its event, which the run receives when resumed.
+   */
+  async completeCallback(token: string, data?: unknown): Promise<void> {
+    try {
+      await this.lh.completeCallback(token, data);
+    } catch (err) {
+      if (!(err instanceof CallbackRefusedError && err.reason === "unknown")) throw err;
+      await this.lh.sendEvent(callbackEvent(token), data);
+    }
   }
 
   private inlineHost(): InlineHost {

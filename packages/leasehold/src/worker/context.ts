@@ -17,7 +17,7 @@ import type { FencedWriteDb } from "../fencing.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
-import type { StepFunction, WaitForEventOptions } from "./steps.js";
+import type { Callback, CallbackOptions, StepFunction, WaitForEventOptions } from "./steps.js";
 import type { Duration } from "../jobs/steps.js";
 import type { AnyEvent, EventData } from "../tasks/events.js";
 
@@ -129,6 +129,14 @@ export interface JobContext {
    */
   waitForEvent<E extends AnyEvent>(name: string, options: WaitForEventOptions & { event: E }): Promise<EventData<E> | null>;
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null>;
+  /**
+   * A callback (docs/durable-callbacks.md): a token that completes this job's wait once, with
+   * data, through `lh.completeCallback`, `POST /v1/callbacks/:token` on `leasehold serve` (its
+   * `url`) or the CLI. Hand it out in a step (an email, a webhook's registration), then
+   * `await cb.wait()`: the data, or null after `timeout`; the job suspends until then. Recorded
+   * as a step: a replay hands out the same token.
+   */
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>>;
   logger: Logger;
 }
 

@@ -13,7 +13,7 @@ import type { InFlight } from "./heartbeat.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
-import { AttemptSteps, type StepFunction, type WaitForEventOptions } from "./steps.js";
+import { AttemptSteps, type Callback, type CallbackOptions, type StepFunction, type WaitForEventOptions } from "./steps.js";
 import type { StepWorker } from "./step-host.js";
 import type { Duration } from "../jobs/steps.js";
 
@@ -153,6 +153,9 @@ class AttemptContext implements JobContext {
   }
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null> {
     return this.durable.waitForEvent<T>(name, options);
+  }
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
+    return this.durable.callback<T>(name, options);
   }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.

@@ -10,6 +10,7 @@
 import type pg from "pg";
 import { ConfigError, JobSuspendedError, StaleLeaseError, StepMismatchError, TransactionMisuseError } from "../errors.js";
 import { PermanentJobError } from "./context.js";
+import { callbackUrl } from "../jobs/callbacks.js";
 import { serializeStepResult, type StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
 import type { Logger } from "../logger.js";
@@ -26,6 +27,8 @@ export interface StepWorkerDeps {
   readonly transport: WorkerTransport;
   readonly metrics: Metrics;
   readonly logger: Logger;
+  /** The `leasehold serve` URL a callback's URL is made from; null: callbacks hand out tokens only. */
+  readonly callbackBaseUrl: string | null;
   progressed(entry: InFlight): void;
   /** The attempt lost its job: abort the handler, report nothing. */
   stepLost(entry: InFlight, reason: LostLeaseReason): void;
@@ -51,6 +54,8 @@ export interface StepWorker {
   traced<T>(entry: InFlight, place: PlaceRef, fn: () => Promise<T>): Promise<T>;
   progressed(entry: InFlight): void;
   signal(entry: InFlight): AbortSignal;
+  /** The URL that completes a callback, when the worker knows the server's. */
+  callbackUrl(token: string): string | null;
   transaction<T>(entry: InFlight, place: PlaceRef, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<JsonValue | undefined>;
   sleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void>;
   waitForEvent(
@@ -150,6 +155,10 @@ export class StepHost implements StepWorker {
 
   progressed(entry: InFlight): void {
     this.w.progressed(entry);
+  }
+
+  callbackUrl(token: string): string | null {
+    return this.w.callbackBaseUrl === null ? null : callbackUrl(this.w.callbackBaseUrl, token);
   }
 
   signal(entry: InFlight): AbortSignal {

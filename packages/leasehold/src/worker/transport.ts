@@ -129,6 +129,8 @@ export interface WorkerTransport {
   dependencies?(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
+  /** The server a remote worker reaches: ctx.callback's URLs start with it. */
+  readonly callbackBaseUrl?: string;
   /** Durable steps (worker/step-host.ts): a held job's recorded steps, in order. */
   loadSteps?(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]>;
   /** Records step outcomes, fenced; returns the keys ("id:seq") recorded (see store/steps.ts). */
