@@ -133,3 +133,5 @@ export {
   wakeSuspendedJobs,
 } from "./steps.js";
 export type { StepOutcome, StepFate, SuspendingStep, EventWait, ReceiveResult } from "./steps.js";
+export { startOrAwaitChildren } from "./children.js";
+export type { ChildEndRecord, ChildrenAnswer, ChildrenStep } from "./children.js";

@@ -5,6 +5,7 @@
  * a worker would end its attempt. No job row is written: the job id and fence are fresh values
  * from the queue's own sequences, so they never collide with a real job's.
  */
+import type { ChildrenFunction } from "../worker/children.js";
 import type { StepFunction } from "../worker/steps.js";
 import pg from "pg";
 import type { Logger } from "../logger.js";
@@ -137,6 +138,7 @@ class InlineContext implements JobContext {
   waitForEvent<T>(): Promise<T | null> {
     throw new ConfigError("runInline: durable steps are not supported yet");
   }
+  readonly children = (() => Promise.reject(new ConfigError("runInline: durable steps are not supported yet"))) as ChildrenFunction;
 
   get queue(): string {
     return this.options.queue ?? "default";

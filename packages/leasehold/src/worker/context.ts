@@ -18,6 +18,7 @@ import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
 import type { StepFunction, WaitForEventOptions } from "./steps.js";
+import type { ChildrenFunction } from "./children.js";
 import type { Duration } from "../jobs/steps.js";
 
 export interface JobContext {
@@ -127,6 +128,16 @@ export interface JobContext {
    * enqueued, it returns at once; otherwise the job suspends (as ctx.sleep) until it comes.
    */
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null>;
+  /**
+   * Starts child jobs (an array, as lh.enqueueMany takes them) or a child flow (`{ flow: nodes }`,
+   * as lh.enqueueFlow) as a step, exactly once per job, and suspends this job, holding no lease
+   * and no worker slot, until every child has ended (succeeded, dead or cancelled). The job then
+   * resumes from the top and this returns each child's end, `{ id, ref, task, state, result,
+   * error }`, in the order given; children given as defineTask tasks have their results typed.
+   * Throws JobSuspendedError while the children run: let it end the handler. Workers on the
+   * database only (docs/durable-children.md).
+   */
+  children: ChildrenFunction;
   logger: Logger;
 }
 
