@@ -11,6 +11,7 @@ import { defineTask } from "../packages/leasehold/src/tasks/define.js";
 import type { StandardSchemaV1 } from "../packages/leasehold/src/tasks/standard-schema.js";
 import type { ChildEnd } from "../packages/leasehold/src/worker/children.js";
 import { startOrAwaitChildren } from "../packages/leasehold/src/store/children.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { prepareFlow } from "../packages/leasehold/src/jobs/flow-graph.js";
 import { createServer } from "../packages/cli/src/server/app.js";
 import { eventually, freshLeasehold, NO_BACKOFF } from "./helpers/db.js";
@@ -112,7 +113,10 @@ test("a dead child and a cancelled child still wake the parent, and its result s
   await settled(lh, id, "suspended");
   // The third child would wait a day: cancel it, and the parent wakes without it.
   const later = await lh.pool.query<{ id: string }>("SELECT id FROM jobs WHERE task = 'ok' AND run_at > now() + interval '1 hour'");
-  await eventually(async () => (await lh.pool.query("SELECT 1 FROM jobs WHERE awaited_by = $1 AND task <> 'ok'", [id])).rowCount === 0, "broken child ended");
+  await eventually(
+    async () => (await lh.pool.query("SELECT 1 FROM jobs WHERE awaited_by = $1 AND task <> 'ok'", [id])).rowCount === 0,
+    "broken child ended",
+  );
   assert.equal(await lh.cancel(later.rows[0]!.id), "cancelled");
   const { job } = await settled(lh, id, "succeeded");
   const ends = job.result as { state: string; result: unknown; error: string | null }[];
@@ -130,7 +134,10 @@ test("a retry after a failure after the children step replays it: the children a
     backoff: NO_BACKOFF,
     handlers: {
       parent: async (_: unknown, ctx: JobContext) => {
-        const ends = await ctx.children("kids", [{ task: "kid", payload: { n: 1 } }, { task: "kid", payload: { n: 2 } }]);
+        const ends = await ctx.children("kids", [
+          { task: "kid", payload: { n: 1 } },
+          { task: "kid", payload: { n: 2 } },
+        ]);
         if (!failedAfter) {
           failedAfter = true;
           throw new Error("after the children");
@@ -155,7 +162,14 @@ test("a retry after a failure after the children step replays it: the children a
 test("a child flow: its nodes run in their order and come back with their refs; typed tasks type the results", async (t) => {
   const lh = await freshLeasehold(t);
   const anySchema: StandardSchemaV1<{ word: string }> = {
-    "~standard": { version: 1, vendor: "test", validate: (v) => (typeof (v as { word?: unknown })?.word === "string" ? { value: v as { word: string } } : { issues: [{ message: "word must be a string", path: ["word"] }] }) },
+    "~standard": {
+      version: 1,
+      vendor: "test",
+      validate: (v) =>
+        typeof (v as { word?: unknown })?.word === "string"
+          ? { value: v as { word: string } }
+          : { issues: [{ message: "word must be a string", path: ["word"] }] },
+    },
   };
   const shout = defineTask({ name: "shout", schema: anySchema, handler: (p) => ({ loud: p.word.toUpperCase() }) });
   const order: string[] = [];
@@ -203,29 +217,36 @@ test("a child flow: its nodes run in their order and come back with their refs; 
   assert.equal(await jobsOfTask(lh, "x"), 0);
 });
 
-test("a zombie cannot start children: the start is fenced by the attempt, and writes nothing when refused", async (t) => {
+test("a zombie cannot start children, nor a job being cancelled: the start is fenced by the attempt, and writes nothing when refused", async (t) => {
   const lh = await freshLeasehold(t);
   const { id } = await lh.enqueue("parent", {});
+  const start = async (workerId: string, attempt: number) => {
+    const client = await lh.pool.connect();
+    try {
+      await client.query("BEGIN");
+      const answer = await startOrAwaitChildren(client, {
+        workerId,
+        id,
+        attempt,
+        seq: 0,
+        name: "kids",
+        occurrence: 0,
+        nodes: prepareFlow([{ ref: "job 0", task: "kid" }]),
+        flow: false,
+      });
+      await client.query("COMMIT");
+      return answer;
+    } finally {
+      client.release();
+    }
+  };
   // The job is waiting: no attempt holds it, so this worker's start is refused.
-  const client = await lh.pool.connect();
-  let answer;
-  try {
-    await client.query("BEGIN");
-    answer = await startOrAwaitChildren(client, {
-      workerId: "zombie",
-      id,
-      attempt: 1,
-      seq: 0,
-      name: "kids",
-      occurrence: 0,
-      nodes: prepareFlow([{ ref: "job 0", task: "kid" }]),
-      flow: false,
-    });
-    await client.query("COMMIT");
-  } finally {
-    client.release();
-  }
-  assert.equal(answer, "stale");
+  assert.equal(await start("zombie", 1), "stale");
+  // Held, but a cancel was requested: the job ends cancelled and no child is started.
+  const [claimed] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w1", leaseMs: 30_000, tasks: ["parent"] });
+  await lh.pool.query("UPDATE jobs SET cancel_requested_at = now() WHERE id = $1", [id]);
+  assert.deepEqual(await start("w1", claimed!.attempt), { ended: "cancelled" });
+  assert.equal((await lh.getJob(id)).job.state, "cancelled");
   assert.equal(await jobsOfTask(lh, "kid"), 0);
   const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM job_steps WHERE job_id = $1", [id]);
   assert.equal(rows[0].n, 0);

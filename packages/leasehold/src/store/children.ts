@@ -34,10 +34,10 @@ export interface ChildEndRecord {
 /** The attempt, fenced and locked until the transaction ends; its children not yet ended. */
 const LOCK_ATTEMPT = statement(
   "children (lock attempt)",
-  `SELECT coalesce(j.children_pending, 0) AS pending FROM jobs AS j
+  `SELECT coalesce(j.children_pending, 0) AS pending, j.cancel_requested_at IS NOT NULL AS cancelling FROM jobs AS j
     WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running'
       FOR UPDATE`,
-  { pending: "int4" },
+  { pending: "int4", cancelling: "bool" },
 );
 
 /** The step's place, taken as waiting; nothing when another attempt recorded it first. */
@@ -126,7 +126,8 @@ export async function startOrAwaitChildren(db: Queryable, p: ChildrenStep): Prom
   const [held] = await run(db, LOCK_ATTEMPT, [p.id, p.attempt, p.workerId]);
   if (!held) return "stale";
   let pending = held.pending;
-  if (p.nodes !== null) {
+  // A job being cancelled starts nothing: the suspension below ends it cancelled.
+  if (p.nodes !== null && !held.cancelling) {
     // Taken already (another attempt of this job started them): look at those instead.
     const begun = await run(db, BEGIN_STEP, [p.id, p.seq, p.name, p.occurrence, p.attempt]);
     if (begun.length === 1) {
@@ -135,7 +136,7 @@ export async function startOrAwaitChildren(db: Queryable, p: ChildrenStep): Prom
       pending += ids.length;
     }
   }
-  if (pending > 0) {
+  if (pending > 0 || held.cancelling) {
     const ended = await endAttempts(db, SUSPEND_FOR_CHILDREN, [p.id, p.attempt, p.workerId, p.name]);
     return { ended: ended.get(p.id) };
   }
@@ -145,4 +146,3 @@ export async function startOrAwaitChildren(db: Queryable, p: ChildrenStep): Prom
   if (!recorded) throw new Error(`job ${p.id}: step "${p.name}" (place ${p.seq}) has no waiting children record to complete`);
   return { ends: JSON.parse(recorded.result_json) as ChildEndRecord[] };
 }
-

@@ -72,7 +72,10 @@ export async function prepareChildren(children: unknown, call: string): Promise<
         throw new ValidationError(`${call}: job ${i}: expected an object with a task (got ${describeValue(job)})`);
       }
       for (const key of FLOW_ONLY) {
-        if (key in job) throw new ValidationError(`${call}: job ${i}: "${key}" belongs to a child flow; pass { flow: [...] } for children that depend on each other`);
+        if (key in job)
+          throw new ValidationError(
+            `${call}: job ${i}: "${key}" belongs to a child flow; pass { flow: [...] } for children that depend on each other`,
+          );
       }
       return { ...job, ref: `job ${i}` };
     });
