@@ -127,6 +127,38 @@ test("a dead child and a cancelled child still wake the parent, and its result s
   assert.equal(ends[2]!.result, null);
 });
 
+test("a child flow whose node dies: the nodes its death cancels end too, and the parent wakes listing each", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    backoff: NO_BACKOFF,
+    handlers: {
+      parent: async (_: unknown, ctx: JobContext) => {
+        const ends = await ctx.children("pipeline", {
+          flow: [
+            { ref: "extract", task: "fails", maxAttempts: 1 },
+            { ref: "load", task: "fine", dependsOn: ["extract"] },
+            { ref: "report", task: "fine", dependsOn: ["load"] },
+          ],
+        });
+        return ends.map((e) => [e.ref, e.state]);
+      },
+      fails: async () => {
+        throw new Error("source unreachable");
+      },
+      fine: async () => "ran",
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("parent", {});
+  const { job } = await settled(lh, id, "succeeded");
+  assert.deepEqual(job.result, [
+    ["extract", "dead"],
+    ["load", "cancelled"],
+    ["report", "cancelled"],
+  ]);
+});
+
 test("a retry after a failure after the children step replays it: the children are never enqueued again", async (t) => {
   const lh = await freshLeasehold(t);
   let failedAfter = false;
