@@ -284,6 +284,37 @@ test("a zombie cannot start children, nor a job being cancelled: the start is fe
   assert.equal(rows[0].n, 0);
 });
 
+test("the last child's end puts its suspended parent back to waiting in the same transaction; the replay reads the ends", async (t) => {
+  const lh = await freshLeasehold(t);
+  const { id } = await lh.enqueue("parent", {});
+  const step = { id, seq: 0, name: "kids", occurrence: 0, flow: false };
+  const inTransaction = async <T>(fn: (db: store.Queryable) => Promise<T>): Promise<T> => store.withTransaction(lh.pool, fn);
+  const claim = async () =>
+    (await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w1", leaseMs: 30_000, tasks: ["parent"] }))[0]!;
+  const first = await claim();
+  const nodes = prepareFlow([
+    { ref: "job 0", task: "kid" },
+    { ref: "job 1", task: "kid" },
+  ]);
+  assert.deepEqual(await inTransaction((db) => startOrAwaitChildren(db, { ...step, workerId: "w1", attempt: first.attempt, nodes })), {
+    ended: "suspended",
+  });
+  const kids = (await lh.pool.query<{ id: string }>("SELECT id FROM jobs WHERE awaited_by = $1 ORDER BY id", [id])).rows.map((r) => r.id);
+  assert.equal(kids.length, 2);
+  const parentRow = async () => (await lh.pool.query("SELECT state, children_pending, run_at <= now() AS due FROM jobs WHERE id = $1", [id])).rows[0];
+  assert.deepEqual(await parentRow(), { state: "suspended", children_pending: 2, due: false });
+  assert.equal(await lh.cancel(kids[0]!), "cancelled");
+  assert.deepEqual(await parentRow(), { state: "suspended", children_pending: 1, due: false }, "one child is still running");
+  assert.equal(await lh.cancel(kids[1]!), "cancelled");
+  assert.deepEqual(await parentRow(), { state: "waiting", children_pending: 0, due: true }, "woken by the last end, not by a watchdog");
+  const second = await claim();
+  const answer = await inTransaction((db) => startOrAwaitChildren(db, { ...step, workerId: "w1", attempt: second.attempt, nodes: null }));
+  assert.deepEqual(
+    answer !== "stale" && "ends" in answer ? answer.ends.map((e) => [e.id, e.state]) : answer,
+    kids.map((k) => [k, "cancelled"]),
+  );
+});
+
 test("a remote worker (through the server) cannot start children: the job is dead with an error that says why, and nothing is enqueued", async (t) => {
   const lh = await freshLeasehold(t);
   const app = createServer({ leasehold: lh, token: TOKEN });
