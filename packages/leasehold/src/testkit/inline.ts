@@ -5,7 +5,7 @@
  * a worker would end its attempt. No job row is written: the job id and fence are fresh values
  * from the queue's own sequences, so they never collide with a real job's.
  */
-import type { ChildrenFunction } from "../worker/children.js";
+import type { ChildrenFunction } from "../index.js";
 import type { StepFunction } from "../worker/steps.js";
 import pg from "pg";
 import type { Logger } from "../logger.js";
