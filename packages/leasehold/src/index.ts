@@ -50,6 +50,7 @@ export type {
   TypedWorkerOptions,
 } from "./tasks/client.js";
 export type { TypedParentRecord } from "./tasks/parents.js";
+export type { ChildEnd, ChildFlow, ChildrenFunction, TypedChildJob } from "./worker/children.js";
 export { PayloadValidationError } from "./tasks/validate.js";
 export { defineEvent, EventValidationError } from "./tasks/events.js";
 export type { DefinedEvent, AnyEvent, EventInput, EventData } from "./tasks/events.js";

@@ -136,3 +136,5 @@ export type { StepOutcome, StepFate, SuspendingStep, EventWait, ReceiveResult } 
 export { completeCallback } from "./callbacks.js";
 export { rerunFromStep, recordedStepNames, getJobReruns } from "./reruns.js";
 export type { JobRerun, RerunResult } from "./reruns.js";
+export { startOrAwaitChildren } from "./children.js";
+export type { ChildEndRecord, ChildrenAnswer, ChildrenStep } from "./children.js";

@@ -204,9 +204,10 @@ export interface SuspendingStep {
 }
 
 /** A wait without a timeout still has a deadline: the longest delay a job may have (3650 days). */
-const NO_TIMEOUT_MS = 3650 * 86_400_000;
+export const NO_TIMEOUT_MS = 3650 * 86_400_000;
 
-const ATTEMPT_ENDING = `SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, NULL::text AS error,
+/** The `ending` columns of a suspension (store/end-attempts.ts): no budget spent. */
+export const ATTEMPT_ENDING = `SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, NULL::text AS error,
          false AS spend, false AS give_up, 'suspended' AS outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
          j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at, false AS recovery`;
 

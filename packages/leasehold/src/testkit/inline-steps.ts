@@ -6,6 +6,7 @@
  * recorded steps, as a worker's next attempt would. Time and events are the test database's:
  * a sleep ends on its clock (the fake clock moves it), a wait receives events sent to it.
  */
+import { ConfigError } from "../errors.js";
 import type pg from "pg";
 import { JobSuspendedError, TransactionMisuseError, type ClaimedJob, type JsonValue } from "../index.js";
 import { serializeStepResult, type StepKind, type StepRecord } from "../jobs/steps.js";
@@ -95,6 +96,18 @@ export class InlineStepHost implements StepWorker {
 
   async loadSteps(): Promise<StepRecord[]> {
     return this.journal.list();
+  }
+
+  /**
+   * Children need their parent's job row (each child names it, and its end wakes it), which an
+   * inline run does not write: said so, pointing at what does run them.
+   */
+  children(): Promise<never> {
+    return Promise.reject(
+      new ConfigError(
+        "runInline cannot run ctx.children: the children name their parent's job row, which an inline run does not write; run the job with queue.drain() instead",
+      ),
+    );
   }
 
   /** An inline run has no server to hand a URL for: its callbacks are completed with queue.completeCallback. */

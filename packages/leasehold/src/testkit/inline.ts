@@ -7,6 +7,7 @@
  * never collide with a real job's.
  */
 import { AttemptSteps, type Callback, type CallbackOptions, type StepFunction, type WaitForEventOptions } from "../worker/steps.js";
+import type { ChildrenFunction } from "../index.js";
 import pg from "pg";
 import type { Duration, StepRecord } from "../jobs/steps.js";
 import { inlineEntry, InlineJournal, InlineStepHost, type InFlight, type InlineSuspension } from "./inline-steps.js";
@@ -182,6 +183,7 @@ class InlineContext implements JobContext {
   callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
     return this.durable.callback<T>(name, options);
   }
+  readonly children = ((name: string, children: unknown) => this.durable.children(name, children)) as ChildrenFunction;
 
   get queue(): string {
     return this.options.queue ?? "default";

@@ -18,6 +18,7 @@ import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
 import type { Callback, CallbackOptions, StepFunction, WaitForEventOptions } from "./steps.js";
+import type { ChildrenFunction } from "./children.js";
 import type { Duration } from "../jobs/steps.js";
 import type { AnyEvent, EventData } from "../tasks/events.js";
 
@@ -137,6 +138,16 @@ export interface JobContext {
    * as a step: a replay hands out the same token.
    */
   callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>>;
+  /**
+   * Starts child jobs (an array, as lh.enqueueMany takes them) or a child flow (`{ flow: nodes }`,
+   * as lh.enqueueFlow) as a step, exactly once per job, and suspends this job, holding no lease
+   * and no worker slot, until every child has ended (succeeded, dead or cancelled). The job then
+   * resumes from the top and this returns each child's end, `{ id, ref, task, state, result,
+   * error }`, in the order given; children given as defineTask tasks have their results typed.
+   * Throws JobSuspendedError while the children run: let it end the handler. Workers on the
+   * database only (docs/durable-children.md).
+   */
+  children: ChildrenFunction;
   logger: Logger;
 }
 

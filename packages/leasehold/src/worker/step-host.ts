@@ -17,6 +17,8 @@ import type { Logger } from "../logger.js";
 import type { Metrics } from "../metrics.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { StepOutcome } from "../store/steps.js";
+import type { ChildEndRecord } from "../store/children.js";
+import type { PreparedNode } from "../jobs/flow-graph.js";
 import type { InFlight } from "./heartbeat.js";
 import { recordRefusals, type WorkerTransport } from "./transport.js";
 import type { StepKind } from "../jobs/steps.js";
@@ -63,6 +65,8 @@ export interface StepWorker {
     place: PlaceRef,
     wait: { event: string; matchJson: string | null; timeoutMs: number | null; kind?: "event" | "callback" | "children" },
   ): Promise<JsonValue | null>;
+  /** ctx.children: the children's ends once all have ended; else the job suspends (JobSuspendedError). */
+  children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]>;
 }
 
 interface Pending {
@@ -262,6 +266,45 @@ export class StepHost implements StepWorker {
       entry.within = undefined;
       this.w.metrics.stepsRecorded.inc({ kind: place.kind });
       return answer.received ? answer.data : null;
+    }
+    if (answer === "stale") {
+      entry.within = undefined;
+      throw await this.lost(entry);
+    }
+    this.ended(entry, answer, place, null);
+  }
+
+  async children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]> {
+    const t = this.w.transport;
+    if (!t.children) {
+      entry.permanent = true;
+      throw new PermanentJobError(
+        "ctx.children needs a worker on the database: a remote worker (through leasehold serve) cannot start children in " +
+          "the server's transaction yet, so the job is dead without retries. Run this task on a worker connected to the database",
+      );
+    }
+    await this.beforeEnd(entry);
+    entry.within = "suspending";
+    let answer;
+    try {
+      answer = await t.children({
+        workerId: this.w.id,
+        id: entry.job.id,
+        attempt: entry.job.attempt,
+        seq: place.seq,
+        name: place.name,
+        occurrence: place.occurrence,
+        nodes: start?.nodes ?? null,
+        flow: start?.flow ?? false,
+      });
+    } catch (err) {
+      entry.within = undefined;
+      throw err;
+    }
+    if (typeof answer === "object") {
+      entry.within = undefined;
+      this.w.metrics.stepsRecorded.inc({ kind: "children" });
+      return answer.ends;
     }
     if (answer === "stale") {
       entry.within = undefined;

@@ -27,6 +27,7 @@ import type { InFlight } from "./heartbeat.js";
 import type { StepWorker } from "./step-host.js";
 import { PermanentJobError } from "./context.js";
 import { eventName, isDefinedEvent, receivedData, type AnyEvent } from "../tasks/events.js";
+import { prepareChildren, type ChildEnd } from "./children.js";
 
 /** A step's own retries, within the attempt, before its error fails the attempt. */
 export interface StepRetry {
@@ -284,6 +285,20 @@ export class AttemptSteps {
         return (data ?? null) as T | null;
       },
     };
+  }
+
+  /** ctx.children: see worker/children.ts. Checked on every replay too, so bad input fails alike. */
+  async children(name: string, children: unknown): Promise<ChildEnd[]> {
+    const place = this.take(name, "children", "ctx.children");
+    const start = await prepareChildren(children, `ctx.children("${name}")`);
+    const record = await this.recorded(place);
+    if (record?.state === "succeeded") {
+      this.host.replayed(this.entry, place);
+      return record.result as unknown as ChildEnd[];
+    }
+    this.usable();
+    // A waiting record: the children were started; only their ends are left to read.
+    return this.host.children(this.entry, place, record ? null : start);
   }
 }
 

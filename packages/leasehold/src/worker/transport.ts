@@ -143,6 +143,8 @@ export interface WorkerTransport {
   sleep?(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due">;
   /** ctx.waitForEvent: the event (or the timeout's null) if the wait is over, else the job suspends. */
   waitForEvent?(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer>;
+  /** ctx.children: starts the children (or looks at them on a replay); their ends once all ended, else the job suspends. */
+  children?(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer>;
   /**
    * Keeps a record of heartbeats and reports the fence refused, for operators (the
    * dashboard's Recoveries view). Only a transport on the database has it: the server keeps
@@ -607,5 +609,10 @@ export class DatabaseTransport implements WorkerTransport {
     } finally {
       release(broken);
     }
+  }
+  async children(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+    const answer = await store.withTransaction(this.pool, (client) => store.startOrAwaitChildren(client, p));
+    if (answer === "stale" || "ends" in answer) return answer;
+    return answer.ended === "suspended" || answer.ended === "cancelled" ? answer.ended : "stale";
   }
 }
