@@ -6,7 +6,7 @@
  * recorded steps, as a worker's next attempt would. Time and events are the test database's:
  * a sleep ends on its clock (the fake clock moves it), a wait receives events sent to it.
  */
-import { ConfigError } from "../errors.js";
+import { ConfigError } from "../index.js";
 import type pg from "pg";
 import { JobSuspendedError, TransactionMisuseError, type ClaimedJob, type JsonValue } from "../index.js";
 import { serializeStepResult, type StepKind, type StepRecord } from "../jobs/steps.js";

@@ -3,7 +3,7 @@
  * Made by `createTestQueue()`; `close()` drops the database.
  */
 import pg from "pg";
-import { CallbackRefusedError } from "../errors.js";
+import { CallbackRefusedError } from "../index.js";
 import { callbackEvent } from "../jobs/callbacks.js";
 import { silentLogger, type Logger } from "../logger.js";
 import { newRegistry } from "../metrics.js";
