@@ -304,7 +304,7 @@ export async function receiveEvent(db: Queryable, p: EventWait): Promise<Receive
 }
 
 /** The event's lock, exclusive: no send of it commits between a wait's last look and its suspension. */
-const LOCK_EVENT = statement("lockEvent", "SELECT pg_advisory_xact_lock(event_lock_key($1)) AS locked", { locked: "text?" });
+const LOCK_EVENT = statement("lockEvent", "SELECT pg_advisory_xact_lock(event_lock_key($1))::text AS locked", { locked: "text?" });
 
 /**
  * Suspends the job until its event comes or its deadline passes: the wait's place is recorded as
