@@ -10,7 +10,7 @@ import { z } from "zod";
 import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
 import { defineTask, type JobContext } from "../packages/leasehold/src/index.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { eventually, freshLeasehold, recordEvents, waitForEvent } from "./helpers/db.js";
+import { eventually, freshLeasehold, rawClient, recordEvents, waitForEvent } from "./helpers/db.js";
 import { auditTrail } from "./helpers/flow.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
@@ -198,6 +198,56 @@ test("a cancel requested while the handler is about to suspend: the job ends can
       task,
     );
   }
+});
+
+test("a duplicate enqueue leaves a sleeping holder alone, as a running one: replace enqueues a new job, cancel_running cancels the sleeper", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    handlers: {
+      sync: async (p: { rev: number }, ctx: JobContext) => {
+        await ctx.step("fetch", () => p.rev);
+        await ctx.sleep("cool down", "1h");
+        return p.rev;
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const sleeper = async (rev: number) => {
+    const { id } = await lh.enqueue("sync", { rev }, { uniqueKey: "sync:doc" });
+    const { job } = await settled(lh, id, "suspended");
+    return job;
+  };
+  const first = await sleeper(1);
+  const holder = async () =>
+    (
+      await lh.pool.query<{ state: string; payload: unknown; unique_key: string | null; run_at: string }>(
+        "SELECT state, payload, unique_key, run_at::text FROM jobs WHERE id = $1",
+        [first.id],
+      )
+    ).rows[0];
+  const before = await holder();
+  // "replace": the sleeper is mid-run (its steps recorded for payload 1): it keeps its payload
+  // and its wake time, loses the key, and the new job is enqueued.
+  const replaced = await lh.enqueue("sync", { rev: 2 }, { uniqueKey: "sync:doc", onDuplicate: "replace" });
+  assert.equal(replaced.created, true, "a new job, not the sleeper changed");
+  assert.notEqual(replaced.id, first.id);
+  assert.deepEqual(await holder(), { ...before, unique_key: null });
+  // "cancel_running": the sleeping holder (now the second job) is cancelled at once, as lh.cancel would.
+  const second = (await settled(lh, replaced.id, "suspended")).job;
+  const restarted = await lh.enqueue("sync", { rev: 3 }, { uniqueKey: "sync:doc", onDuplicate: "cancel_running" });
+  assert.equal(restarted.created, true);
+  assert.equal(restarted.cancelled, second.id);
+  assert.equal((await lh.getJob(second.id)).job.state, "cancelled");
+  assert.equal((await lh.getJob(first.id)).job.state, "suspended", "the first sleeper, keyless, is untouched");
+  // The same on the caller's client, whose search_path lacks Leasehold's schema.
+  const third = (await settled(lh, restarted.id, "suspended")).job;
+  const client = await rawClient("public");
+  t.after(() => client.end());
+  const fourth = await lh.enqueue("sync", { rev: 4 }, { uniqueKey: "sync:doc", onDuplicate: "cancel_running", db: client });
+  assert.equal(fourth.cancelled, third.id);
+  assert.equal((await lh.getJob(third.id)).job.state, "cancelled");
+  assert.deepEqual((await settled(lh, fourth.id, "suspended")).job.payload, { rev: 4 });
 });
 
 test("a typed task (defineTask) runs steps on its schema's output and replays them on retry", async (t) => {
