@@ -250,6 +250,30 @@ test("a duplicate enqueue leaves a sleeping holder alone, as a running one: repl
   assert.deepEqual((await settled(lh, fourth.id, "suspended")).job.payload, { rev: 4 });
 });
 
+test("lh.waitFor a sleeping or waiting job resolves when it finishes, not at its suspension", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({
+    handlers: {
+      nap: async (_: unknown, ctx: JobContext) => {
+        await ctx.sleep("nap", "1s");
+        return "rested";
+      },
+      approve: async (_: unknown, ctx: JobContext) => ctx.waitForEvent("approval", { event: "doc.approved" }),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const nap = await lh.enqueue("nap", {});
+  const approve = await lh.enqueue("approve", {});
+  await settled(lh, nap.id, "suspended");
+  await settled(lh, approve.id, "suspended");
+  const napped = lh.waitFor(nap.id, { timeoutMs: 15_000 });
+  const approved = lh.waitFor(approve.id, { timeoutMs: 15_000 });
+  assert.deepEqual([(await napped).state, (await napped).result], ["succeeded", "rested"]);
+  await lh.sendEvent("doc.approved", { by: "ann" });
+  assert.deepEqual([(await approved).state, (await approved).result], ["succeeded", { by: "ann" }]);
+});
+
 test("a typed task (defineTask) runs steps on its schema's output and replays them on retry", async (t) => {
   const lh = await freshLeasehold(t);
   const bodies: string[] = [];
