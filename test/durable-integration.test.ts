@@ -364,3 +364,24 @@ for (const kind of ["step", "transaction", "sleep", "wait"] as const) {
     assert.equal(now.state, "waiting", "back in line for its next attempt, as the reap left it");
   });
 }
+
+test("the SQL enqueue() keeps a suspended unique-key holder as it is, and cancel_running ends it at once", async (t) => {
+  const lh = await freshLeasehold(t);
+  const worker = lh.worker({ handlers: { nap: async (_: unknown, ctx: JobContext) => ctx.sleep("long", "3d") } });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("nap", { v: 1 }, { uniqueKey: "k" });
+  await eventually(async () => (await lh.getJob(id)).job.state === "suspended", "asleep");
+  const before = await lh.getJob(id);
+  const { rows } = await lh.pool.query<{ id: string }>(`SELECT enqueue('nap', '{"v":2}', '{"uniqueKey":"k","onDuplicate":"replace"}')::text AS id`);
+  assert.notEqual(rows[0]!.id, id, "a new job, not the sleeper changed");
+  const after = await lh.getJob(id);
+  assert.equal(after.job.state, "suspended");
+  assert.deepEqual(after.job.payload, { v: 1 });
+  assert.equal(after.job.runAt?.getTime(), before.job.runAt?.getTime(), "its wake time is its own");
+  // The new holder sleeps in its turn; cancel_running ends it at once.
+  await eventually(async () => (await lh.getJob(rows[0]!.id)).job.state === "suspended", "the new holder asleep");
+  await lh.pool.query(`SELECT enqueue('nap', '{"v":3}', '{"uniqueKey":"k","onDuplicate":"cancel_running"}')`);
+  assert.equal((await lh.getJob(rows[0]!.id)).job.state, "cancelled", "the suspended holder of the key is cancelled at once");
+  assert.equal((await lh.getJob(id)).job.state, "suspended", "the first sleeper, no longer holding the key, sleeps on");
+});
