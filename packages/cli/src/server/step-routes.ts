@@ -30,7 +30,7 @@ import { eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-ans
 import { errorBody } from "./errors.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
-import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
+import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, TIME, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
 import { recordRefused, refuse } from "./worker-routes.js";
 
 /** Most step records one request may carry (a worker sends what its handlers finished meanwhile). */
@@ -44,7 +44,6 @@ const OCCURRENCE = { type: "integer", minimum: 0, maximum: MAX_STEPS_PER_JOB - 1
 const STEP_NAME = { type: "string", minLength: 1, maxLength: MAX_STEP_NAME_LENGTH } as const;
 const EVENT_NAME = { type: "string", minLength: 1, maxLength: MAX_EVENT_NAME_LENGTH } as const;
 const ATTEMPT = { type: "integer", minimum: 1, maximum: MAX_INT } as const;
-const TIME = { type: ["string", "null"], format: "date-time" } as const;
 
 const stepRecordSchema = {
   type: "object",
@@ -217,7 +216,7 @@ interface Deps {
 export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
   const pool = lh.pool;
   const worker = { scope: "worker" } as const;
-  const refusedReceipt = errorBody(INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE);
+  const invalidReceipt = errorBody(INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE);
   /** The attempt's receipt proves the asking worker holds it (receipts.ts). */
   const holds = (workerId: string, job: ReceiptRef) => {
     if (receipts.verify(job, workerId)) return true;
@@ -230,7 +229,7 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
     { schema: stepRoutes.load, config: worker },
     async (request, reply) => {
       const { workerId, job } = request.body;
-      if (!holds(workerId, job)) return reply.status(409).send(refusedReceipt);
+      if (!holds(workerId, job)) return reply.status(409).send(invalidReceipt);
       return { steps: (await store.loadSteps(pool, job.id)).map(toWire) };
     },
   );
@@ -266,7 +265,7 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
     { schema: stepRoutes.fate, config: worker },
     async (request, reply) => {
       const { workerId, job, seq } = request.body;
-      if (!holds(workerId, job)) return reply.status(409).send(refusedReceipt);
+      if (!holds(workerId, job)) return reply.status(409).send(invalidReceipt);
       return store.stepFate(pool, { workerId, id: job.id, attempt: job.attempt, seq });
     },
   );
@@ -280,7 +279,7 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
         throw new ValidationError("sleep: send either until (a date-time) or ms, not both or neither");
       const target = until === undefined ? { ms: durationMs(ms, "ms") } : { until: sleepEnd(until) };
       const suspending = suspendingStep(p, "sleep");
-      if (!holds(p.workerId, p.job)) return reply.status(409).send(refusedReceipt);
+      if (!holds(p.workerId, p.job)) return reply.status(409).send(invalidReceipt);
       const answer = await sleepAnswer(pool, { ...suspending, ...target });
       if (answer === "stale") return refuse(reply, "step", [ref(p.job)], p.workerId, lh);
       return { state: answer };
@@ -296,7 +295,7 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
       const suspending = suspendingStep(p, "waitForEvent");
       // Absent is "any data"; a JSON null would match only a null (or absent) data, as on the database.
       const matchJson = match === undefined ? null : serializeEventData(match, "waitForEvent: match");
-      if (!holds(p.workerId, p.job)) return reply.status(409).send(refusedReceipt);
+      if (!holds(p.workerId, p.job)) return reply.status(409).send(invalidReceipt);
       const answer = await eventWaitAnswer(pool, { ...suspending, kind: kind ?? "event", event, matchJson, timeoutMs: timeoutMs ?? null });
       if (answer === "stale") return refuse(reply, "step", [ref(p.job)], p.workerId, lh);
       return typeof answer === "object" ? { state: "received", received: answer.received, data: answer.data } : { state: answer };
