@@ -3,14 +3,16 @@
  * with exactly the privileges docs/transactions.md lists, and nothing more. It works with them
  * (every option that writes somewhere else: a flow-control key, replace, cancel_running, NATS
  * dispatch); a caller's temporary tables never take its writes or answer its reads; unique keys
- * are matched within the task unless asked wider; run times out of range are refused.
+ * are matched within the task unless asked wider; run times out of range are refused; `send_event`
+ * from a trigger on an application table wakes the job waiting for the event.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import fs from "node:fs";
 import pg from "pg";
-import { databaseUrl, freshLeasehold } from "./helpers/db.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
+import { databaseUrl, eventually, freshLeasehold } from "./helpers/db.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -169,4 +171,62 @@ test("SQL: runAt before 1970 or more than 3650 days ahead is refused (22023) nam
   const ahead = await enqueueAs(app, lh.schema, "t", {}, { runAt: new Date(Date.now() + 3000 * 86_400_000).toISOString() });
   assert.ok(edge && ahead);
   assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM jobs")).rows[0].n, 2);
+});
+
+test("a role with exactly the documented grants sends events from a trigger on its own table, waking the job that waits", async (t) => {
+  const lh = await freshLeasehold(t);
+  const app = await asRestrictedRole(lh, t);
+  const worker = lh.worker({
+    handlers: {
+      fulfil: async (p: { order: number }, ctx: JobContext) => ({
+        paid: await ctx.waitForEvent("paid", { event: "order.paid", match: { order: p.order } }),
+      }),
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("fulfil", { order: 7 });
+  await eventually(async () => (await lh.getJob(id)).job.state === "suspended" || undefined, "the job waits for its event");
+
+  // The application's table and trigger, in the role's own schema: a paid order sends its event.
+  const own = `app_tables_${randomBytes(4).toString("hex")}`;
+  await lh.pool.query(`CREATE SCHEMA ${own}`);
+  t.after(async () => {
+    // On a connection of its own: the test's pool may be closed by now.
+    const admin = new pg.Client({ connectionString: databaseUrl() });
+    await admin.connect();
+    await admin.query(`DROP SCHEMA ${own} CASCADE`);
+    await admin.end();
+  });
+  await lh.pool.query(`CREATE TABLE ${own}.payments (order_id int NOT NULL, cents int NOT NULL)`);
+  const role = (await app.query<{ r: string }>("SELECT current_user AS r")).rows[0]!.r;
+  await lh.pool.query(`GRANT USAGE ON SCHEMA ${own} TO ${role}`);
+  await lh.pool.query(`GRANT INSERT ON ${own}.payments TO ${role}`);
+  await lh.pool.query(`
+    CREATE FUNCTION ${own}.order_paid() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      PERFORM ${lh.schema}.send_event('order.paid', jsonb_build_object('order', NEW.order_id, 'cents', NEW.cents));
+      RETURN NEW;
+    END $$`);
+  await lh.pool.query(`CREATE TRIGGER payments_paid AFTER INSERT ON ${own}.payments FOR EACH ROW EXECUTE FUNCTION ${own}.order_paid()`);
+  // With NATS dispatch on, the woken job owes a doorbell too (dispatch_outbox).
+  await lh.pool.query("UPDATE dispatch_settings SET active_until = now() + interval '1 hour'");
+
+  await app.query(`INSERT INTO ${own}.payments VALUES (8, 100)`);
+  assert.equal((await lh.getJob(id)).job.state, "suspended", "another order's event leaves the wait alone");
+  await app.query("BEGIN");
+  await app.query(`INSERT INTO ${own}.payments VALUES (7, 2500)`);
+  await app.query("ROLLBACK");
+  assert.equal((await lh.getJob(id)).job.state, "suspended", "an event in a rolled-back transaction never happened");
+  await app.query(`INSERT INTO ${own}.payments VALUES (7, 2500)`);
+  const doorbells = await lh.pool.query("SELECT 1 FROM dispatch_outbox WHERE job_id = $1", [id]);
+  assert.equal(doorbells.rowCount, 1, "the woken job's doorbell is owed");
+  await lh.pool.query("UPDATE dispatch_settings SET active_until = NULL");
+  const done = await eventually(async () => {
+    const r = await lh.getJob(id);
+    return r.job.state === "succeeded" ? r : undefined;
+  }, "the job woken and finished");
+  assert.deepEqual(done.job.result, { paid: { order: 7, cents: 2500 } });
+  // The role cannot read the events it sent (nor anyone else's).
+  await assert.rejects(app.query(`SELECT data FROM ${lh.schema}.events`), /permission denied/);
 });

@@ -14,6 +14,7 @@ import { registerJobCommands } from "./commands/jobs.js";
 import { registerDoctor } from "./commands/doctor.js";
 import { registerRunCommands } from "./commands/run.js";
 import { registerQueueCommands } from "./commands/queues.js";
+import { registerEventCommands } from "./commands/events.js";
 import { registerScheduleCommands } from "./commands/schedules.js";
 import { registerServe } from "./commands/serve.js";
 import { registerWorker } from "./commands/worker.js";
@@ -73,6 +74,7 @@ registerEnqueue(program, run);
 registerFlowCommands(program, run);
 registerJobCommands(program, run);
 registerQueueCommands(program, run);
+registerEventCommands(program, run);
 registerScheduleCommands(program, run);
 for (const command of program.commands) applyExitOverride(command);
 

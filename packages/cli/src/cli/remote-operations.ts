@@ -37,6 +37,7 @@ export type JobOperations = Pick<
   | "resumeQueue"
   | "setQueueLimits"
   | "clearQueueHolds"
+  | "sendEvent"
 >;
 
 /** Jobs per batch request: 1,000 payloads of up to a few KiB stay under the server's body limit. */
@@ -190,6 +191,11 @@ export class RemoteOperations implements JobOperations {
 
   async clearQueueHolds(name: string): Promise<ClearedHolds> {
     return (await this.call<{ cleared: ClearedHolds }>("DELETE", `/v1/queues/${encodeURIComponent(name)}/hold`)).cleared;
+  }
+
+  /** As `Leasehold.sendEvent` (no `db`: the server sends it in its own transaction). */
+  async sendEvent(event: string, data?: unknown): Promise<{ id: string }> {
+    return this.call<{ id: string }>("POST", "/v1/events", { event, ...(data !== undefined && { data }) });
   }
 
   private async queueCall(method: "POST" | "PATCH", name: string, action: string, options: { create?: boolean }, body?: unknown) {

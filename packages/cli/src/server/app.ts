@@ -22,6 +22,7 @@ import { errorBody, handleError } from "./errors.js";
 import { recordRequests, serverMetrics } from "./http-metrics.js";
 import { DASHBOARD_MODES, registerDashboard, type DashboardMode } from "./dashboard.js";
 import { JobWaits, registerJobRoutes } from "./job-routes.js";
+import { registerEventRoutes } from "./event-routes.js";
 import { registerFlowRoutes } from "./flow-routes.js";
 import { registerMonitorRoutes } from "./monitor-routes.js";
 import { registerQueueRoutes } from "./queue-routes.js";
@@ -29,6 +30,7 @@ import { capConnections, resolveLimits, serverOptions, type ServerLimits } from 
 import { Receipts } from "./receipts.js";
 import { WorkerIdentities } from "./identity.js";
 import { routes } from "./schemas.js";
+import { registerStepRoutes } from "./step-routes.js";
 import { hideUserData } from "./user-data.js";
 import { registerWorkerRoutes } from "./worker-routes.js";
 
@@ -232,6 +234,8 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerWorkerRoutes(api, { leasehold: lh, receipts, identities, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
     registerJobRoutes(api, lh, jobWaits);
     registerFlowRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
+    registerStepRoutes(api, { leasehold: lh, receipts, metrics });
+    registerEventRoutes(api, lh);
     registerQueueRoutes(api, lh);
     registerCallbackRoutes(api, lh);
     registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });

@@ -305,7 +305,7 @@ async function answerReport(
  * Attempts the fence refused: why each was (by job id), counted and kept on record (the
  * dashboard's Recoveries view). Only on the refusal path: a request that applied costs nothing.
  */
-async function recordRefused(kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<Map<string, LostLeaseReason>> {
+export async function recordRefused(kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<Map<string, LostLeaseReason>> {
   if (refs.length === 0) return new Map();
   const described = await store.describeLostLeases(lh.pool, refs);
   const reasons = new Map(refs.map((r) => [r.id, described.get(r.id)?.reason ?? ("missing" as const)]));
@@ -322,7 +322,7 @@ async function recordRefused(kind: RefusedKind, refs: Ref[], workerId: string, l
 }
 
 /** Nothing in the request held its lease: 409, naming each attempt and why. */
-async function refuse(reply: FastifyReply, kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<FastifyReply> {
+export async function refuse(reply: FastifyReply, kind: RefusedKind, refs: Ref[], workerId: string, lh: Leasehold): Promise<FastifyReply> {
   const reasons = await recordRefused(kind, refs, workerId, lh);
   const jobs = refs.map((r) => ({ id: r.id, attempt: r.attempt, reason: reasons.get(r.id)! }));
   const what =

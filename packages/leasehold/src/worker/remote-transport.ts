@@ -26,7 +26,9 @@
 import type { ClaimedJob } from "../jobs/types.js";
 import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
 import type * as store from "../store/index.js";
-import type { AttachParams, Attachment, WorkerTransport } from "./transport.js";
+import type { StepRecord } from "../jobs/steps.js";
+import type { JsonValue } from "../jobs/types.js";
+import type { AttachParams, Attachment, SuspensionAnswer, WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
@@ -75,6 +77,7 @@ interface ErrorBody {
 }
 
 type Ref = { id: string; attempt: number };
+type WireStepRecord = Omit<StepRecord, "wakeAt" | "recordedAt"> & { wakeAt: string | null; recordedAt: string };
 type WireJob = ClaimedJob & { receipt?: string };
 
 export class RemoteTransport implements WorkerTransport {
@@ -409,6 +412,103 @@ export class RemoteTransport implements WorkerTransport {
     return res.body;
   }
 
+  /** Durable steps: the job's recorded steps (the server checks the attempt's receipt). */
+  async loadSteps(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]> {
+    const res = await this.post<{ steps: WireStepRecord[] }>(
+      "/v1/worker/steps/load",
+      { workerId: p.workerId, job: this.withReceipt(p.job) },
+      this.timeoutMs,
+    );
+    return res.body.steps.map((r) => ({
+      ...r,
+      result: r.result,
+      wakeAt: r.wakeAt === null ? null : new Date(r.wakeAt),
+      recordedAt: new Date(r.recordedAt),
+    }));
+  }
+
+  /**
+   * Step records, in requests of at most STEP_BATCH_BYTES of results (each within the server's
+   * body limit); a 409 (every attempt stale) records none, and the step host then asks why.
+   */
+  async recordSteps(p: { workerId: string; steps: store.StepOutcome[] }): Promise<Set<string>> {
+    const recorded = new Set<string>();
+    for (const chunk of byResultBytes(p.steps)) {
+      const steps = chunk.map((s) => ({
+        ...this.withReceipt(s),
+        seq: s.seq,
+        name: s.name,
+        occurrence: s.occurrence,
+        kind: s.kind,
+        state: s.state,
+        durationMs: s.durationMs,
+        ...(s.resultJson !== undefined && { result: JSON.parse(s.resultJson) as unknown }),
+        ...(s.error !== undefined && { error: s.error.slice(0, 10_000) }),
+      }));
+      const res = await this.post<{ recorded: { id: string; seq: number }[] }>(
+        "/v1/worker/steps/record",
+        { workerId: p.workerId, steps },
+        this.timeoutMs,
+        undefined,
+        [409],
+      );
+      if (res.status !== 409) for (const r of res.body.recorded) recorded.add(`${r.id}:${r.seq}`);
+    }
+    return recorded;
+  }
+
+  /** Why a record was refused; an attempt the server refuses for its receipt is as good as lost. */
+  async stepFate(p: { workerId: string; id: string; attempt: number; seq: number }): Promise<store.StepFate> {
+    const job = this.withReceipt(p);
+    const res = await this.post<store.StepFate>("/v1/worker/steps/fate", { workerId: p.workerId, job, seq: p.seq }, this.timeoutMs, undefined, [409]);
+    return res.status === 409 ? { held: false } : res.body;
+  }
+
+  /** ctx.sleep: a suspension ends the attempt (its receipt is dropped); a 409 means it had lost its job. */
+  async sleep(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due"> {
+    const target = "until" in p ? { until: p.until.toISOString() } : { ms: p.ms };
+    const res = await this.post<{ state: "suspended" | "cancelled" | "due" }>(
+      "/v1/worker/sleep",
+      { ...this.place(p), ...target },
+      this.timeoutMs,
+      undefined,
+      [409],
+    );
+    return this.suspension(p, res.status === 409 ? "stale" : res.body.state);
+  }
+
+  /** ctx.waitForEvent: the event if the wait is over, else the job suspends (as sleep). */
+  async waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
+    const body = {
+      ...this.place(p),
+      kind: p.kind,
+      event: p.event,
+      ...(p.matchJson !== null && { match: JSON.parse(p.matchJson) as unknown }),
+      timeoutMs: p.timeoutMs,
+    };
+    const res = await this.post<{ state: "received" | "suspended" | "cancelled"; received?: boolean; data?: JsonValue | null }>(
+      "/v1/worker/wait-for-event",
+      body,
+      this.timeoutMs,
+      undefined,
+      [409],
+    );
+    if (res.status !== 409 && res.body.state === "received") return { received: res.body.received!, data: res.body.data ?? null };
+    return this.suspension(p, res.status === 409 ? "stale" : (res.body.state as "suspended" | "cancelled"));
+  }
+
+  private place(p: store.SuspendingStep) {
+    return { workerId: p.workerId, job: this.withReceipt(p), seq: p.seq, name: p.name, occurrence: p.occurrence };
+  }
+
+  /** A suspension ended the attempt: nothing more is said about it. A refused one keeps its receipt for describeLost. */
+  private suspension<A extends SuspensionAnswer | "due">(p: Ref, answer: A): A {
+    const kept = this.receipts.get(key(p));
+    if (answer === "suspended" || answer === "cancelled") this.receipts.delete(key(p));
+    else if (answer === "stale" && kept) kept.refused = true;
+    return answer;
+  }
+
   /** Checks that the server answers and accepts the token (a worker should fail fast, not retry forever). */
   async check(): Promise<void> {
     await this.request("GET", "/v1/worker/check", undefined, this.timeoutMs);
@@ -492,6 +592,25 @@ export class RemoteTransport implements WorkerTransport {
     if (response.status === 400) throw new ValidationError(message);
     throw new ServerError(e.code ?? "server_error", message, response.status);
   }
+}
+
+/** Results one step-record request may carry at most; one step's (256 KiB at most) always goes. */
+const STEP_BATCH_BYTES = 1024 * 1024;
+
+/** Step outcomes in order, split so that each request's results stay within STEP_BATCH_BYTES. */
+function byResultBytes(steps: store.StepOutcome[]): store.StepOutcome[][] {
+  const chunks: store.StepOutcome[][] = [];
+  let bytes = Infinity;
+  for (const s of steps) {
+    const size = (s.resultJson?.length ?? 0) + (s.error?.length ?? 0);
+    if (bytes + size > STEP_BATCH_BYTES) {
+      chunks.push([]);
+      bytes = 0;
+    }
+    chunks.at(-1)!.push(s);
+    bytes += size;
+  }
+  return chunks;
 }
 
 function key(r: Ref): string {

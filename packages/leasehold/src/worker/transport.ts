@@ -12,6 +12,7 @@ import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
 import { guardTransaction } from "./transaction-guard.js";
+import { eventWaitAnswer, sleepAnswer } from "./step-answers.js";
 import { isConnectionError } from "../store/db.js";
 import type { StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
@@ -584,31 +585,11 @@ export class DatabaseTransport implements WorkerTransport {
   stepFate(p: { workerId: string; id: string; attempt: number; seq: number }): Promise<store.StepFate> {
     return store.stepFate(this.pool, p);
   }
-  async sleep(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due"> {
-    const ended = await store.suspendForSleep(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
-    const state = ended.get(p.id);
-    if (state === "suspended" || state === "cancelled") return state;
-    // Nothing ended: the sleep's end had passed (recorded, the handler goes on), or the attempt had lost its job.
-    const fate = await store.stepFate(this.pool, p);
-    return fate.held && fate.recorded?.name === p.name ? "due" : "stale";
+  sleep(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due"> {
+    return sleepAnswer(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
   }
-  async waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
-    const { client, release } = await store.checkOut(this.pool);
-    let broken: unknown;
-    try {
-      const answer = await store.waitForEvent(client, p);
-      if (!answer.held) return "stale";
-      if ("suspended" in answer) {
-        const state = answer.suspended.get(p.id);
-        return state === "suspended" || state === "cancelled" ? state : "stale";
-      }
-      return answer.recorded ? { received: answer.received, data: answer.data } : "stale";
-    } catch (err) {
-      broken = err;
-      throw err;
-    } finally {
-      release(broken);
-    }
+  waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
+    return eventWaitAnswer(this.pool, p);
   }
   async children(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
     const answer = await store.withTransaction(this.pool, (client) => store.startOrAwaitChildren(client, p));

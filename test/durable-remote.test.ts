@@ -1,0 +1,286 @@
+/**
+ * Durable steps through `leasehold serve` (docs/durable.md, docs/server.md): a real server with a
+ * real token, and the same Worker runtime over RemoteTransport. Steps are recorded and replayed,
+ * a sleep suspends and the server's watchdog resumes it, an event sent over HTTP wakes a wait, a
+ * stale attempt's record is refused (409) and its handler aborted, and ctx.step.transaction on a
+ * remote worker ends its job dead, saying why.
+ */
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { Registry } from "prom-client";
+import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
+import type { JobContext, TaskHandlers } from "../packages/leasehold/src/worker/context.js";
+import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
+import { Worker } from "../packages/leasehold/src/worker/worker.js";
+import { eventually, freshLeasehold, NO_BACKOFF, rawClient, silent } from "./helpers/db.js";
+import type { startCli } from "./helpers/cli.js";
+import { api as apiAt, startServe } from "./helpers/server.js";
+
+const WORKER_TOKEN = "worker-token-0123456789abcdef";
+
+let lh: Awaited<ReturnType<typeof freshLeasehold>>;
+let serve: Awaited<ReturnType<typeof startCli>>;
+let base: string;
+const api = (method: string, path: string, body?: unknown, headers?: Record<string, string>) => apiAt(base, method, path, body, headers);
+
+before(async () => {
+  lh = await freshLeasehold();
+  serve = await startServe(lh.schema, [], { LEASEHOLD_WORKER_TOKEN: WORKER_TOKEN });
+  base = serve.match[1]!;
+});
+
+after(async () => {
+  await serve.stop();
+  await lh.dispose();
+});
+
+function remote(t: { after(fn: () => Promise<void>): void }, handlers: TaskHandlers): Worker {
+  const worker = new Worker({
+    handlers,
+    backoff: NO_BACKOFF,
+    leaseMs: 3_000,
+    concurrency: 5,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    transport: new RemoteTransport({ serverUrl: base, token: WORKER_TOKEN, waitMs: 500, requestTimeoutMs: 5_000 }),
+  });
+  t.after(() => worker.stop(0));
+  return worker;
+}
+
+async function settled(id: string, state: string, timeoutMs = 15_000) {
+  return eventually(
+    async () => {
+      const record = await lh.getJob(id);
+      return record.job.state === state ? record : undefined;
+    },
+    `job ${id} ${state}`,
+    timeoutMs,
+  );
+}
+
+test("a remote worker's step recorded once never runs again: the retry after a failure replays it", async (t) => {
+  const runs: string[] = [];
+  let failOnce = true;
+  const worker = remote(t, {
+    "remote-checkout": async (p: { order: string }, ctx: JobContext) => {
+      const charge = await ctx.step("charge", () => {
+        runs.push(`charge ${ctx.attempt}`);
+        return { chargeId: `ch_${p.order}` };
+      });
+      const nothing = await ctx.step("log", () => void runs.push(`log ${ctx.attempt}`));
+      assert.equal(nothing, undefined);
+      const receipt = await ctx.step("receipt", async () => {
+        runs.push(`receipt ${ctx.attempt}`);
+        if (failOnce) {
+          failOnce = false;
+          throw new Error("mail server down");
+        }
+        return `sent for ${charge.chargeId}`;
+      });
+      return { charge, receipt };
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-checkout", { order: "o1" });
+  const { job, attempts } = await settled(id, "succeeded");
+  assert.deepEqual(runs, ["charge 1", "log 1", "receipt 1", "receipt 2"], "charge and log ran once; the failed receipt ran again");
+  assert.deepEqual(job.result, { charge: { chargeId: "ch_o1" }, receipt: "sent for ch_o1" });
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["failed", "succeeded"],
+  );
+  const db = await rawClient(lh.schema);
+  try {
+    const steps = await db.query("SELECT seq, name, state, attempt, result FROM job_steps WHERE job_id = $1 ORDER BY seq", [id]);
+    assert.deepEqual(steps.rows, [
+      { seq: 0, name: "charge", state: "succeeded", attempt: 1, result: { chargeId: "ch_o1" } },
+      { seq: 1, name: "log", state: "succeeded", attempt: 1, result: null },
+      { seq: 2, name: "receipt", state: "succeeded", attempt: 2, result: "sent for ch_o1" },
+    ]);
+  } finally {
+    await db.end();
+  }
+});
+
+test("a remote worker's ctx.sleep suspends the job and the server's watchdog resumes it at the next step", async (t) => {
+  const runs: string[] = [];
+  const worker = remote(t, {
+    "remote-nap": async (_: unknown, ctx: JobContext) => {
+      await ctx.step("before", () => void runs.push(`before ${ctx.attempt}`));
+      await ctx.sleep("nap", 800);
+      await ctx.step("after", () => void runs.push(`after ${ctx.attempt}`));
+      return "rested";
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-nap", {});
+  await settled(id, "suspended");
+  const { job, attempts } = await settled(id, "succeeded");
+  assert.equal(job.result, "rested");
+  assert.deepEqual(runs, ["before 1", "after 2"], "the step before the sleep ran once");
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["suspended", "succeeded"],
+  );
+  assert.equal(job.spentAttempts, 0, "a sleep spends no retry");
+});
+
+test("a remote worker's waitForEvent is woken by an event sent over HTTP, and only the operator token may send one", async (t) => {
+  const worker = remote(t, {
+    "remote-approval": async (p: { order: string }, ctx: JobContext) => {
+      const approval = await ctx.waitForEvent("approval", { event: "remote.approved", match: { order: p.order } });
+      return { approval };
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-approval", { order: "o7" });
+  await settled(id, "suspended");
+
+  const asWorker = await api("POST", "/v1/events", { event: "remote.approved", data: { order: "o7" } }, { authorization: `Bearer ${WORKER_TOKEN}` });
+  assert.equal(asWorker.status, 403, "the worker token may not send events");
+  const badName = await api("POST", "/v1/events", { event: "bad\u0001name" });
+  assert.equal(badName.status, 400);
+  assert.match(badName.json.error.message, /event name/);
+  const noName = await api("POST", "/v1/events", { data: {} });
+  assert.equal(noName.status, 400);
+  assert.match(noName.json.error.message, /event/);
+  const other = await api("POST", "/v1/events", { event: "remote.approved", data: { order: "o8", by: "bob" } });
+  assert.equal(other.status, 201);
+  assert.equal((await lh.getJob(id)).job.state, "suspended", "an event that does not match leaves the wait alone");
+
+  const sent = await api("POST", "/v1/events", { event: "remote.approved", data: { order: "o7", by: "ann" } });
+  assert.equal(sent.status, 201);
+  assert.match(sent.json.id, /^[1-9][0-9]*$/);
+  const { job } = await settled(id, "succeeded");
+  assert.deepEqual(job.result, { approval: { order: "o7", by: "ann" } });
+});
+
+test("a stale attempt's step record, sleep or wait is refused with 409 and changes nothing; bad values are 400 naming the field", async () => {
+  const { id } = await lh.enqueue("remote-fenced", {}, { queue: "remote-fenced" });
+  const claimOnce = async () => {
+    const claim = await api("POST", "/v1/worker/claim", {
+      workerId: "w-steps",
+      queues: ["remote-fenced"],
+      tasks: ["remote-fenced"],
+      limit: 1,
+      leaseMs: 60_000,
+    });
+    assert.equal(claim.status, 200);
+    return { id, attempt: claim.json.jobs[0].attempt as number, receipt: claim.json.jobs[0].receipt as string };
+  };
+  const first = await claimOnce();
+  const step = (job: typeof first, extra: Record<string, unknown> = {}) => ({
+    ...job,
+    seq: 0,
+    name: "charge",
+    occurrence: 0,
+    kind: "step",
+    state: "succeeded",
+    result: { by: job.attempt },
+    durationMs: 5,
+    ...extra,
+  });
+  const place = (job: typeof first) => ({ workerId: "w-steps", job, seq: 1, name: "later", occurrence: 0 });
+
+  // Bad values are refused before anything is written, naming the field.
+  const big = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(first, { result: "x".repeat(300 * 1024) })] });
+  assert.equal(big.status, 400);
+  assert.match(big.json.error.message, /steps\[0\].*result/);
+  const noError = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(first, { state: "failed", result: undefined })] });
+  assert.equal(noError.status, 400);
+  assert.match(noError.json.error.message, /steps\[0\]: error is required/);
+  const badName = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(first, { name: "a\u0000b" })] });
+  assert.equal(badName.status, 400);
+  assert.match(badName.json.error.message, /steps\[0\].*step name/);
+  const both = await api("POST", "/v1/worker/sleep", { ...place(first), ms: 1000, until: new Date().toISOString() });
+  assert.equal(both.status, 400);
+  assert.match(both.json.error.message, /until .* ms/);
+  const badMatch = await api("POST", "/v1/worker/wait-for-event", { ...place(first), event: "x", timeoutMs: -1 });
+  assert.equal(badMatch.status, 400);
+  assert.match(badMatch.json.error.message, /timeoutMs/);
+  // A missing receipt is refused on its own.
+  const noReceipt = await api("POST", "/v1/worker/steps/load", { workerId: "w-steps", job: { id, attempt: first.attempt } });
+  assert.equal(noReceipt.status, 409);
+  assert.equal(noReceipt.json.error.code, "invalid_receipt");
+
+  // The first attempt is given back and the job claimed again: the first is stale, its receipt still valid.
+  assert.equal((await api("POST", "/v1/worker/release", { workerId: "w-steps", jobs: [first], reason: "test" })).status, 200);
+  const second = await claimOnce();
+  assert.equal(second.attempt, first.attempt + 1);
+
+  const stale = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(first)] });
+  assert.equal(stale.status, 409);
+  assert.equal(stale.json.error.code, "stale_lease");
+  assert.deepEqual(stale.json.error.jobs, [{ id, attempt: first.attempt, reason: "reclaimed" }]);
+  const staleSleep = await api("POST", "/v1/worker/sleep", { ...place(first), ms: 60_000 });
+  assert.equal(staleSleep.status, 409);
+  assert.equal(staleSleep.json.error.code, "stale_lease");
+  const staleWait = await api("POST", "/v1/worker/wait-for-event", { ...place(first), event: "never" });
+  assert.equal(staleWait.status, 409);
+  assert.equal((await lh.getJob(id)).job.state, "running", "the stale suspensions changed nothing");
+  assert.deepEqual((await api("POST", "/v1/worker/steps/load", { workerId: "w-steps", job: second })).json.steps, []);
+
+  // The holder records; a second record of its place gives way (it stays the first's).
+  const good = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(second)] });
+  assert.equal(good.status, 200);
+  assert.deepEqual(good.json.recorded, [{ id, seq: 0 }]);
+  const again = await api("POST", "/v1/worker/steps/record", { workerId: "w-steps", steps: [step(second, { result: "other" })] });
+  assert.equal(again.status, 200);
+  assert.deepEqual(again.json.refused, [{ id, attempt: second.attempt, seq: 0, held: true }]);
+  const loaded = (await api("POST", "/v1/worker/steps/load", { workerId: "w-steps", job: second })).json.steps;
+  assert.equal(loaded.length, 1);
+  assert.deepEqual(loaded[0].result, { by: second.attempt });
+  const fate = await api("POST", "/v1/worker/steps/fate", { workerId: "w-steps", job: first, seq: 0 });
+  assert.equal(fate.json.held, false);
+});
+
+test("a remote handler whose attempt lost its job is refused at its next step and aborted", async (t) => {
+  let stolen!: () => void;
+  const gate = new Promise<void>((resolve) => (stolen = resolve));
+  let seen: unknown;
+  let aborted = false;
+  const worker = remote(t, {
+    "remote-zombie": async (_: unknown, ctx: JobContext) => {
+      await ctx.step("first", () => "one");
+      await gate;
+      try {
+        await ctx.step("second", () => "two");
+      } catch (err) {
+        seen = err;
+        aborted = ctx.signal.aborted;
+        throw err;
+      }
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-zombie", {});
+  const db = await rawClient(lh.schema);
+  try {
+    await eventually(async () => (await db.query("SELECT 1 FROM job_steps WHERE job_id = $1", [id])).rowCount, "the first step recorded");
+    // Another claim overtakes the attempt (as if its lease had run out and the job was claimed again).
+    await db.query("UPDATE jobs SET attempt = attempt + 1, locked_by = 'someone-else' WHERE id = $1", [id]);
+    stolen();
+    await eventually(async () => seen, "the handler's step refused");
+    assert.ok(seen instanceof StaleLeaseError, `got ${String(seen)}`);
+    assert.ok(aborted, "the handler's signal is aborted");
+    const steps = await db.query("SELECT name FROM job_steps WHERE job_id = $1 ORDER BY seq", [id]);
+    assert.deepEqual(
+      steps.rows.map((r) => r.name),
+      ["first"],
+    );
+  } finally {
+    await db.end();
+  }
+});
+
+test("ctx.step.transaction on a remote worker ends the job dead, saying it needs a worker on the database", async (t) => {
+  const worker = remote(t, {
+    "remote-tx": async (_: unknown, ctx: JobContext) => ctx.step.transaction("write", async () => "never"),
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-tx", {}, { maxAttempts: 5 });
+  const { job, attempts } = await settled(id, "dead");
+  assert.equal(attempts.length, 1, "no retries");
+  assert.match(job.lastError ?? "", /ctx\.step\.transaction needs a worker on the database/);
+});
