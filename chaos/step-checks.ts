@@ -12,7 +12,9 @@
  * 19. **Transactional steps exactly once**: every durable job has exactly one step_effects row,
  *     from the attempt that recorded its transactional step, by that attempt's worker.
  * 20. **Durable jobs end, waits get their events**: every durable job ends succeeded with all its
- *     places recorded; a job that slept or waited ran again within a slack of its wake; a wait
+ *     places recorded; a job that slept or waited was not left suspended past its wake: no job of
+ *     its queue enqueued more than a slack after the wake (so claimed after it, by run_at) started
+ *     before it ran again; a wait
  *     timed out only if its event was sent after the timeout (or never), and a wait that
  *     received names its own event and returned the same data the handler's result holds.
  *
@@ -23,6 +25,7 @@ import type pg from "pg";
 import { STEP_EFFECTS_TABLE, STEP_RUNS_TABLE } from "./config.js";
 import type { FaultRecord } from "./faults.js";
 import { durablePlaces, type DurablePlan } from "./durable-workload.js";
+import { QUEUE } from "./workload.js";
 
 export interface DurableJob {
   id: string;
@@ -67,6 +70,8 @@ export interface StepAudit {
   effects: { job: string; attempt: number; worker: string }[];
   events: { id: string; name: string; sent: number }[];
   attempts: StepAttempt[];
+  /** The main queue's jobs' first attempts (enqueued, started), by enqueue time: who passed a woken job. */
+  firstStarts: { created: number; started: number }[];
 }
 
 /** One run of a plain step that was not recorded, and why: the end of its attempt. */
@@ -115,15 +120,19 @@ const CLOCK_TOLERANCE_MS = 50;
 const COMMIT_TOLERANCE_MS = 1_000;
 /** How long a frozen worker's event loop may take after SIGCONT to run what it was about to. */
 const THAW_MS = 3_000;
-/** A woken job runs again within this of its wake: a watchdog tick, the queue's backlog, a fault on the way. */
-export const WAKE_SLACK_MS = 60_000;
+/**
+ * A woken job is claimable within this of its wake: watchdog ticks (0.5 s), every watchdog
+ * killed (restarted within 3 s), a database restart, a reconnect. Claims go by run_at, and a woken
+ * job's is its wake: a job enqueued later than this after the wake must not start before it.
+ */
+export const WAKE_SLACK_MS = 10_000;
 const MAX_LISTED = 20;
 
 const ms = (column: string) => `(extract(epoch FROM ${column}) * 1000)::float8`;
 
 export async function loadStepAudit(db: pg.Pool): Promise<StepAudit> {
   const durable = "SELECT id FROM finished_jobs WHERE payload ? 'durable'";
-  const [jobs, steps, runs, effects, events, attempts] = await Promise.all([
+  const [jobs, steps, runs, effects, events, attempts, firstStarts] = await Promise.all([
     db.query<DurableJob>(`SELECT id::text, state, attempt, payload->'durable' AS plan, result FROM finished_jobs WHERE payload ? 'durable'`),
     db.query<StepRow>(
       `SELECT job_id::text AS job, seq, name, kind, state, attempt, result, event_id::text AS "eventId",
@@ -139,8 +148,21 @@ export async function loadStepAudit(db: pg.Pool): Promise<StepAudit> {
       `SELECT job_id::text AS job, attempt, worker_id AS worker, ${ms("started_at")} AS started, ${ms("ended_at")} AS ended, outcome, error
          FROM all_attempts WHERE job_id IN (${durable}) ORDER BY job_id, attempt`,
     ),
+    db.query<{ created: number; started: number }>(
+      `SELECT ${ms("j.created_at")} AS created, ${ms("a.started_at")} AS started
+         FROM finished_jobs AS j JOIN all_attempts AS a ON a.job_id = j.id AND a.attempt = 1
+        WHERE j.queue = '${QUEUE}' ORDER BY j.created_at`,
+    ),
   ]);
-  return { jobs: jobs.rows, steps: steps.rows, runs: runs.rows, effects: effects.rows, events: events.rows, attempts: attempts.rows };
+  return {
+    jobs: jobs.rows,
+    steps: steps.rows,
+    runs: runs.rows,
+    effects: effects.rows,
+    events: events.rows,
+    attempts: attempts.rows,
+    firstStarts: firstStarts.rows,
+  };
 }
 
 function group<T>(rows: T[], key: (r: T) => string): Map<string, T[]> {
@@ -176,6 +198,21 @@ export function checkSteps(audit: StepAudit, faults: FaultRecord[] = []): { viol
   const eventsByName = group(audit.events, (e) => e.name);
   const eventsById = new Map(audit.events.map((e) => [e.id, e]));
   const durableIds = new Set(audit.jobs.map((j) => j.id));
+  // The earliest first start among the jobs enqueued at or after each index (sorted by enqueue).
+  const later = audit.firstStarts;
+  const earliestFrom = new Array<number>(later.length + 1).fill(Infinity);
+  for (let i = later.length - 1; i >= 0; i--) earliestFrom[i] = Math.min(earliestFrom[i + 1]!, later[i]!.started);
+  /** The first start of a job enqueued more than the slack after `woke`, if one came before `ranAt`. */
+  const passedBy = (woke: number, ranAt: number): number | undefined => {
+    let lo = 0;
+    let hi = later.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (later[mid]!.created > woke + WAKE_SLACK_MS) hi = mid;
+      else lo = mid + 1;
+    }
+    return earliestFrom[lo]! < ranAt - CLOCK_TOLERANCE_MS ? earliestFrom[lo] : undefined;
+  };
   const frozen = (worker: string, at: number) =>
     faults.some(
       (f) => f.kind === "zombie" && f.target === worker.split("/")[0] && f.at <= at && (f.endedAt ?? f.at + (f.durationMs ?? 0)) >= at - THAW_MS,
@@ -205,8 +242,14 @@ export function checkSteps(audit: StepAudit, faults: FaultRecord[] = []): { viol
           else result.suspensions.waits++;
           if (next) {
             result.suspensions.wakeToStartMs.push(Math.max(0, next.started - woke));
-            if (next.started - woke > WAKE_SLACK_MS)
-              add(ENDS, `suspended in its ${place.kind} "${place.name}", ran again ${Math.round(next.started - woke)} ms after its wake`, job.id);
+            const passed = passedBy(woke, next.started);
+            if (passed !== undefined)
+              add(
+                ENDS,
+                `suspended in its ${place.kind} "${place.name}", ran again ${Math.round(next.started - woke)} ms after its wake, ` +
+                  `though a job enqueued over ${WAKE_SLACK_MS} ms after that wake started ${Math.round(next.started - passed)} ms before it`,
+                job.id,
+              );
           } else if (job.state === "succeeded") add(ENDS, `suspended in attempt ${suspended.attempt} and never ran again, yet succeeded`, job.id);
         }
       }
@@ -268,7 +311,9 @@ export function checkSteps(audit: StepAudit, faults: FaultRecord[] = []): { viol
         because,
       });
       result.reExecutedBecause[outcome] = (result.reExecutedBecause[outcome] ?? 0) + 1;
-      if (!a || !UNRECORDED_ENDS.includes(a.outcome) || a.ended < run.began - CLOCK_TOLERANCE_MS - COMMIT_TOLERANCE_MS) {
+      // A run that began after its attempt had ended: only a frozen worker could not know.
+      const afterEnd = a !== undefined && a.ended < run.began - CLOCK_TOLERANCE_MS - COMMIT_TOLERANCE_MS && !frozen(run.worker, run.began);
+      if (!a || !UNRECORDED_ENDS.includes(a.outcome) || afterEnd) {
         add(EXPLAINED, `step "${run.name}" ran in attempt ${run.attempt} and was not recorded by it, yet ${because}`, job.id);
       }
     }

@@ -3,7 +3,8 @@
  * chaos workload's own durable jobs, run by a real worker with their events sent by the harness's
  * EventSender (one before its wait, one once the job is seen waiting, one never: it times out),
  * leave an audit trail the checker passes; each way a step run again, an unexplained re-execution,
- * a transactional step's row or a lost event would show in it is reported.
+ * a transactional step's row, a job left suspended past its wake or a lost event would show in it
+ * is reported.
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
@@ -72,6 +73,8 @@ test("durable chaos jobs run by a real worker pass the step checker; a step run 
     [early],
   );
   await lh.pool.query(`UPDATE job_steps SET attempt = attempt + 5 WHERE job_id = $1 AND name = 'finish'`, [late]);
+  // Its sleep ended a minute earlier: jobs enqueued long after that wake started before it ran again.
+  await lh.pool.query(`UPDATE job_steps SET wake_at = wake_at - interval '1 minute' WHERE job_id = $1 AND name = 'nap'`, [early]);
   await lh.pool.query(`DELETE FROM step_effects WHERE job_id = $1`, [late]);
   await lh.pool.query(
     `INSERT INTO events (name, data, sent_at) SELECT $2, '{}', s.wake_at - interval '5 seconds' FROM job_steps AS s WHERE s.job_id = $1 AND s.name = 'signal'`,
@@ -85,8 +88,9 @@ test("durable chaos jobs run by a real worker pass the step checker; a step run 
       ["a recorded step is never executed again", late],
       ["every step re-execution is explained", early], // by an attempt with no audit row
       ["every step re-execution is explained", late],
-      ["transactional steps exactly once", late],
+      ["durable jobs end and receive their events", early],
       ["durable jobs end and receive their events", never],
+      ["transactional steps exactly once", late],
     ],
   );
 });
