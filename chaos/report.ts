@@ -204,7 +204,7 @@ function stepLines(s: ChaosReport["steps"] | undefined): string[] {
   return [
     `Durable jobs (invariants 17-20): ${s.durableJobs} jobs; ${s.stepsRecorded} plain steps recorded, their bodies run ${s.runs} times: ` +
       `${s.reExecutions.length} runs not recorded, so run again (${because || "none"}), each by an attempt that ended without recording; ` +
-      `runs after a record: only ${s.frozenAfterRecord}, by a stale attempt frozen until then; ${s.replays} later attempts found a step recorded and replayed it. ` +
+      `runs after their record by a stale attempt frozen until then (the only ones allowed): ${s.frozenAfterRecord}; ${s.replays} later attempts found a step recorded and replayed it. ` +
       `${s.transactionalSteps} transactional steps, one row each. Suspended ${s.suspensions.sleeps} times in a sleep and ${s.suspensions.waits} in a wait; ` +
       `wake to running again p50 ${ms(s.suspensions.wakeToStart.p50)} / p99 ${ms(s.suspensions.wakeToStart.p99)} / max ${ms(s.suspensions.wakeToStart.max)}. ` +
       `Waits: ${w.received} received (${w.eventBeforeWait} events sent before the wait began), ${w.timedOut} timed out (${w.neverSent} events never sent, the rest sent after the timeout).`,
