@@ -106,3 +106,6 @@ export const CHAOS_SCHEMA = "chaos";
 export const RESULTS_TABLE = "downstream_results";
 /** Rows handlers write through ctx.transaction: exactly one per succeeded job, none for the others. */
 export const TX_EFFECTS_TABLE = "tx_effects";
+/** Durable jobs' step executions (one row each time a plain step's body begins) and their transactional step's rows. */
+export const STEP_RUNS_TABLE = "step_runs";
+export const STEP_EFFECTS_TABLE = "step_effects";

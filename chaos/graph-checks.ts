@@ -21,6 +21,7 @@
  *     one). A succeeded graph node also saw its parents' end states through ctx.parents() as
  *     they are recorded.
  */
+import type { JsonValue } from "../packages/leasehold/src/jobs/types.js";
 import type pg from "pg";
 
 export interface GraphViolation {
@@ -38,6 +39,8 @@ export interface ChaosJobResult {
   parents?: { id: string; state: string }[];
   /** ctx.dependencies() (batch callbacks). */
   dependencies?: { total: number; succeeded: number; dead: number; cancelled: number };
+  /** A durable job's wait: the event's data, or null if it timed out (chaos/durable-workload.ts). */
+  received?: JsonValue | null;
 }
 
 /** Where a job sits in a graph, kept in its payload (finished jobs keep no on_parent_failure column). */

@@ -20,6 +20,7 @@ import { checkInvariants } from "./invariants.js";
 import { LIMITED_QUEUES } from "./flow-queues.js";
 import { readLogs } from "./process-log.js";
 import { Producer } from "./producer.js";
+import { EventSender } from "./event-sender.js";
 import { TcpProxy } from "./proxy.js";
 import { buildReport, toMarkdown, writeReport, type ChaosReport } from "./report.js";
 import { REPO_ROOT, Supervised, type UnexpectedExit } from "./supervisor.js";
@@ -57,6 +58,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   let nats: NatsServer | undefined;
   let lh: Leasehold | undefined;
   let admin: pg.Pool | undefined;
+  let events: EventSender | undefined;
   // Ctrl-C: leave no worker, watchdog or PostgreSQL behind.
   const interrupted = (signal: NodeJS.Signals) => {
     shuttingDown = true;
@@ -155,6 +157,8 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     say(`${workers.length} workers and ${watchdogs.length} watchdogs ready`);
 
     const producer = new Producer(lh, options, random, say);
+    const sender = (events = new EventSender(lh, say));
+    producer.onLanded = (jobs) => sender.schedule(jobs);
     const faults: FaultRecord[] = [];
     const ctx: FaultContext = {
       options,
@@ -195,6 +199,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
       );
     };
     producer.start();
+    sender.start();
     const windowEnds = Date.now() + options.faultWindowMs;
     const timedDone = Promise.all(timed.map((kind, i) => sleep(((i + 0.5) / timed.length) * options.faultWindowMs).then(() => inject(kind))));
     for (const kind of plan) {
@@ -212,6 +217,9 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     const drainStart = Date.now();
     const drained = await waitForDrain(admin, options.drainTimeoutMs, say);
     const drainMs = Date.now() - drainStart;
+    // Jobs wait for their events until the end: the sender stops only once the queue drained.
+    await sender.stop();
+    say(`events: ${sender.sent} sent, ${sender.neverSent} never meant to be, ${sender.pending} left unsent, ${sender.retries} sends retried`);
     if (!drained) await describeStuck(admin, nats?.url, say);
     shuttingDown = true;
     await Promise.all(children.map((c) => c.stop()));
@@ -251,6 +259,7 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
   } finally {
     process.off("SIGINT", interrupted).off("SIGTERM", interrupted);
     shuttingDown = true;
+    await events?.stop();
     await Promise.all(children.map((c) => c.stop(2_000).catch(() => {})));
     for (const p of [...proxies.values(), ...natsProxies.values()]) await p.close();
     await admin?.end().catch(() => {});

@@ -14,6 +14,7 @@ import { findOverlaps, type Overlap, type OverlapResult } from "./overlaps.js";
 import { NEXT_START_MS, SLOT_BACK_MS, checkFlow, loadFlowAttempts, type FlowResult } from "./flow-checks.js";
 import { LIMITED_QUEUES } from "./flow-queues.js";
 import { checkGraphs, loadGraphAudit } from "./graph-checks.js";
+import { checkSteps, loadStepAudit, type ReExecution } from "./step-checks.js";
 import type { ProcessEnd, UnexpectedExit } from "./supervisor.js";
 
 export interface Violation {
@@ -112,6 +113,23 @@ export interface CheckResult {
    * from a job's last parent's end to its first start (ms).
    */
   graphs: { dependents: Record<string, number>; batches: number; runOnFailure: number; results: number; step: Percentiles };
+  /**
+   * Durable jobs (invariants 17-20, step-checks.ts): steps recorded and run, every run left
+   * unrecorded (a re-execution) with the end of its attempt, transactional steps, suspensions
+   * and their wake to the next start, waits received or timed out.
+   */
+  steps: {
+    durableJobs: number;
+    stepsRecorded: number;
+    runs: number;
+    reExecutions: ReExecution[];
+    reExecutedBecause: Record<string, number>;
+    frozenAfterRecord: number;
+    replays: number;
+    transactionalSteps: number;
+    suspensions: { sleeps: number; waits: number; wakeToStart: Percentiles };
+    waits: { received: number; eventBeforeWait: number; timedOut: number; neverSent: number };
+  };
   /** Flow control (invariants 10-12, flow-checks.ts): each limit's peak, the pauses, the killed workers' slots. */
   flow: Omit<FlowResult, "probes"> & {
     probes: {
@@ -359,6 +377,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       continue;
     }
     if (before.outcome === "failed") continue; // a retry, not a duplicate
+    if (before.outcome === "suspended") continue; // a durable job resuming after a sleep or a wait
     duplicates.total++;
     if (before.outcome === "lease_expired") duplicates.afterLeaseExpired++;
     else if (before.outcome === "worker_lost") duplicates.afterWorkerLost++;
@@ -417,6 +436,11 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   const graphs = checkGraphs(await loadGraphAudit(input.admin), { resultsRequired: input.resultsRequired ?? false });
   violations.push(...graphs.violations);
 
+  // 17-20. Durable jobs: no recorded step runs again, every re-execution explained, transactional
+  // steps once, every durable job ends and every wait gets its event or times out rightly.
+  const steps = checkSteps(await loadStepAudit(input.admin), input.faults);
+  violations.push(...steps.violations);
+
   // 7. Workers survive what they can survive.
   for (const e of input.unexpectedExits) {
     if (e.duringStartup) continue;
@@ -452,6 +476,14 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
       runOnFailure: graphs.result.runOnFailure,
       results: graphs.result.results,
       step: percentiles(graphs.result.stepMs),
+    },
+    steps: {
+      ...steps.result,
+      suspensions: {
+        sleeps: steps.result.suspensions.sleeps,
+        waits: steps.result.suspensions.waits,
+        wakeToStart: percentiles(steps.result.suspensions.wakeToStartMs),
+      },
     },
     flow: {
       ...flow.result,

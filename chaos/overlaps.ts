@@ -31,10 +31,11 @@ import type { ProcessEnd } from "./supervisor.js";
  * poll phase: it first handles the I/O that arrived meanwhile, then runs its overdue timers,
  * the lease check (every lease/20) among them, which fires the signals. That, plus being
  * scheduled again on a busy machine, took 1-60 ms in short runs on 2 shared cores
- * (docs/chaos.md, "Overlaps"); 100 ms allows for that with some margin. A worker still
- * running a lost attempt later than that after waking could have stopped it: avoidable.
+ * (docs/chaos.md, "Overlaps"), and 136 and 173 ms with the load average at 15 to 20 (other
+ * work sharing the 2 cores); 250 ms allows for that with some margin. A worker still running a
+ * lost attempt later than that after waking could have stopped it: avoidable.
  */
-export const WAKE_MS = 100;
+export const WAKE_MS = 250;
 
 export type OverlapCause = "avoidable" | "frozen" | "killed";
 

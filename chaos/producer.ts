@@ -6,7 +6,7 @@
  * its jobs are unfinished. A share of the jobs go as graphs and batches (workload.ts makeUnits).
  */
 import type pg from "pg";
-import type { Leasehold } from "../packages/leasehold/src/index.js";
+import type { Leasehold, NewJob } from "../packages/leasehold/src/index.js";
 import type { ChaosOptions } from "./config.js";
 import { makeUnits, type Unit } from "./workload.js";
 
@@ -29,6 +29,8 @@ export class Producer {
   retries = 0;
   /** Bursts in the fault plan: they share the jobs the steady pace leaves. */
   burstsPlanned = 1;
+  /** Called with the plain jobs of each enqueue call that landed (their durable jobs' events are then due). */
+  onLanded: (jobs: NewJob[]) => void = () => {};
 
   constructor(
     private readonly lh: Leasehold,
@@ -123,8 +125,10 @@ export class Producer {
   private async sendUnit(unit: Unit): Promise<void> {
     for (let delay = 100; ; delay = Math.min(delay * 2, 2_000)) {
       try {
-        if (unit.kind === "jobs") await this.lh.enqueueMany(unit.jobs);
-        else if (unit.kind === "flow") await this.lh.enqueueFlow(unit.nodes);
+        if (unit.kind === "jobs") {
+          await this.lh.enqueueMany(unit.jobs);
+          this.onLanded(unit.jobs);
+        } else if (unit.kind === "flow") await this.lh.enqueueFlow(unit.nodes);
         else await this.lh.enqueueBatch(unit.batch);
         return;
       } catch (err) {

@@ -4,7 +4,17 @@
  * with the audit rows afterwards.
  */
 import type { WorkerTransport } from "../packages/leasehold/src/index.js";
-import type { AttachParams, Attachment, CompleteWithinParams, CompleteWithinResult } from "../packages/leasehold/src/worker/transport.js";
+import type {
+  AttachParams,
+  Attachment,
+  CompleteWithinParams,
+  CompleteWithinResult,
+  RecordStepWithinParams,
+  RecordStepWithinResult,
+  SuspensionAnswer,
+} from "../packages/leasehold/src/worker/transport.js";
+import type { StepRecord } from "../packages/leasehold/src/jobs/steps.js";
+import type { JsonValue } from "../packages/leasehold/src/jobs/types.js";
 import type * as store from "../packages/leasehold/src/store/index.js";
 import type { ProcessLog } from "./process-log.js";
 
@@ -118,6 +128,32 @@ export class RecordingTransport implements WorkerTransport {
   dependencies(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
     if (!this.inner.dependencies) throw new Error("the wrapped transport cannot read a job's parents");
     return this.inner.dependencies(p);
+  }
+  /** Durable steps: passed through unlogged (the checker reads job_steps and the step rows instead). */
+  loadSteps(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]> {
+    return this.need("loadSteps").call(this.inner, p);
+  }
+  recordSteps(p: { workerId: string; steps: store.StepOutcome[] }): Promise<Set<string>> {
+    return this.need("recordSteps").call(this.inner, p);
+  }
+  stepFate(p: { workerId: string; id: string; attempt: number; seq: number }): Promise<store.StepFate> {
+    return this.need("stepFate").call(this.inner, p);
+  }
+  recordStepWithin<T>(p: RecordStepWithinParams<T>): Promise<RecordStepWithinResult> {
+    const inner = this.inner;
+    if (!inner.recordStepWithin) throw new Error("the wrapped transport has no recordStepWithin (durable steps)");
+    return inner.recordStepWithin(p);
+  }
+  sleep(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due"> {
+    return this.need("sleep").call(this.inner, p);
+  }
+  waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
+    return this.need("waitForEvent").call(this.inner, p);
+  }
+  private need<K extends "loadSteps" | "recordSteps" | "stepFate" | "sleep" | "waitForEvent">(method: K): NonNullable<WorkerTransport[K]> {
+    const f = this.inner[method];
+    if (!f) throw new Error(`the wrapped transport has no ${method} (durable steps)`);
+    return f as NonNullable<WorkerTransport[K]>;
   }
   describeLost(attempts: store.AttemptRef[]): Promise<Map<string, store.LostLease>> {
     return this.inner.describeLost(attempts);

@@ -31,6 +31,7 @@ export interface ChaosReport {
   overlaps: CheckResult["overlaps"];
   flow: CheckResult["flow"];
   graphs: CheckResult["graphs"];
+  steps: CheckResult["steps"];
   pressure: { idleTxnThroughputPerS: number | null; otherThroughputPerS: number | null };
   /** --dispatch nats: what JetStream delivered (all consumers of the run's stream), read after the drain. */
   nats?: { delivered: number; redelivered: number; pending: number; ackPending: number } | null;
@@ -77,6 +78,7 @@ export function buildReport(p: {
     overlaps: p.check.overlaps,
     flow: p.check.flow,
     graphs: p.check.graphs,
+    steps: p.check.steps,
     pressure: p.pressure,
     ...(p.nats !== undefined && { nats: p.nats }),
     violations: p.check.violations,
@@ -144,6 +146,7 @@ export function toMarkdown(r: ChaosReport): string {
     "",
     ...flowLines(r.flow),
     ...graphLines(r.graphs),
+    ...stepLines(r.steps),
   ];
   if (r.violations.length) {
     lines.push("### Violations", "", "| invariant | job | detail |", "|---|---|---|");
@@ -188,6 +191,33 @@ function graphLines(g: ChaosReport["graphs"] | undefined): string[] {
       `${g.batches} batch callbacks; ${g.results} stored results checked against the attempt that succeeded. ` +
       `A job's last parent's end to its first start: p50 ${ms(g.step.p50)} / p99 ${ms(g.step.p99)} / max ${ms(g.step.max)} (backlog and retry backoff included).`,
     "",
+  ];
+}
+
+/** Durable jobs: steps recorded and run, each run left unrecorded and why, suspensions, waits. */
+function stepLines(s: ChaosReport["steps"] | undefined): string[] {
+  if (!s) return [];
+  const because = Object.entries(s.reExecutedBecause)
+    .map(([outcome, n]) => `${outcome} ${n}`)
+    .join(", ");
+  const w = s.waits;
+  return [
+    `Durable jobs (invariants 17-20): ${s.durableJobs} jobs; ${s.stepsRecorded} plain steps recorded, their bodies run ${s.runs} times: ` +
+      `${s.reExecutions.length} runs not recorded, so run again (${because || "none"}), each by an attempt that ended without recording; ` +
+      `runs after their record by a stale attempt frozen until then (the only ones allowed): ${s.frozenAfterRecord}; ${s.replays} later attempts found a step recorded and replayed it. ` +
+      `${s.transactionalSteps} transactional steps, one row each. Suspended ${s.suspensions.sleeps} times in a sleep and ${s.suspensions.waits} in a wait; ` +
+      `wake to running again p50 ${ms(s.suspensions.wakeToStart.p50)} / p99 ${ms(s.suspensions.wakeToStart.p99)} / max ${ms(s.suspensions.wakeToStart.max)}. ` +
+      `Waits: ${w.received} received (${w.eventBeforeWait} events sent before the wait began), ${w.timedOut} timed out (${w.neverSent} events never sent, the rest sent after the timeout).`,
+    "",
+    ...(s.reExecutions.length
+      ? [
+          "| job | step | attempt | worker | why it ran again |",
+          "|---|---|---|---|---|",
+          ...s.reExecutions.slice(0, 30).map((x) => `| ${x.job} | ${x.step} | ${x.attempt} | ${x.worker} | ${x.because.replace(/\|/g, "\\|")} |`),
+          ...(s.reExecutions.length > 30 ? [`| … | | | | ${s.reExecutions.length - 30} more in the JSON report |`] : []),
+          "",
+        ]
+      : []),
   ];
 }
 

@@ -53,7 +53,7 @@ const worker = new Worker({
   handlers: {
     [TASK]: {
       handler: withTimeline(
-        chaosHandler(lh.pool, log, () => workerId, faults, `"${lh.schema}".${TX_EFFECTS_TABLE}`),
+        chaosHandler(lh.pool, log, () => workerId, faults, `"${lh.schema}".${TX_EFFECTS_TABLE}`, lh.schema),
         log,
         () => workerId,
       ),

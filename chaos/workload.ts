@@ -7,12 +7,15 @@
  * Every handler returns its result: its own attempt and worker, and (in graphs) what it read of
  * its parents. A share of the jobs come as graphs (chains, fan-outs, fan-ins, diamonds; some
  * nodes run whatever their parents' end) and as batches with a callback (chaos/graph-checks.ts).
+ * A share of the plain jobs are durable: steps, a transactional step, a sleep and a wait for an
+ * event (chaos/durable-workload.ts, checked by chaos/step-checks.ts).
  */
 import { fencedWrite, type FencedWriteDb, type JobContext, type Leasehold, type NewJob } from "../packages/leasehold/src/index.js";
 import { RESULTS_TABLE } from "./config.js";
 import type { ProcessLog } from "./process-log.js";
 import { PROBE_QUEUE, pickFlowQueue } from "./flow-queues.js";
 import type { ChaosJobResult, GraphRole } from "./graph-checks.js";
+import { DURABLE_SHARE, makeDurablePlan, runDurable, type DurablePlan } from "./durable-workload.js";
 
 export const TASK = "chaos";
 export const QUEUE = "chaos";
@@ -34,10 +37,13 @@ export interface ChaosPayload {
   key?: string;
   /** Its place in a graph or batch, also kept here: finished jobs keep no on_parent_failure. */
   graph?: GraphRole;
+  /** A durable job: what its steps do (durable-workload.ts). */
+  durable?: DurablePlan;
 }
 
-/** The job for sequence number `seq`; `random` makes the mix. */
-export function makeJob(seq: number, random: () => number, leaseMs: number, maxAttempts: number): NewJob {
+/** The job for sequence number `seq`; `random` makes the mix; `durableShare`: the chance it is a durable job. */
+export function makeJob(seq: number, random: () => number, leaseMs: number, maxAttempts: number, durableShare = 0): NewJob {
+  if (random() < durableShare) return durableJob(seq, random, maxAttempts);
   const r = random();
   // ~75% short, ~20% medium, ~4% around the lease, ~1% far longer than the lease (kept
   // alive by heartbeats): a mean of about 0.3 s.
@@ -66,6 +72,25 @@ export function makeJob(seq: number, random: () => number, leaseMs: number, maxA
     maxAttempts: poison ? 3 : maxAttempts,
     uniqueKey: `chaos-${seq}`,
   };
+}
+
+/**
+ * A durable job: in the main queue, never poison (it must end succeeded), its last attempt
+ * failing now and then after its steps (the next attempt replays them all), careless half the time.
+ */
+function durableJob(seq: number, random: () => number, maxAttempts: number): NewJob {
+  const payload: ChaosPayload = {
+    seq,
+    beforeMs: 0,
+    afterMs: 0,
+    write: false,
+    tx: false,
+    failRate: 0.08,
+    poison: false,
+    honorsSignal: random() < 0.5,
+    durable: makeDurablePlan(seq, random),
+  };
+  return { task: TASK, queue: QUEUE, payload, maxAttempts, uniqueKey: `chaos-${seq}` };
 }
 
 /**
@@ -112,6 +137,8 @@ export function chaosHandler(
   workerId: () => string,
   faults: HandlerFaults = { hangNext: 0 },
   effectsTable?: string,
+  /** The chaos schema: durable jobs write their step rows there. */
+  schema?: string,
 ) {
   return async (p: ChaosPayload, ctx: JobContext): Promise<ChaosJobResult> => {
     // Its start, abort and settling are logged by the wrapper (withTimeline, process-log.ts).
@@ -133,6 +160,9 @@ export function chaosHandler(
         await sleep(Math.min(left, PROGRESS_EVERY_MS), signal);
       }
     };
+    if (p.durable && schema) {
+      result.received = (await runDurable(p.durable, ctx, { db, schema, worker: w, work })).received;
+    }
     await work(p.beforeMs);
     if (p.write) {
       let accepted: boolean;
@@ -211,7 +241,8 @@ function graphJob(seq: number, random: () => number, leaseMs: number, maxAttempt
  * (a chain, a fan-out, a fan-in, a diamond) or batches, each taking the next few seqs.
  */
 export function makeUnits(from: number, n: number, random: () => number, leaseMs: number, maxAttempts: number): Unit[] {
-  if (random() >= GRAPH_SHARE) return [{ kind: "jobs", jobs: Array.from({ length: n }, (_, i) => makeJob(from + i, random, leaseMs, maxAttempts)) }];
+  if (random() >= GRAPH_SHARE)
+    return [{ kind: "jobs", jobs: Array.from({ length: n }, (_, i) => makeJob(from + i, random, leaseMs, maxAttempts, DURABLE_SHARE)) }];
   const units: Unit[] = [];
   for (let seq = from; seq < from + n;) {
     const size = Math.min(from + n - seq, 3 + Math.floor(random() * 6));

@@ -29,6 +29,12 @@ test("under kills, zombies, partitions, connection resets, restarts and storms n
   assert.equal((report.finished.succeeded ?? 0) + (report.finished.dead ?? 0) + (report.finished.cancelled ?? 0), options.jobs);
   assert.ok(report.graphs.batches > 0 && report.graphs.runOnFailure > 0, `no batch or no 'run' node: ${JSON.stringify(report.graphs)}`);
   assert.ok(report.graphs.results >= (report.finished.succeeded ?? 0), `results missing: ${JSON.stringify(report.graphs)}`);
+  // Durable jobs ran, slept, waited (receiving events and timing out), and faults caught some between steps.
+  const s = report.steps;
+  assert.ok(s.durableJobs > 0 && s.stepsRecorded > 0 && s.transactionalSteps === s.durableJobs, `durable jobs missing: ${JSON.stringify(s)}`);
+  assert.ok(s.suspensions.sleeps > 0 && s.suspensions.waits > 0, `no durable job suspended: ${JSON.stringify(s.suspensions)}`);
+  assert.ok(s.waits.received > 0 && s.waits.timedOut > 0, `waits not exercised: ${JSON.stringify(s.waits)}`);
+  assert.ok(s.replays > 0, "no attempt replayed a recorded step");
   for (const kind of faultKindsFor(options.dispatch)) assert.ok(report.faults[kind]! >= 1, `fault ${kind} was never injected`);
   for (const kind of ["kill", "zombie", "partition", "reset"] as const) {
     assert.ok(report.faults[kind]! >= 2, `fault ${kind} injected only ${report.faults[kind]} times`);
