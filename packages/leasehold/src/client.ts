@@ -20,6 +20,7 @@ import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } f
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
+import { checkEventName, serializeEventData } from "./jobs/steps.js";
 import type { Queryable } from "./store/db.js";
 import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
@@ -36,7 +37,9 @@ import type { AnyTask } from "./tasks/define.js";
 import { checkHooks, composeHooks, type ComposedHooks, type LeaseholdHooks } from "./hooks.js";
 import type { TracingOptions } from "./otel/options.js";
 import { JobWaiters, type WaitOptions } from "./waiters.js";
-import { checkConnectRetry, reachingDatabase, type ConnectRetryOptions } from "./connecting.js";
+import { checkConnectRetry, checkDatabaseUrl, reachingDatabase, type ConnectRetryOptions } from "./connecting.js";
+import { allOrNothing, checkCallerClient } from "./caller-client.js";
+import { loadTracing } from "./otel/load.js";
 import type { JobRelations } from "./store/admin.js";
 
 export interface LeaseholdOptions {
@@ -524,6 +527,20 @@ export class Leasehold {
   }
 
   /** Moves a dead or cancelled job back to waiting with a fresh retry budget. */
+  /**
+   * Sends an event to the jobs waiting for it (ctx.waitForEvent, docs/durable.md#events): each
+   * waiter whose `match` the data contains resumes with the data. Kept for the events' retention
+   * window, so a wait that begins after the send (of a job enqueued before it) still receives it.
+   * With `{ db }`, inside your transaction: the event exists only if it commits. Returns its id.
+   */
+  async sendEvent(event: string, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
+    checkEventName(event, "sendEvent");
+    const dataJson = serializeEventData(data, "sendEvent");
+    if (target.db !== undefined) checkCallerClient(target.db);
+    const [id] = await store.sendEvents(target.db ?? this.pool, [{ name: event, dataJson }], target.db && this.schema);
+    return { id: id! };
+  }
+
   async retry(id: string): Promise<void> {
     checkJobId(id);
     let result: store.RetryResult;
@@ -701,77 +718,5 @@ export class Leasehold {
     await this.nats?.close();
     await this.pool.end();
     await this.embedded?.stop();
-  }
-}
-
-/** The tracing hooks, loaded only when asked for: without tracing, OpenTelemetry is never imported. */
-async function loadTracing(options: true | TracingOptions): Promise<LeaseholdHooks> {
-  let otel: typeof import("./otel/tracing.js");
-  try {
-    otel = await import("./otel/tracing.js");
-  } catch (err) {
-    if ((err as { code?: string }).code === "ERR_MODULE_NOT_FOUND" && /@opentelemetry\/api/.test(String(err))) {
-      throw new ConfigError("tracing needs the @opentelemetry/api package, an optional peer dependency: npm install @opentelemetry/api");
-    }
-    throw err;
-  }
-  return otel.tracingHooks(options === true ? {} : options);
-}
-
-/**
- * The caller's `db` must be one connection: a Pool would run each statement on whichever
- * connection is free, so a BEGIN could be left open on one while the rows land, committed
- * alone, on others.
- */
-function checkCallerClient(db: unknown): void {
-  if (typeof (db as { query?: unknown })?.query !== "function") {
-    throw new ValidationError("db must be a pg Client or PoolClient (an object with a query method)");
-  }
-  if (typeof (db as { connect?: unknown }).connect === "function" && "totalCount" in (db as object)) {
-    throw new ValidationError(
-      "db is a pg Pool: pass one client (const client = await pool.connect()) so the enqueue joins its transaction, or leave db out",
-    );
-  }
-}
-
-/**
- * Several statements on a caller's client, all or nothing: inside the caller's transaction
- * (a savepoint proves there is one) they are part of it, and a failure undoes them alone;
- * outside one, they get a transaction of their own.
- */
-async function allOrNothing<T>(db: Queryable, run: () => Promise<T>): Promise<T> {
-  try {
-    await db.query("SAVEPOINT leasehold_enqueue");
-  } catch (err) {
-    if ((err as { code?: string }).code !== "25P01") throw err; // no_active_sql_transaction
-    await db.query("BEGIN");
-    try {
-      const result = await run();
-      await db.query("COMMIT");
-      return result;
-    } catch (e) {
-      await db.query("ROLLBACK").catch(() => {});
-      throw e;
-    }
-  }
-  try {
-    const result = await run();
-    await db.query("RELEASE SAVEPOINT leasehold_enqueue");
-    return result;
-  } catch (err) {
-    // Undo the chunks written so far; the caller's transaction goes on, and decides.
-    await db.query("ROLLBACK TO SAVEPOINT leasehold_enqueue").catch(() => {});
-    throw err;
-  }
-}
-
-/**
- * libpq-style URLs (postgres://, postgresql://) or a socket path. Anything else fails here with
- * a usage error rather than later as a connection failure. The value is not echoed: it may
- * hold a password.
- */
-function checkDatabaseUrl(url: string, what = "the database URL"): void {
-  if (!/^(postgres|postgresql|socket):\/\/|^\//i.test(url)) {
-    throw new ConfigError(`${what} must look like postgres://user:password@host:5432/database (the value given does not)`);
   }
 }

@@ -104,3 +104,14 @@ function oneLine(err: unknown): string {
   const text = e?.message || e?.errors?.map((x) => x.message).join("; ") || String(err);
   return text.split("\n")[0]!.trim();
 }
+
+/**
+ * libpq-style URLs (postgres://, postgresql://) or a socket path. Anything else fails here with
+ * a usage error rather than later as a connection failure. The value is not echoed: it may
+ * hold a password.
+ */
+export function checkDatabaseUrl(url: string, what = "the database URL"): void {
+  if (!/^(postgres|postgresql|socket):\/\/|^\//i.test(url)) {
+    throw new ConfigError(`${what} must look like postgres://user:password@host:5432/database (the value given does not)`);
+  }
+}

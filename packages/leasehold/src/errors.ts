@@ -191,3 +191,45 @@ export type LostLeaseReason =
   | "cancelled" // a user cancelled the job
   | "finished" // the job already finished
   | "missing"; // the job no longer exists (retention removed it)
+
+/**
+ * A replay met a recorded step other than the one the code now reaches at that place: the code
+ * changed under a running job (a deploy renamed, removed or reordered steps). The attempt fails
+ * (and is retried by the job's policy: a deploy rolled back lets it resume); the wrong step never
+ * runs. Both steps are named.
+ */
+export class StepMismatchError extends LeaseholdError {
+  constructor(
+    readonly jobId: string,
+    readonly seq: number,
+    readonly recorded: { name: string; occurrence: number; kind: string } | undefined,
+    readonly reached: { name: string; occurrence: number; kind: string } | undefined,
+  ) {
+    const at = (s: { name: string; occurrence: number; kind: string }) =>
+      `${s.kind} "${s.name}"${s.occurrence > 0 ? ` (call ${s.occurrence + 1} of that name)` : ""}`;
+    super(
+      "step_mismatch",
+      reached === undefined
+        ? `job ${jobId}: the handler returned without reaching its recorded ${at(recorded!)} at place ${seq}; ` +
+            "the code changed under a running job (docs/durable.md#what-a-deploy-may-change)"
+        : `job ${jobId}: at place ${seq} the code reached ${at(reached)}, but ${at(recorded!)} is recorded there; ` +
+            "the code changed under a running job (docs/durable.md#what-a-deploy-may-change)",
+    );
+  }
+}
+
+/**
+ * Thrown by ctx.sleep and ctx.waitForEvent (and children, callbacks) once they suspended the
+ * job: the attempt is over, and the job resumes later from the top, replaying its recorded steps.
+ * Let it end the handler; a handler that catches it and goes on changes nothing (the worker no
+ * longer holds the job, so nothing it does later is recorded).
+ */
+export class JobSuspendedError extends LeaseholdError {
+  constructor(
+    readonly jobId: string,
+    readonly step: string,
+    readonly until: Date | null,
+  ) {
+    super("job_suspended", `job ${jobId} suspended at "${step}"${until ? ` until ${until.toISOString()}` : ""}; it resumes from its recorded steps`);
+  }
+}

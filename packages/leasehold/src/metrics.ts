@@ -104,6 +104,9 @@ export interface Metrics {
   natsMessages: Counter<"result" | "kind">;
   natsFallback: Gauge;
   natsFallbacks: Counter;
+  // Durable steps (docs/durable.md).
+  stepsRecorded: Counter<"kind">;
+  stepsReplayed: Counter<"kind">;
 }
 
 const cache = new WeakMap<MetricsRegistry, Metrics>();
@@ -301,6 +304,18 @@ export function metricsFor(registry: MetricsRegistry = prom.register): Metrics {
     natsFallbacks: new prom.Counter({
       name: "leasehold_nats_fallbacks_total",
       help: "NATS dispatch: times a worker of this process fell back to claiming from the database by polling.",
+      registers,
+    }),
+    stepsRecorded: new prom.Counter({
+      name: "leasehold_steps_recorded_total",
+      help: "Durable steps recorded by this process's handlers, by kind: step, transaction, sleep, event, callback, children.",
+      labelNames: ["kind"],
+      registers,
+    }),
+    stepsReplayed: new prom.Counter({
+      name: "leasehold_steps_replayed_total",
+      help: "Recorded durable steps a replay returned without running them again, by kind.",
+      labelNames: ["kind"],
       registers,
     }),
   };

@@ -6,7 +6,7 @@ export type JsonValue = null | boolean | number | string | JsonValue[] | { [key:
  * Unfinished jobs live in `jobs`; finished ones in `job_history`, dead ones in `dead_jobs`.
  * A blocked job waits for its parents (docs/flows.md): no claim takes it until they have ended.
  */
-export type JobState = "blocked" | "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+export type JobState = "blocked" | "waiting" | "suspended" | "running" | "succeeded" | "dead" | "cancelled";
 export const JOB_STATES: readonly JobState[] = ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"];
 
 /**

@@ -162,12 +162,17 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     const summary: RecoverySummary = { retried: 0, dead: 0, cancelled: 0, byCause: {} };
     const count = (cause: RecoveryCause, ended: store.Ended) => {
       if (ended.size === 0) return;
-      for (const state of ended.values()) summary[state === "waiting" ? "retried" : state]++;
+      for (const state of ended.values()) summary[state === "waiting" || state === "suspended" ? "retried" : state]++;
       summary.byCause[cause] = (summary.byCause[cause] ?? 0) + ended.size;
       this.metrics.recoveries.inc({ cause }, ended.size);
       for (const s of ended.sinceBeatSeconds ?? []) this.metrics.recoveryDelay.observe({ cause }, s);
     };
-    if (checkLiveness) await this.checkLiveness();
+    if (checkLiveness) {
+      await this.checkLiveness();
+      // Suspended jobs whose time came (docs/durable.md): on the fleet's liveness turns, so a
+      // sleep ends within about a liveness interval, at one indexed statement per turn.
+      await this.wakeSuspended();
+    }
     const now = performance.now();
     // Recovery runs once the grace of a worker this watchdog saw go has passed, and on every
     // reap tick for workers another watchdog saw go: not one more statement on every tick.
@@ -224,6 +229,16 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
     if (total > 0)
       this.logger.info({ ...summary.byCause, retried: summary.retried, dead: summary.dead, cancelled: summary.cancelled }, "recovered attempts");
     return summary;
+  }
+
+  private async wakeSuspended(): Promise<void> {
+    for (;;) {
+      const woken = await store.wakeSuspendedJobs(this.db, { limit: REAP_BATCH });
+      let n = 0;
+      for (const count of woken.values()) n += count;
+      if (n > 0) this.logger.debug({ woken: Object.fromEntries(woken) }, "woke suspended jobs");
+      if (n < REAP_BATCH) return;
+    }
   }
 
   /** Workers whose liveness lock is gone are marked lost; their recovery waits the grace. */

@@ -304,7 +304,7 @@ export async function listJobsWithin(
 }
 
 /**
- * Cancel: a waiting or blocked job ends at once (to history as cancelled; a blocked job's own
+ * Cancel: a waiting, blocked or suspended (sleeping, waiting for an event) job ends at once (to history as cancelled; a blocked job's own
  * dependents are then settled by the triggers of migration 014); a running job is marked, its
  * handler is aborted at once (migration 014's trigger notifies the worker holding it), and its
  * late report ends it as cancelled.
@@ -314,7 +314,7 @@ export async function listJobsWithin(
 export const CANCEL_TARGET = `
 ended AS (
   DELETE FROM jobs AS j USING target AS t
-   WHERE j.id = t.id AND t.state IN ('waiting', 'blocked')
+   WHERE j.id = t.id AND t.state IN ('waiting', 'blocked', 'suspended')
   RETURNING j.*
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,

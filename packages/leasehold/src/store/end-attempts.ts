@@ -26,7 +26,11 @@ import { DEFAULT_MAX_HOLD_MS } from "./flow.js";
 import { run, statement } from "./sql.js";
 import type { AttemptOutcome } from "../jobs/types.js";
 
-const END_ATTEMPTS = `
+/**
+ * The shared tail. `wait`: what a suspension ends its job with (store/steps.ts), an expression
+ * over `d`; every other end clears it.
+ */
+const endAttemptsTail = (wait = "NULL::jsonb") => `
 , decided AS (
   SELECT e.*,
          NOT e.cancelled
@@ -34,7 +38,8 @@ const END_ATTEMPTS = `
     FROM ending AS e
 ), retried AS (
   UPDATE jobs AS j
-     SET state = 'waiting',
+     SET state = CASE WHEN d.outcome = 'suspended' THEN 'suspended' ELSE 'waiting' END,
+         wait = ${wait},
          spent_attempts = j.spent_attempts + d.spend::int,
          run_at = now() + d.retry_delay_ms * interval '1 millisecond',
          last_error = coalesce(d.error, j.last_error),
@@ -45,7 +50,7 @@ const END_ATTEMPTS = `
   RETURNING j.id, j.queue, j.attempt, j.run_at, d.retry_delay_ms, d.last_beat_at, d.outcome, d.recovery
 ), doorbells AS (
   INSERT INTO dispatch_outbox (job_id, attempt, publish_at, recovery)
-  SELECT r.id, r.attempt, r.run_at, r.recovery FROM retried AS r WHERE nats_dispatch_active()
+  SELECT r.id, r.attempt, r.run_at, r.recovery FROM retried AS r WHERE r.outcome <> 'suspended' AND nats_dispatch_active()
   ON CONFLICT DO NOTHING
 ), finished AS (
   DELETE FROM jobs AS j
@@ -77,10 +82,10 @@ const END_ATTEMPTS = `
     FROM decided
    WHERE NOT (cancelled OR dead)
 )
-SELECT r.id, 'waiting' AS state,
+SELECT r.id, CASE WHEN r.outcome = 'suspended' THEN 'suspended' ELSE 'waiting' END AS state,
        -- jobs released to run at once wake a sleeping worker (a NOTIFY per queue, deduplicated),
        -- and the NATS dispatchers when their doorbells are owed
-       CASE WHEN r.retry_delay_ms = 0
+       CASE WHEN r.retry_delay_ms = 0 AND r.outcome <> 'suspended'
             THEN concat(pg_notify('leasehold:' || current_schema(), r.queue),
                         CASE WHEN nats_dispatch_active() THEN pg_notify('leasehold:' || current_schema() || ':dispatch', '') END)
        END AS woke,
@@ -112,9 +117,10 @@ const HOLDER_POLICY = `LEFT JOIN LATERAL (
 const ENDED = { id: "int8", state: "text", woke: "text?", since_beat_s: "float8?", outcome: "text" } as const;
 
 /** A statement that selects its attempts into `ending` and ends them through the shared tail. */
-const ending = (name: string, selectEnding: string) => statement(name, selectEnding + END_ATTEMPTS, ENDED);
+export const ending = (name: string, selectEnding: string, wait?: string) => statement(name, selectEnding + endAttemptsTail(wait), ENDED);
 
-export type EndState = "waiting" | "dead" | "cancelled";
+/** "suspended": a durable handler's sleep or wait ended the attempt (store/steps.ts). */
+export type EndState = "waiting" | "dead" | "cancelled" | "suspended";
 
 /** What became of each ended attempt's job (by job id). */
 export type Ended = Map<string, EndState> & {
@@ -124,7 +130,7 @@ export type Ended = Map<string, EndState> & {
   outcomes?: Map<string, AttemptOutcome>;
 };
 
-async function endAttempts(db: Queryable, st: ReturnType<typeof ending>, values: unknown[]): Promise<Ended> {
+export async function endAttempts(db: Queryable, st: ReturnType<typeof ending>, values: unknown[]): Promise<Ended> {
   const rows = await run(db, st, values);
   const ended: Ended = new Map(rows.map((r) => [r.id, r.state as EndState]));
   ended.sinceBeatSeconds = rows.flatMap((r) => (r.since_beat_s === null ? [] : [r.since_beat_s]));

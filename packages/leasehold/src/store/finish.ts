@@ -116,7 +116,7 @@ export async function supersedeJobs(db: Queryable, p: { workerId: string; jobs: 
  * The transaction-local setting that marks the transaction ctx.transaction began. Transaction
  * local (set_config's `true`), it is gone once that transaction ends, however it ended.
  */
-const TRANSACTION_MARKER = "leasehold.transaction";
+export const TRANSACTION_MARKER = "leasehold.transaction";
 
 /**
  * Success of one attempt inside the caller's transaction (`ctx.transaction`): the handler's

@@ -121,3 +121,15 @@ export type { Doorbell } from "./dispatch.js";
 export type { InsertedJob } from "./enqueue.js";
 export { insertFlow, parentsOf, parentsPage, PARENTS_PAGE_BYTES, dependencyCounts } from "./dependencies.js";
 export type { ParentRecord, ParentsPage, DependencyCounts } from "./dependencies.js";
+export {
+  loadSteps,
+  recordSteps,
+  stepFate,
+  recordStepWithin,
+  suspendForSleep,
+  receiveEvent,
+  waitForEvent,
+  sendEvents,
+  wakeSuspendedJobs,
+} from "./steps.js";
+export type { StepOutcome, StepFate, SuspendingStep, EventWait, ReceiveResult } from "./steps.js";

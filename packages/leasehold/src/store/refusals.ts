@@ -8,7 +8,7 @@ import type { LostLeaseReason } from "../errors.js";
 import type { Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
 
-export type RefusedKind = "heartbeat" | "complete" | "fail" | "release" | "supersede";
+export type RefusedKind = "heartbeat" | "complete" | "fail" | "release" | "supersede" | "step";
 
 export interface StaleRefusal {
   jobId: string;

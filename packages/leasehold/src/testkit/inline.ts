@@ -5,6 +5,7 @@
  * a worker would end its attempt. No job row is written: the job id and fence are fresh values
  * from the queue's own sequences, so they never collide with a real job's.
  */
+import type { StepFunction } from "../worker/steps.js";
 import pg from "pg";
 import type { Logger } from "../logger.js";
 import { serializeResult } from "../jobs/validate.js";
@@ -125,6 +126,17 @@ class InlineContext implements JobContext {
     private readonly options: InlineOptions,
     private readonly host: InlineHost,
   ) {}
+
+  // Replaced by the test kit's durable steps (in progress).
+  get step(): StepFunction {
+    throw new ConfigError("runInline: durable steps are not supported yet");
+  }
+  sleep(): Promise<void> {
+    throw new ConfigError("runInline: durable steps are not supported yet");
+  }
+  waitForEvent<T>(): Promise<T | null> {
+    throw new ConfigError("runInline: durable steps are not supported yet");
+  }
 
   get queue(): string {
     return this.options.queue ?? "default";

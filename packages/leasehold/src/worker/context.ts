@@ -17,6 +17,8 @@ import type { FencedWriteDb } from "../fencing.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
+import type { StepFunction, WaitForEventOptions } from "./steps.js";
+import type { Duration } from "../jobs/steps.js";
 
 export interface JobContext {
   jobId: string;
@@ -103,6 +105,28 @@ export interface JobContext {
    * callback's counts). A job without parents: all 0.
    */
   dependencies(): Promise<DependencyCounts>;
+  /**
+   * A durable step (docs/durable.md): runs `fn` and records its JSON result, fenced by this
+   * attempt, before the handler goes on. Any later attempt of the job (a retry, a recovery, a
+   * resume after a sleep or a wait) runs the handler from the top, and a recorded step returns
+   * its recorded result without running `fn` again. Steps are told apart by name, and by the
+   * how-many-th call of that name (a step in a loop). At least once per job for a plain step
+   * (its worker may die between `fn` and its record); `ctx.step.transaction` is exactly once.
+   */
+  step: StepFunction;
+  /**
+   * Ends this attempt and suspends the job until `until` (a Date, ms, or a duration such as
+   * "3d"), on the database's clock, holding no lease and no worker slot; it then resumes from
+   * the top, replaying its recorded steps. Spends no retry. Throws JobSuspendedError: let it end
+   * the handler.
+   */
+  sleep(name: string, until: Duration | Date): Promise<void>;
+  /**
+   * Waits for an event sent with `sendEvent` (or HTTP, the CLI, SQL's send_event()) whose data
+   * contains `match`: the event's data, or null after `timeout`. If it was sent since the job was
+   * enqueued, it returns at once; otherwise the job suspends (as ctx.sleep) until it comes.
+   */
+  waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null>;
   logger: Logger;
 }
 
@@ -125,7 +149,7 @@ export interface TaskDefinition<P = any> {
 export type TaskHandlers = Record<string, Handler | TaskDefinition>;
 
 export type AbortReason =
-  LostLeaseReason | "shutdown" | "renewal_failed" | "liveness_lost" | "progress_refused" | "stalled" | "timed_out" | "fence_refused";
+  LostLeaseReason | "shutdown" | "renewal_failed" | "liveness_lost" | "progress_refused" | "stalled" | "timed_out" | "fence_refused" | "suspended";
 
 /** The `signal.reason` of an aborted handler: says why it must stop. */
 export class JobAbortedError extends LeaseholdError {
@@ -164,6 +188,8 @@ function describeAbort(reason: AbortReason): string {
       return "it ran past its maximum run time; the attempt fails as timed out";
     case "fence_refused":
       return "a fenced write was refused: a newer claim wrote first, so the attempt ends as superseded";
+    case "suspended":
+      return "the handler suspended the job (a sleep or a wait); it resumes later from its recorded steps";
   }
 }
 

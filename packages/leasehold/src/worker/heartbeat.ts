@@ -14,6 +14,7 @@
  *   histogram the database keeps per worker, which `leasehold doctor` turns into a lease
  *   recommendation.
  */
+import type { AttemptSteps } from "./steps.js";
 import type { Logger } from "../logger.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
@@ -22,6 +23,13 @@ import type { AbortReason } from "./context.js";
 import type { Outage } from "./outage.js";
 import type { StaleRefusal } from "../store/index.js";
 import { recordRefusals, type WorkerTransport } from "./transport.js";
+
+/**
+ * A durable handler's sleep or wait ends its attempt in its own statement: "suspending" while it
+ * runs (a beat that then misses the job is not a lost lease), "suspended" once the job sleeps, or
+ * "cancelled" if a cancel request ended the job instead.
+ */
+export type AttemptSuspension = "suspending" | "suspended" | "cancelled";
 
 export interface InFlight {
   job: ClaimedJob;
@@ -62,7 +70,9 @@ export interface InFlight {
    * ctx.transaction: "committing" while its completion runs (a beat that then misses the job
    * is not a lost lease: the job is being finished), "committed" once it is finished.
    */
-  within?: "committing" | "committed";
+  within?: "committing" | "committed" | AttemptSuspension;
+  /** Durable steps of this attempt (worker/steps.ts), made at its first step. */
+  steps?: AttemptSteps;
 }
 
 /**

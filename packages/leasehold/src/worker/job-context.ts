@@ -13,6 +13,9 @@ import type { InFlight } from "./heartbeat.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
+import { AttemptSteps, type StepFunction, type WaitForEventOptions } from "./steps.js";
+import type { StepWorker } from "./step-host.js";
+import type { Duration } from "../jobs/steps.js";
 
 export interface ContextHost {
   logger: Logger;
@@ -23,6 +26,8 @@ export interface ContextHost {
   abort(entry: InFlight, reason: AbortReason): void;
   parents(entry: InFlight): Promise<ParentRecord[]>;
   dependencies(entry: InFlight): Promise<DependencyCounts>;
+  /** Where durable steps are recorded (worker/step-host.ts). */
+  readonly steps: StepWorker;
 }
 
 /**
@@ -134,6 +139,20 @@ class AttemptContext implements JobContext {
 
   dependencies(): Promise<DependencyCounts> {
     return this.host.dependencies(this.entry);
+  }
+
+  // Made at the first durable call: a handler without steps pays nothing for them.
+  private get durable(): AttemptSteps {
+    return (this.entry.steps ??= new AttemptSteps(this.entry, this.host.steps));
+  }
+  get step(): StepFunction {
+    return this.durable.step;
+  }
+  sleep(name: string, until: Duration | Date): Promise<void> {
+    return this.durable.sleep(name, until);
+  }
+  waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null> {
+    return this.durable.waitForEvent<T>(name, options);
   }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.

@@ -10,7 +10,7 @@ import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
 
 export type JobOutcome =
-  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" }
+  | { state: "succeeded" | "superseded" | "cancelled" | "waiting" | "suspended" }
   /** `error`: why the worker ended it dead itself, when the handler threw nothing (a refused result). */
   | { state: "dead"; error?: ValidationError }
   | { state: "stale"; error: StaleLeaseError }
@@ -27,6 +27,8 @@ export async function reportEnd(
   limitMessage?: string,
 ): Promise<JobOutcome> {
   const { job } = entry;
+  // A durable handler that returned without reaching a step it recorded before: its code changed.
+  if (err === undefined && entry.steps) err = await entry.steps.unreached();
   // A refused ctx.fencedWrite decides the end, whatever the handler did next (returned,
   // threw because its signal aborted, hit a limit): the job finishes as superseded, with no
   // retry to overwrite the newer claim's value. Only an explicit request retries it.

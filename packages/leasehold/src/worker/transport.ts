@@ -13,6 +13,8 @@ import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
 import { guardTransaction } from "./transaction-guard.js";
 import { isConnectionError } from "../store/db.js";
+import type { StepRecord } from "../jobs/steps.js";
+import type { JsonValue } from "../jobs/types.js";
 
 export { isConnectionError };
 
@@ -127,6 +129,18 @@ export interface WorkerTransport {
   dependencies?(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
+  /** Durable steps (worker/step-host.ts): a held job's recorded steps, in order. */
+  loadSteps?(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]>;
+  /** Records step outcomes, fenced; returns the keys ("id:seq") recorded (see store/steps.ts). */
+  recordSteps?(p: { workerId: string; steps: store.StepOutcome[] }): Promise<Set<string>>;
+  /** Why a record was refused: the attempt lost its job, or the place was recorded already. */
+  stepFate?(p: { workerId: string; id: string; attempt: number; seq: number }): Promise<store.StepFate>;
+  /** ctx.step.transaction: the handler's writes and the step's record in one transaction (a transport on the database only). */
+  recordStepWithin?<T>(p: RecordStepWithinParams<T>): Promise<RecordStepWithinResult>;
+  /** ctx.sleep: records the sleep and suspends the job; "due": its end had passed (recorded, not suspended). */
+  sleep?(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due">;
+  /** ctx.waitForEvent: the event (or the timeout's null) if the wait is over, else the job suspends. */
+  waitForEvent?(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer>;
   /**
    * Keeps a record of heartbeats and reports the fence refused, for operators (the
    * dashboard's Recoveries view). Only a transport on the database has it: the server keeps
@@ -141,6 +155,25 @@ export interface WorkerTransport {
    */
   readonly notifiesQueueSettings?: boolean;
 }
+
+/** How a suspension ended the attempt; "stale": the attempt no longer held its job. */
+export type SuspensionAnswer = "suspended" | "cancelled" | "stale";
+
+export interface RecordStepWithinParams<T> {
+  workerId: string;
+  job: store.AttemptRef;
+  place: { seq: number; name: string; occurrence: number };
+  work: (tx: pg.PoolClient) => Promise<T>;
+  /** The step's result as JSON (null: undefined) from what `work` returned; may throw to roll back. */
+  result: (value: T) => string | null;
+  durationMs: () => number;
+  pool?: pg.Pool;
+}
+
+export type RecordStepWithinResult =
+  | { recorded: true; resultJson: string | null }
+  /** Not recorded, everything rolled back: the attempt lost its job (`held` false), or `other` recorded the place first. */
+  | { recorded: false; held: boolean; other?: { name: string; occurrence: number; result: JsonValue | undefined } };
 
 export interface CompleteWithinParams<T> {
   workerId: string;
@@ -207,6 +240,14 @@ function explainAbortedTransaction(err: unknown, label: string): unknown {
   );
 }
 
+/** The handler ended the transaction it was given (a COMMIT or ROLLBACK past tx.query): said so, as a misuse. */
+function bypassed(label: string, consequence: string): TransactionMisuseError {
+  return new TransactionMisuseError(
+    `ctx.transaction (${label}): the handler ended the transaction ctx.transaction began (a COMMIT or ROLLBACK that ` +
+      `bypassed tx.query); ${consequence} and whatever now runs on the connection was rolled back`,
+  );
+}
+
 /** Reports are fenced and retried, so a hung one can be abandoned and sent again. */
 const REPORT_TIMEOUT_MS = 10_000;
 
@@ -250,20 +291,86 @@ export class DatabaseTransport implements WorkerTransport {
    * connection the worker's claims, beats and reports need.
    */
   async completeWithin<T>(p: CompleteWithinParams<T>): Promise<CompleteWithinResult<T>> {
-    const pool = p.pool ?? (this.appPool ??= store.createAppPool(this.connectionString));
-    const { client, release } = await store.checkOut(pool);
     const label = `job ${p.job.id} attempt ${p.job.attempt}`;
-    // The handler gets a guarded tx; the marker lets the completion prove it runs in the
+    return this.guardedTransaction<T, CompleteWithinResult<T>>(p.pool, label, p.work, async (client, marker, value) => {
+      const resultJson = p.result?.(value);
+      p.committing();
+      const done = await store.completeWithin(client, this.schema, { workerId: p.workerId, job: { ...p.job, resultJson }, marker }).catch((err) => {
+        throw explainAbortedTransaction(err, label);
+      });
+      if (done === "not_ours") throw bypassed(label, "the job was not completed");
+      if (done === "stale")
+        return {
+          commit: false,
+          answer: async () => ({ completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) }),
+        };
+      return {
+        commit: true,
+        answer: { completed: true, value },
+        // The connection dropped during COMMIT: it may have landed. The audit trail knows.
+        landed: async () => (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id)?.endedAs === "succeeded",
+      };
+    });
+  }
+
+  /** ctx.step.transaction: as completeWithin, with the step's record in place of the completion. */
+  async recordStepWithin<T>(p: RecordStepWithinParams<T>): Promise<RecordStepWithinResult> {
+    const label = `job ${p.job.id} attempt ${p.job.attempt} step "${p.place.name}"`;
+    const fate = async (): Promise<RecordStepWithinResult> => {
+      const f = await store.stepFate(this.pool, { workerId: p.workerId, id: p.job.id, attempt: p.job.attempt, seq: p.place.seq });
+      return { recorded: false, held: f.held, ...(f.recorded?.state === "succeeded" && { other: f.recorded }) };
+    };
+    return this.guardedTransaction<T, RecordStepWithinResult>(p.pool, label, p.work, async (client, marker, value) => {
+      const resultJson = p.result(value);
+      const step = { workerId: p.workerId, id: p.job.id, attempt: p.job.attempt, ...p.place, resultJson, durationMs: p.durationMs(), marker };
+      const done = await store.recordStepWithin(client, this.schema, step).catch((err) => {
+        throw explainAbortedTransaction(err, label);
+      });
+      if (done === "not_ours") throw bypassed(label, "the step was not recorded");
+      if (done === "refused") return { commit: false, answer: fate };
+      return {
+        commit: true,
+        answer: { recorded: true, resultJson },
+        landed: async () => {
+          const f = await fate();
+          return !f.recorded && f.other !== undefined;
+        },
+      };
+    });
+  }
+
+  /**
+   * Runs `work` in a transaction begun here, on a guarded connection (transaction-guard.ts), then
+   * `finish` in the same transaction: it commits both, or rolls both back and answers later (its
+   * `answer` a function, run after the ROLLBACK). The handler's transaction runs on a connection
+   * like the application's own: the server's default search_path (where its tables are), not
+   * Leasehold's schema, whose statements name it. Its own small pool, so a handler holding a
+   * transaction open never takes a connection the worker's claims, beats and reports need.
+   */
+  private async guardedTransaction<T, R>(
+    userPool: pg.Pool | undefined,
+    label: string,
+    work: (tx: pg.PoolClient) => Promise<T>,
+    finish: (
+      client: pg.PoolClient,
+      marker: string,
+      value: T,
+    ) => Promise<{ commit: true; answer: R; landed: () => Promise<boolean> } | { commit: false; answer: () => Promise<R> }>,
+  ): Promise<R> {
+    const pool = userPool ?? (this.appPool ??= store.createAppPool(this.connectionString));
+    const { client, release } = await store.checkOut(pool);
+    // The handler gets a guarded tx; the marker lets the closing statement prove it runs in the
     // transaction begun here (see transaction-guard.ts).
     const guard = guardTransaction(client, label);
     const marker = randomUUID();
     let broken: unknown;
     try {
       await client.query(store.beginWithin(marker));
-      let value: T;
+      let done;
       try {
+        let value: T;
         try {
-          value = await p.work(guard.tx);
+          value = await work(guard.tx);
         } catch (err) {
           throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
         } finally {
@@ -271,20 +378,10 @@ export class DatabaseTransport implements WorkerTransport {
         }
         // Refused before it was sent, and caught by the handler: the attempt fails all the same.
         if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
-        const resultJson = p.result?.(value);
-        p.committing();
-        const done = await store.completeWithin(client, this.schema, { workerId: p.workerId, job: { ...p.job, resultJson }, marker }).catch((err) => {
-          throw explainAbortedTransaction(err, label);
-        });
-        if (done === "not_ours") {
-          throw new TransactionMisuseError(
-            `ctx.transaction (${label}): the handler ended the transaction ctx.transaction began (a COMMIT or ROLLBACK that ` +
-              "bypassed tx.query); the job was not completed and whatever now runs on the connection was rolled back",
-          );
-        }
-        if (done === "stale") {
+        done = await finish(client, marker, value);
+        if (!done.commit) {
           await client.query("ROLLBACK");
-          return { completed: false, lost: (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id) };
+          return await done.answer();
         }
       } catch (err) {
         await client.query("ROLLBACK").catch((e: unknown) => (broken = e));
@@ -297,11 +394,9 @@ export class DatabaseTransport implements WorkerTransport {
       } catch (err) {
         if (!isConnectionError(err)) throw err;
         broken = err;
-        // The connection dropped during COMMIT: it may have landed. The audit trail knows.
-        const lost = (await store.describeLostLeases(this.pool, [p.job])).get(p.job.id);
-        if (lost?.endedAs !== "succeeded") throw err;
+        if (!(await done.landed())) throw err;
       }
-      return { completed: true, value };
+      return done.answer;
     } finally {
       release(broken);
     }
@@ -475,5 +570,40 @@ export class DatabaseTransport implements WorkerTransport {
   }
   dependencies(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts> {
     return store.dependencyCounts(this.pool, p.job.id);
+  }
+  loadSteps(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]> {
+    return store.loadSteps(this.pool, p.job.id);
+  }
+  recordSteps(p: { workerId: string; steps: store.StepOutcome[] }): Promise<Set<string>> {
+    return store.recordSteps(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
+  }
+  stepFate(p: { workerId: string; id: string; attempt: number; seq: number }): Promise<store.StepFate> {
+    return store.stepFate(this.pool, p);
+  }
+  async sleep(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due"> {
+    const ended = await store.suspendForSleep(withQueryTimeout(this.pool, REPORT_TIMEOUT_MS), p);
+    const state = ended.get(p.id);
+    if (state === "suspended" || state === "cancelled") return state;
+    // Nothing ended: the sleep's end had passed (recorded, the handler goes on), or the attempt had lost its job.
+    const fate = await store.stepFate(this.pool, p);
+    return fate.held && fate.recorded?.name === p.name ? "due" : "stale";
+  }
+  async waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
+    const { client, release } = await store.checkOut(this.pool);
+    let broken: unknown;
+    try {
+      const answer = await store.waitForEvent(client, p);
+      if (!answer.held) return "stale";
+      if ("suspended" in answer) {
+        const state = answer.suspended.get(p.id);
+        return state === "suspended" || state === "cancelled" ? state : "stale";
+      }
+      return answer.recorded ? { received: answer.received, data: answer.data } : "stale";
+    } catch (err) {
+      broken = err;
+      throw err;
+    } finally {
+      release(broken);
+    }
   }
 }

@@ -14,11 +14,10 @@ import { silentLogger, type Logger } from "../logger.js";
 import type { CounterChild, HistogramChild, MetricsRegistry } from "../metric-shapes.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type pg from "pg";
-import { ConfigError, StaleLeaseError, TransactionMisuseError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
+import { ConfigError, JobSuspendedError, UnknownTaskError, type LostLeaseReason } from "../errors.js";
 import { metricsFor, type Metrics } from "../metrics.js";
 import { Claimer } from "./claimer.js";
-import { JobAbortedError, PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
-import { serializeResult } from "../jobs/validate.js";
+import { JobAbortedError, type AbortReason, type TransactionResult } from "./context.js";
 import { Heartbeater, attemptKey, canVouchFor, hasUnsentValues, type InFlight } from "./heartbeat.js";
 import { FlowView, REFRESH_IDLE_MS } from "./flow-view.js";
 import { createJobContext } from "./job-context.js";
@@ -28,7 +27,12 @@ import { Outage } from "./outage.js";
 import { reportEnd, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
-import { isConnectionError, recordRefusals, type Attachment, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
+import { TransactionRunner } from "./transaction.js";
+import { StepHost } from "./step-host.js";
+import { LivenessWatch } from "./liveness.js";
+import { armLimits, limitPassed, type LimitOutcome } from "./limits.js";
+import { releaseAttempts, type ReleaseWhy } from "./release.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
 import { WorkerEmitter } from "./events.js";
@@ -57,16 +61,6 @@ const RECONCILE_RETRY_MAX_MS = 16_000;
 const BUFFER_MAX_LEASE_SHARE = 0.25;
 const BUFFER_MAX_AGE_MS = 10_000;
 
-/** Why a live worker gives jobs back, and the `cause` label it is counted under. */
-const RELEASE_CAUSE = {
-  shutdown: "shutdown",
-  "buffered too long": "buffer_age",
-  cancelled: "cancelled",
-  "not vouched for": "unvouched",
-  "liveness lost": "liveness_lost",
-  "queue paused": "paused",
-} as const;
-
 /** "<name>/<host>-<pid>-<random>", or without the name part. */
 export function makeWorkerId(name?: string): string {
   const base = `${os.hostname()}-${process.pid}-${randomBytes(3).toString("hex")}`;
@@ -92,6 +86,9 @@ export class Worker extends WorkerEmitter {
   private readonly claimer: Claimer;
   private readonly flow: FlowView;
   private readonly heartbeater: Heartbeater;
+  private readonly transactions: TransactionRunner;
+  /** @internal Where durable steps are recorded (./step-host.ts). */
+  readonly steps: StepHost;
   readonly reporter: Reporter;
   private attachment?: Attachment;
   private sweepTimer?: NodeJS.Timeout;
@@ -105,13 +102,9 @@ export class Worker extends WorkerEmitter {
   private dispatch?: WorkerDispatch;
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
-  /** Monotonic ms at which the liveness session was lost, while it is gone. */
-  private livenessLostAt?: number;
-  private livenessTimer?: NodeJS.Timeout;
-  /** Monotonic ms of the last give-up on liveness: a claim sent before it must not start. */
-  private gaveUpAt = -Infinity;
-  /** Buffered attempts given up with the liveness session: released once it is back. */
-  private givenUp: InFlight[] = [];
+  private readonly liveness: LivenessWatch;
+  /** Bound once: arming an attempt's limits makes no closure per job. */
+  private readonly limitReached = (entry: InFlight, outcome: LimitOutcome) => this.endAtLimit(entry, outcome);
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
   private readonly endings = new Map<string, CounterChild>();
@@ -185,6 +178,47 @@ export class Worker extends WorkerEmitter {
       this.outage,
       this.logger,
     );
+    this.transactions = new TransactionRunner(
+      {
+        stale: (job, err) => this.emit("job:stale", job, err),
+        abort: (e, reason) => this.abortJob(e, reason),
+        leaseLost: (e, reason) => this.leaseLost(e, reason),
+        forget: (e) => this.forget(e),
+      },
+      this.heartbeater,
+      this.transport,
+      this.id,
+      this.settings.maxResultBytes,
+      this.metrics,
+      this.logger,
+    );
+    this.steps = new StepHost({
+      id: this.id,
+      transport: this.transport,
+      metrics: this.metrics,
+      logger: this.logger,
+      progressed: (e) => this.progressed(e),
+      stepLost: (e, reason) => this.leaseLost(e, reason),
+      attemptSuspended: (e) => this.forget(e),
+      sendPending: (e) => this.heartbeater.sendPending(e),
+    });
+    this.liveness = new LivenessWatch(
+      {
+        started: () => this.state === "started",
+        lost: () => this.claimer.setHeld(true),
+        attempts: () => this.inFlight.values(),
+        drop: (e, reason) => this.drop(e, reason),
+        abort: (e, reason) => this.abortJob(e, reason),
+        back: (givenUp) => {
+          if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
+          this.claimer.setHeld(false);
+          this.dispatch?.kick();
+          this.pump();
+        },
+      },
+      this.settings.livenessGraceMs,
+      this.logger,
+    );
   }
 
   /** Jobs whose leases this worker holds now (buffered, running or being reported). */
@@ -218,7 +252,7 @@ export class Worker extends WorkerEmitter {
       onConnection: (state, err, lateByMs) => {
         if (state === "up") this.outage.ok();
         else this.outage.failed("listen", err);
-        this.livenessChanged(state, lateByMs ?? 0);
+        this.liveness.changed(state, lateByMs ?? 0);
       },
     });
     this.reportSession(this.attachment.session);
@@ -243,7 +277,7 @@ export class Worker extends WorkerEmitter {
           tasks: this.tasks,
           logger: this.logger,
           metrics: this.metrics,
-          capacity: () => (this.livenessLostAt !== undefined ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
+          capacity: () => (this.liveness.lost ? 0 : this.claimer.target() - (this.buffer.length - this.head) - this.running),
           deliver: (jobs, at) => this.deliver(jobs, at),
           setPolling: (on) => this.claimer.setPaused(!on),
         });
@@ -334,7 +368,7 @@ export class Worker extends WorkerEmitter {
   private async shutDown(timeoutMs: number): Promise<void> {
     this.transport.interrupt?.();
     clearInterval(this.sweepTimer);
-    clearTimeout(this.livenessTimer);
+    this.liveness.stop();
     this.flow.stop();
     await Promise.all([this.claimer.stop(), this.dispatch?.stop(), ...this.services.map((s) => s.stop())]);
     await this.release(this.takeBuffered(), "shutdown");
@@ -366,21 +400,10 @@ export class Worker extends WorkerEmitter {
   }
 
   /** Gives jobs back without spending an attempt (this worker is alive and chose to). */
-  private async release(entries: InFlight[], why: keyof typeof RELEASE_CAUSE): Promise<void> {
+  private async release(entries: InFlight[], why: ReleaseWhy): Promise<void> {
     if (entries.length === 0) return;
     for (const e of entries) this.forget(e);
-    try {
-      const released = await this.transport.release({
-        workerId: this.id,
-        jobs: entries.map((e) => ({ id: e.job.id, attempt: e.job.attempt })),
-        reason: why === "shutdown" ? "released: worker shut down" : `released: ${why}`,
-      });
-      this.metrics.released.inc({ cause: RELEASE_CAUSE[why] }, released.size);
-      if (why === "shutdown") this.logger.info({ released: released.size }, "released unfinished jobs");
-    } catch (err) {
-      // Their leases will expire and the watchdog will recover them.
-      this.logger.warn({ err: String(err), jobs: entries.length }, `could not release jobs (${why})`);
-    }
+    await releaseAttempts(this.transport, this.id, entries, why, this.metrics, this.logger);
   }
 
   private deliver(jobs: ClaimedJob[], sentAt: number): void {
@@ -405,7 +428,7 @@ export class Worker extends WorkerEmitter {
       this.inFlight.set(attemptKey(job), entry);
       this.newestAttempt.set(job.id, entry);
       // Claimed before this worker gave up on its liveness: the watchdog may recover it.
-      if (sentAt <= this.gaveUpAt) stale.push(entry);
+      if (sentAt <= this.liveness.gaveUpAt) stale.push(entry);
       else this.buffer.push(entry);
       shortestLease = Math.min(shortestLease, job.leaseMs);
       perQueue.set(job.queue, (perQueue.get(job.queue) ?? 0) + 1);
@@ -423,7 +446,7 @@ export class Worker extends WorkerEmitter {
    * run yet), and none while the liveness session is gone.
    */
   private pump(): void {
-    if (this.livenessLostAt !== undefined) return;
+    if (this.liveness.lost) return;
     let unvouched: InFlight[] | undefined;
     let pausedNow: InFlight[] | undefined;
     let now = performance.now();
@@ -468,55 +491,6 @@ export class Worker extends WorkerEmitter {
       this.metrics.leasesLost.inc({ reason: "renewal_failed" });
     }
     void this.release(entries, "not vouched for");
-  }
-
-  /**
-   * The liveness session (which holds this worker's liveness lock) went down or came back.
-   * While it is gone nothing starts and nothing is claimed; if it is not back within half the
-   * grace the watchdog waits before recovering this worker's jobs, the worker gives them all
-   * up first: running handlers are aborted (liveness_lost), buffered jobs are dropped and
-   * released once the session is back.
-   */
-  private livenessChanged(state: "up" | "down", lateByMs = 0): void {
-    const grace = this.settings.livenessGraceMs;
-    if (grace === null || this.state !== "started") return;
-    if (state === "down") {
-      if (this.livenessLostAt !== undefined) return;
-      this.livenessLostAt = performance.now();
-      this.claimer.setHeld(true);
-      this.logger.warn({ graceMs: grace }, "liveness session lost; giving up this worker's jobs unless it is back in time");
-      // The session may have ended on the server before this process noticed (it was silent,
-      // or this process was stopped): only what is left of half the grace remains. Waking from
-      // a freeze to a dead session, that is nothing: the watchdog may already have recovered
-      // the jobs, so the handlers stop now.
-      this.livenessTimer = setTimeout(() => this.giveUpOnLiveness(), Math.max(0, Math.floor(grace / 2) - lateByMs));
-      this.livenessTimer.unref();
-      return;
-    }
-    clearTimeout(this.livenessTimer);
-    if (this.livenessLostAt === undefined) return;
-    this.logger.info({ downMs: Math.round(performance.now() - this.livenessLostAt) }, "liveness session back");
-    this.livenessLostAt = undefined;
-    const givenUp = this.givenUp;
-    this.givenUp = [];
-    if (givenUp.length > 0) void this.release(givenUp, "liveness lost");
-    this.claimer.setHeld(false);
-    this.dispatch?.kick();
-    this.pump();
-  }
-
-  private giveUpOnLiveness(): void {
-    if (this.livenessLostAt === undefined || this.state !== "started") return;
-    this.gaveUpAt = performance.now();
-    const entries = [...this.inFlight.values()];
-    this.logger.warn({ jobs: entries.length }, "liveness session not back within half its grace: aborting this worker's attempts");
-    for (const e of entries) {
-      if (e.lostReason || e.within) continue;
-      if (e.phase === "buffered") {
-        this.drop(e, "liveness_lost");
-        this.givenUp.push(e);
-      } else if (e.phase === "running") this.abortJob(e, "liveness_lost");
-    }
   }
 
   /**
@@ -565,7 +539,7 @@ export class Worker extends WorkerEmitter {
     entry.phase = "running";
     entry.startedAt = entry.lastProgressAt = performance.now();
     this.running++;
-    this.armLimits(entry);
+    armLimits(entry, this.limitReached);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const around = this.hooks.aroundHandler;
@@ -624,104 +598,20 @@ export class Worker extends WorkerEmitter {
 
   /**
    * @internal ctx.transaction: the handler's writes and the attempt's completion in one
-   * transaction. Committed, the job is finished (nothing is reported when the handler
-   * returns); refused, everything is rolled back and the handler gets a StaleLeaseError.
+   * transaction (./transaction.ts).
    */
-  async transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, resultOption?: TransactionResult<T>): Promise<T> {
-    const { job } = entry;
-    if (!this.transport.completeWithin) {
-      // Retrying cannot help (every attempt runs on this same kind of worker): the attempt
-      // ends the job now, whatever the handler does with this error.
-      entry.permanent = true;
-      throw new PermanentJobError(
-        "ctx.transaction needs a worker on the database: a remote worker (RemoteTransport, through leasehold serve) " +
-          "cannot join the server's transactions, so the job is dead without retries. Run this task on a worker " +
-          "connected to the database (a Worker with a database URL, or leasehold worker without --server), or write without " +
-          "ctx.transaction and fence the writes with ctx.fencedWrite",
-      );
-    }
-    if (entry.within)
-      throw new ConfigError(`ctx.transaction: job ${job.id} attempt ${job.attempt} already committed its transaction (one per attempt)`);
-    // The job finishes in this transaction: what the handler set before it is stored first
-    // (that beat may find the attempt cancelled or its lease gone: checked next).
-    if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
-    if (entry.abortedWith) throw entry.abortedWith;
-    let result: CompleteWithinResult<T>;
-    try {
-      result = await this.transport.completeWithin({
-        workerId: this.id,
-        job: { id: job.id, attempt: job.attempt },
-        work,
-        pool,
-        ...(resultOption !== undefined && { result: (value: T) => this.transactionResult(entry, resultOption, value) }),
-        committing: () => (entry.within = "committing"),
-      });
-    } catch (err) {
-      entry.within = undefined;
-      // The handler broke out of its transaction: the attempt fails, even if it catches this.
-      if (err instanceof TransactionMisuseError) entry.transactionMisuse ??= err;
-      throw err;
-    }
-    if (!result.completed) {
-      entry.within = undefined;
-      const reason = result.lost?.reason ?? "missing";
-      const stale = new StaleLeaseError(job.id, job.attempt, reason);
-      this.metrics.fencingRejections.inc({ kind: "complete", reason });
-      recordRefusals(this.transport, [{ jobId: job.id, attempt: job.attempt, workerId: this.id, kind: "complete", reason }]);
-      this.logger.warn({ jobId: job.id, attempt: job.attempt, reason }, "transaction rolled back: the attempt no longer holds its job");
-      this.emit("job:stale", job, stale);
-      // A cancelled job is still this attempt's to end: the handler's end is reported as usual
-      // and ends it as cancelled. Any other reason: the lease is gone, nothing is reported.
-      if (reason === "cancelled") this.abortJob(entry, "cancelled");
-      else this.leaseLost(entry, reason);
-      throw stale;
-    }
-    entry.within = "committed";
-    clearTimeout(entry.limitTimer);
-    this.forget(entry); // finished: no more beats, and a late beat's miss is not a loss
-    return result.value;
-  }
-
-  /**
-   * The result ctx.transaction stores with its completion (`{ result }`: a value, or a function
-   * of what `work` returned), as JSON. A bad one rolls the transaction back and ends the
-   * attempt without retries, as a bad return value does.
-   */
-  private transactionResult<T>(entry: InFlight, result: TransactionResult<T>, value: T): string | undefined {
-    const json = serializeResult(typeof result === "function" ? (result as (v: T) => unknown)(value) : result, this.settings.maxResultBytes);
-    if (typeof json === "object") {
-      entry.permanent = true;
-      throw new PermanentJobError(`ctx.transaction's result was refused: ${json.problem}`);
-    }
-    return json;
-  }
-
-  /**
-   * Progress timeout and maximum run time: one timer per attempt with limits, armed for the
-   * earlier deadline and re-armed when it fires early (progress moved the deadline).
-   */
-  private armLimits(entry: InFlight): void {
-    if (entry.progressTimeoutMs === null && entry.maxRunMs === null) return;
-    const check = () => {
-      if (entry.phase !== "running") return;
-      const now = performance.now();
-      const runLeft = entry.maxRunMs === null ? Infinity : entry.startedAt! + entry.maxRunMs - now;
-      const progressLeft = entry.progressTimeoutMs === null ? Infinity : entry.lastProgressAt! + entry.progressTimeoutMs - now;
-      if (runLeft <= 0) return this.endAtLimit(entry, "timed_out");
-      if (progressLeft <= 0) return this.endAtLimit(entry, "stalled");
-      entry.limitTimer = setTimeout(check, Math.min(runLeft, progressLeft) + 1);
-    };
-    check();
+  transaction<T>(entry: InFlight, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool, resultOption?: TransactionResult<T>): Promise<T> {
+    return this.transactions.run(entry, work, pool, resultOption);
   }
 
   /**
    * A handler past its limit: abort it, stop renewing it, and report the attempt's end now;
    * whatever the handler does later (if it ever settles) is ignored, and its slot is free.
    */
-  private endAtLimit(entry: InFlight, outcome: "stalled" | "timed_out"): void {
+  private endAtLimit(entry: InFlight, outcome: LimitOutcome): void {
     if (entry.within) return; // its transaction is finishing the job: that decides
 
-    const limit = outcome === "stalled" ? `no progress for ${entry.progressTimeoutMs} ms` : `ran longer than ${entry.maxRunMs} ms`;
+    const limit = limitPassed(entry, outcome);
     this.logger.warn(
       { jobId: entry.job.id, attempt: entry.job.attempt, outcome },
       `handler ${outcome === "stalled" ? "stalled" : "timed out"}: ${limit}`,
@@ -740,16 +630,16 @@ export class Worker extends WorkerEmitter {
     // Ended already (at a limit) or dropped: nothing is reported twice.
     if (entry.phase !== "running") return;
     this.slotFreed(entry);
-    if (entry.within === "committed") {
-      // Its transaction finished the job; what the handler did after cannot change that.
-      if (err !== undefined) {
-        this.logger.warn(
-          { jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) },
-          "handler threw after its transaction completed the job",
-        );
+    const w = entry.within;
+    if (w === "committed" || w === "suspended" || w === "cancelled") {
+      // Its transaction finished the job, or a sleep or wait suspended it (./step-host.ts): what
+      // the handler did after cannot change that.
+      const state = w === "committed" ? "succeeded" : w;
+      if (err !== undefined && !(err instanceof JobSuspendedError)) {
+        this.logger.warn({ jobId: entry.job.id, attempt: entry.job.attempt, err: String(err) }, `handler threw after its attempt ended (${state})`);
       }
-      this.countEnded(entry.job.queue, "succeeded");
-      this.ended(entry, { state: "succeeded" }, err);
+      this.countEnded(entry.job.queue, state);
+      this.ended(entry, { state }, err);
       return;
     }
     if (entry.lostReason) {
@@ -772,7 +662,7 @@ export class Worker extends WorkerEmitter {
     this.pump();
   }
 
-  private async report(entry: InFlight, err: unknown, outcome?: "stalled" | "timed_out", message?: string): Promise<void> {
+  private async report(entry: InFlight, err: unknown, outcome?: LimitOutcome, message?: string): Promise<void> {
     this.reporting++;
     try {
       if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
