@@ -497,6 +497,17 @@ export function targets(results: BenchResults): Target[] {
   return out;
 }
 
+/** The durable workloads' sizes, when the run has any (older results have no such options). */
+function durableSizes(results: BenchResults): string {
+  const o = results.options;
+  if (!results.workloads.some((w) => DURABLE_RATIOS[w.id]) || o.durableWorkflows === undefined) return "";
+  const n = (v: number) => v.toLocaleString("en-US");
+  return (
+    `Durable steps: ${n(o.durableWorkflows)} five-step workflows per drain at concurrency 50 per process, ` +
+    `${n(o.durableWaiters)} waiters resumed one at a time, ${n(o.durableSleepers)} sleepers watched for ${o.durableIdleSeconds} s with ${o.processes} processes. `
+  );
+}
+
 export function markdown(results: BenchResults): string {
   const lines: string[] = [
     `# Leasehold benchmark results`,
@@ -523,7 +534,8 @@ export function markdown(results: BenchResults): string {
       `Flow control: ${results.options.flowJobs?.toLocaleString("en-US")} jobs per drain at handler concurrency ${results.options.flowConcurrency?.join(" and ")}, keyed over ${results.options.flowKeys?.toLocaleString("en-US")} keys; ` +
       `rate ${results.options.rateLimit}/s for ${results.options.rateSeconds} s with ${results.options.rateProcesses} processes. ` +
       `Graphs: ${results.options.graphSize?.toLocaleString("en-US")} wide, a chain of ${results.options.graphChain?.toLocaleString("en-US")} (pg-boss: ${results.options.graphPgbossChain} steps, scaled) at handler concurrency ${results.options.graphConcurrency?.join(" and ")}. ` +
-      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate): one run.`,
+      durableSizes(results) +
+      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate, durable-sleep): one run.`,
     "",
     "## Targets (Leasehold, with heartbeats, fencing and the audit trail on)",
     "",

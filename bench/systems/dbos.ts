@@ -13,7 +13,7 @@
  * polls every DBOS_POLLING_MS (its default is 1 s, which caps a process at its concurrency per
  * second) with the fleet rows' concurrency per process. A waiting or sleeping DBOS workflow
  * keeps running in its process and holds its slot, so the "event" and "sleep" queues have no
- * concurrency limit: every waiter must be running to wait.
+ * concurrency limit (every waiter must be running to wait) and poll at DBOS's default.
  */
 import pg from "pg";
 import { DBOS, DBOSClient, type DLogger } from "@dbos-inc/dbos-sdk";
@@ -27,9 +27,7 @@ const APP = "leasehold_bench";
 const VERSION = "bench";
 const TOPIC = "resume";
 /** The "steps" queue's polling interval (ms); BENCH_DBOS_POLLING_MS overrides it for experiments. */
-export const DBOS_POLLING_MS = Number(process.env.BENCH_DBOS_POLLING_MS ?? 50);
-/** The "event" and "sleep" queues: they fill once, so their polling matters less. */
-const WAITERS_POLLING_MS = 100;
+export const DBOS_POLLING_MS = Number(process.env.BENCH_DBOS_POLLING_MS ?? 10);
 /** Client enqueues in flight at once (DBOS has no batch enqueue). */
 const ENQUEUES_IN_FLIGHT = 20;
 
@@ -119,9 +117,7 @@ export const dbos: BenchSystem = {
     await DBOS.launch();
     await DBOS.registerQueue(queueOf(shape), {
       onConflict: "always_update",
-      ...(shape === "steps"
-        ? { workerConcurrency: spec.concurrency, minPollingIntervalMs: DBOS_POLLING_MS }
-        : { minPollingIntervalMs: WAITERS_POLLING_MS }),
+      ...(shape === "steps" ? { workerConcurrency: spec.concurrency, minPollingIntervalMs: DBOS_POLLING_MS } : {}), // "event" and "sleep": DBOS's default polling (1 s), the cheapest while they wait
     });
     return {
       async stop() {

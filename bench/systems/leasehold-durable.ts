@@ -1,5 +1,5 @@
 /**
- * Leasehold's durable steps (docs/durable.md) in the durable workloads: each workflow is a job
+ * Leasehold's durable steps (JobContext.step, sleep, waitForEvent) in the durable workloads: each workflow is a job
  * whose handler runs `ctx.step`, `ctx.waitForEvent` and `ctx.sleep`; the benchmark process
  * enqueues them with `lh.enqueueMany` and sends events with `lh.sendEvent`. Same schema and
  * database as the job workloads (bench_leasehold, reset before each run).
@@ -37,9 +37,9 @@ export const leaseholdDurableDriver: DurableDriver = {
         return rows[0]!.n;
       },
       async sleeping() {
-        // A job asleep waits, not running, until its wake-up time.
+        // A job asleep is suspended (no lease, no slot) with the wait its ctx.sleep recorded.
         const { rows } = await lh.pool.query<{ n: number }>(
-          "SELECT count(*)::int AS n FROM jobs WHERE state = 'waiting' AND run_at > now() + interval '1 hour'",
+          "SELECT count(*)::int AS n FROM jobs WHERE state = 'suspended' AND wait ->> 'kind' = 'sleep'",
         );
         return rows[0]!.n;
       },

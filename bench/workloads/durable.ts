@@ -60,7 +60,7 @@ export function durableSettings(system: BenchSystem, shape: DurableShape, proces
     const queue =
       shape === "steps"
         ? `WorkflowQueue workerConcurrency ${DURABLE_CONCURRENCY}, minPollingIntervalMs ${DBOS_POLLING_MS}`
-        : "WorkflowQueue without a concurrency limit (a waiter holds its slot), polled every 100 ms";
+        : "WorkflowQueue without a concurrency limit (a waiter holds its slot), polled at its default (1 s)";
     const calls = shape === "steps" ? "DBOS.runStep x5" : shape === "event" ? "DBOS.runStep, DBOS.recv (LISTEN/NOTIFY), DBOS.runStep" : "DBOS.sleep";
     return `${procs}; ${queue}; DBOSClient.enqueue${shape === "event" ? " and DBOSClient.send" : ""}; ${calls}`;
   }
