@@ -31,6 +31,7 @@ const STALL_MS = 60_000;
 const TIMEOUT_MS = 20 * 60_000;
 /** Longer than a run: nobody wakes during the idle window. */
 const SLEEP_MS = 7 * 24 * 3_600_000;
+const SLEEPERS_POLL_MS = 250;
 /** pg_stat_database is flushed by each backend at most once a second. */
 const STATS_FLUSH_MS = 1_500;
 
@@ -70,8 +71,11 @@ export function durableSettings(system: BenchSystem, shape: DurableShape, proces
 
 const idsOf = (n: number, make: (id: string) => DurableArgs = (id) => ({ id })) => Array.from({ length: n }, (_, i) => make(`wf-${i}`));
 
-/** Waits until `done()`; fails when `progress()` stalls for a minute or the run takes 20. */
-async function waitFor(what: string, done: () => Promise<boolean> | boolean, progress: () => Promise<number> | number): Promise<void> {
+/**
+ * Waits until `done()`, checked every `everyMs`; fails when `progress()` stalls for a minute or
+ * the run takes 20.
+ */
+async function waitFor(what: string, done: () => Promise<boolean> | boolean, progress: () => Promise<number> | number, everyMs = 10): Promise<void> {
   let last = { value: -1, at: Date.now() };
   const deadline = Date.now() + TIMEOUT_MS;
   for (;;) {
@@ -79,7 +83,7 @@ async function waitFor(what: string, done: () => Promise<boolean> | boolean, pro
     const value = await progress();
     if (value !== last.value) last = { value, at: Date.now() };
     if (Date.now() - last.at > STALL_MS || Date.now() > deadline) throw new Error(`${what}: stuck at ${value}`);
-    await sleep(10);
+    await sleep(everyMs);
   }
 }
 
@@ -190,10 +194,12 @@ export async function durableSleepWorkload(ctx: BenchContext, system: BenchSyste
     const t0 = nowMs();
     await starter.start(idsOf(n, (id) => ({ id, wakeAt })));
     const startSeconds = (nowMs() - t0) / 1000;
+    // Counting 100,000 rows takes the server a while: not so often that it slows the sleepers.
     await waitFor(
       `${system.name}: workflows asleep`,
       async () => (await starter.sleeping()) >= n,
       () => starter.sleeping(),
+      SLEEPERS_POLL_MS,
     );
     const createSeconds = (nowMs() - t0) / 1000;
     await sleep(STATS_FLUSH_MS);
