@@ -13,7 +13,7 @@ test(
   "npm run bench -- --only durable: five-step workflows, event-to-resume and sleepers through Leasehold and DBOS Transact",
   { timeout: 240_000 },
   async () => {
-    const { workloads, markdown } = await runBench<Record<string, number | null>>([
+    const { workloads, markdown, svg } = await runBench<Record<string, number | null>>([
       ...["--only", "durable", "--systems", "leasehold,dbos", "--processes", "2"],
       ...["--durable-workflows", "40", "--durable-waiters", "5", "--durable-sleepers", "30", "--durable-idle-seconds", "1"],
     ]);
@@ -47,5 +47,6 @@ test(
     assert.match(markdown, /leasehold x2 vs dbos x2: \*\*[\d.]+x\*\* the workflows\/s/);
     assert.match(markdown, /durable five-step workflows ≥ 2x DBOS Transact's workflows\/s, x1/);
     assert.match(markdown, /event → resumed step p50 ≤ 10 ms/);
+    assert.match(svg, /Durable five-step workflows/);
   },
 );
