@@ -508,7 +508,9 @@ test("the testkit uses the library through its public entry points only (so it c
   const own = new Set(fs.readdirSync(dir).map((f) => `./${f.replace(/\.ts$/, ".js")}`));
   // The public entry, and the few internals with no state of their own (a quiet logger, the
   // optional-package loader, a private metrics registry, the embedded server's option types,
-  // how a worker runs a defined task, the guard a worker puts on ctx.transaction's tx).
+  // how a worker runs a defined task, the guard a worker puts on ctx.transaction's tx, the
+  // worker's durable step runner and its host's contract, the step limits, the watchdog's wake
+  // of suspended jobs, the event a callback's wait is for).
   const allowed = new Set([
     "../index.js",
     "../logger.js",
@@ -518,6 +520,11 @@ test("the testkit uses the library through its public entry points only (so it c
     "../tasks/define.js",
     "../jobs/validate.js",
     "../worker/transaction-guard.js",
+    "../worker/steps.js",
+    "../worker/step-host.js",
+    "../jobs/steps.js",
+    "../store/steps.js",
+    "../jobs/callbacks.js",
     "pg",
   ]);
   for (const file of fs.readdirSync(dir)) {

@@ -10,7 +10,9 @@ import { fileURLToPath } from "node:url";
 import { databaseUrl, eventually } from "./db.js";
 import { startCli } from "./cli.js";
 
-const CHILD = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "worker-child.ts");
+const HELPERS = path.dirname(fileURLToPath(import.meta.url));
+const CHILD = path.resolve(HELPERS, "worker-child.ts");
+const DURABLE_CHILD = path.resolve(HELPERS, "durable-child.ts");
 
 interface After {
   after(fn: () => unknown): void;
@@ -21,8 +23,9 @@ export async function workerChild(
   t: After,
   schema: string,
   env: Record<string, string> = {},
+  script = CHILD,
 ): Promise<{ child: ChildProcess; output: () => string }> {
-  const child = spawn(process.execPath, ["--import", "tsx", CHILD], {
+  const child = spawn(process.execPath, ["--import", "tsx", script], {
     env: { ...process.env, DATABASE_URL: databaseUrl(), LEASEHOLD_SCHEMA: schema, ...env },
     stdio: ["ignore", "pipe", "inherit"],
   });
@@ -31,6 +34,11 @@ export async function workerChild(
   child.stdout!.on("data", (b: Buffer) => (out += b.toString()));
   await eventually(async () => out.includes("ready "), "worker process ready", 30_000);
   return { child, output: () => out };
+}
+
+/** durable-child.ts: the durable "trip" task with its holds, its app tables in schema `app`. */
+export function durableWorkerChild(t: After, schema: string, app: string) {
+  return workerChild(t, schema, { APP_SCHEMA: app }, DURABLE_CHILD);
 }
 
 /**

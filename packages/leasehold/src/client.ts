@@ -20,7 +20,7 @@ import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } f
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
 import * as store from "./store/index.js";
-import { checkEventName, serializeEventData } from "./jobs/steps.js";
+import { eventToSend, type AnyEvent, type EventInput } from "./tasks/events.js";
 import type { Queryable } from "./store/db.js";
 import { Watchdog, type WatchdogOptions } from "./maintenance/watchdog.js";
 import { Retention, type RetentionOptions } from "./maintenance/retention.js";
@@ -41,6 +41,7 @@ import { checkConnectRetry, checkDatabaseUrl, reachingDatabase, type ConnectRetr
 import { allOrNothing, checkCallerClient } from "./caller-client.js";
 import { loadTracing } from "./otel/load.js";
 import type { JobRelations } from "./store/admin.js";
+import { completeCallback, rerunFromStep, type Rerun, type RerunOptions } from "./durable-admin.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -452,16 +453,22 @@ export class Leasehold {
    * A job's record (with its result once it succeeded), its attempts, and its place in a flow:
    * its parents and children with their states (see store.getJobRelations).
    */
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: store.JobRerun[] }> {
     checkJobId(id);
     // One snapshot: read apart, a completion committing between the reads would show a
     // finished job without its final attempt, or a running one with it.
-    const [job, attempts, relations] = await store.withSnapshot(
+    const [job, attempts, relations, reruns] = await store.withSnapshot(
       this.pool,
-      async (client) => [await store.getJob(client, id), await store.getAttempts(client, id), await store.getJobRelations(client, id)] as const,
+      async (client) =>
+        [
+          await store.getJob(client, id),
+          await store.getAttempts(client, id),
+          await store.getJobRelations(client, id),
+          await store.getJobReruns(client, id),
+        ] as const,
     );
     if (!job) throw new JobNotFoundError(id);
-    return { job, attempts, ...relations };
+    return { job, attempts, ...relations, reruns };
   }
 
   /** Waits for jobs on one shared LISTEN session, made on the first wait. */
@@ -532,13 +539,25 @@ export class Leasehold {
    * waiter whose `match` the data contains resumes with the data. Kept for the events' retention
    * window, so a wait that begins after the send (of a job enqueued before it) still receives it.
    * With `{ db }`, inside your transaction: the event exists only if it commits. Returns its id.
+   * An event made by `defineEvent` types the data and checks it against its schema first.
    */
-  async sendEvent(event: string, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
-    checkEventName(event, "sendEvent");
-    const dataJson = serializeEventData(data, "sendEvent");
+  sendEvent<E extends AnyEvent>(event: E, data: EventInput<E>, target?: EnqueueTarget): Promise<{ id: string }>;
+  sendEvent(event: string, data?: unknown, target?: EnqueueTarget): Promise<{ id: string }>;
+  async sendEvent(event: string | AnyEvent, data?: unknown, target: EnqueueTarget = {}): Promise<{ id: string }> {
+    const sent = await eventToSend(event, data, "sendEvent");
     if (target.db !== undefined) checkCallerClient(target.db);
-    const [id] = await store.sendEvents(target.db ?? this.pool, [{ name: event, dataJson }], target.db && this.schema);
+    const [id] = await store.sendEvents(target.db ?? this.pool, [sent], target.db && this.schema);
     return { id: id! };
+  }
+
+  /** Completes a callback's wait (ctx.callback) with `data`, once; CallbackRefusedError says why not (docs/durable-callbacks.md). */
+  completeCallback(token: string, data?: unknown): Promise<void> {
+    return completeCallback(this.pool, token, data);
+  }
+
+  /** Re-runs a finished or dead durable job from a recorded step: the steps before it replay, it and those after run again. */
+  rerunFromStep(id: string, step: string, options?: RerunOptions): Promise<Rerun> {
+    return rerunFromStep(this.pool, id, step, options);
   }
 
   async retry(id: string): Promise<void> {

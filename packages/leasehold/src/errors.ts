@@ -233,3 +233,23 @@ export class JobSuspendedError extends LeaseholdError {
     super("job_suspended", `job ${jobId} suspended at "${step}"${until ? ` until ${until.toISOString()}` : ""}; it resumes from its recorded steps`);
   }
 }
+
+/** Why a callback token was refused: never handed out (or dropped by a re-run), or no longer usable. */
+export type CallbackRefusal = "unknown" | "used" | "timed_out" | "finished";
+
+/**
+ * A callback token that cannot complete its wait (docs/durable-callbacks.md): code
+ * `callback_not_found` when it was never handed out, `callback_gone` when it was used already,
+ * its wait timed out, or its job finished. Nothing was sent.
+ */
+export class CallbackRefusedError extends LeaseholdError {
+  constructor(readonly reason: CallbackRefusal) {
+    const why: Record<CallbackRefusal, string> = {
+      unknown: "no callback was handed out with this token",
+      used: "this callback was completed already; a token completes its wait once",
+      timed_out: "this callback's wait timed out; the job went on without it",
+      finished: "this callback's job has finished",
+    };
+    super(reason === "unknown" ? "callback_not_found" : "callback_gone", why[reason]);
+  }
+}

@@ -50,12 +50,18 @@ export type {
   TypedWorkerOptions,
 } from "./tasks/client.js";
 export type { TypedParentRecord } from "./tasks/parents.js";
+export type { ChildEnd, ChildFlow, ChildrenFunction, TypedChildJob } from "./worker/children.js";
 export { PayloadValidationError } from "./tasks/validate.js";
+export { defineEvent, EventValidationError } from "./tasks/events.js";
+export type { DefinedEvent, AnyEvent, EventInput, EventData } from "./tasks/events.js";
 export type { PayloadIssue } from "./tasks/validate.js";
 export type { StandardSchemaV1 } from "./tasks/standard-schema.js";
 export { JobAbortedError, PermanentJobError, RetrySupersededError, RateLimitedError } from "./worker/context.js";
 export type { JobContext, Handler, TaskDefinition, TaskHandlers, AbortReason, TransactionResult } from "./worker/context.js";
 export type { WorkerTransport } from "./worker/transport.js";
+export type { StepFunction, StepOptions, StepRetry, WaitForEventOptions } from "./worker/steps.js";
+export type { Duration, StepKind, StepRecord, StepState } from "./jobs/steps.js";
+export { MAX_STEPS_PER_JOB, MAX_STEP_RESULT_BYTES, MAX_EVENT_DATA_BYTES, MAX_EVENT_NAME_LENGTH } from "./jobs/steps.js";
 export { RemoteTransport, ServerUnavailableError, ServerError } from "./worker/remote-transport.js";
 export type { RemoteTransportOptions } from "./worker/remote-transport.js";
 export { DEFAULT_BACKOFF } from "./worker/backoff.js";
@@ -74,6 +80,7 @@ export type { Retention, RetentionOptions } from "./maintenance/retention.js";
 export type { QueueStats } from "./store/admin.js";
 export type { QueueDepth } from "./store/depth.js";
 export * from "./errors.js";
+export type { Callback, CallbackOptions } from "./worker/steps.js";
 export * from "./jobs/types.js";
 export { fencedWrite, fencedWriteSql } from "./fencing.js";
 export type { FencedWrite, FencedWriteDb } from "./fencing.js";

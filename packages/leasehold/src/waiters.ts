@@ -27,6 +27,9 @@ export interface WaitOptions {
   signal?: AbortSignal;
 }
 
+/** A job in these states has not finished: a suspended one (asleep, waiting for an event) resumes later. */
+const UNFINISHED = new Set<string>(["waiting", "running", "blocked", "suspended"]);
+
 /** The longest timeout a timer can keep (about 24.8 days). */
 const MAX_TIMEOUT_MS = 2_147_483_647;
 /** A re-check that failed (the database just came back) is tried again after this. */
@@ -108,7 +111,7 @@ export class JobWaiters {
       if (first) for (const w of set) w.reject(new JobNotFoundError(id));
       return;
     }
-    if (job.state === "waiting" || job.state === "running" || (job.state as string) === "blocked") return;
+    if (UNFINISHED.has(job.state)) return;
     for (const w of set) w.resolve(job);
   }
 

@@ -274,6 +274,19 @@ export interface JobDetail {
   children?: JobLink[];
   parentCount?: number;
   childCount?: number;
+  reruns?: JobRerun[];
+}
+
+/** A re-run from a step, from the job's audit trail. */
+export interface JobRerun {
+  id: string;
+  fromStep: string;
+  fromOccurrence: number;
+  fromSeq: number;
+  previousState: string;
+  requestedBy: string | null;
+  requestedAt: string;
+  stepsDropped: { name: string; seq: number }[];
 }
 
 export interface JobPage {

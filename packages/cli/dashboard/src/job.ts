@@ -3,12 +3,14 @@
  * error, shown as text; and its attempts on a timeline, from the audit trail: which worker held
  * each, when, and how it ended (succeeded, failed, lease expired, worker lost, stalled, timed
  * out, released, cancelled). Its result once it succeeded, and its parents and children in a
- * flow (links, with their states). Retry and cancel, each after a confirmation.
+ * flow (links, with their states). Retry, cancel and re-run from a step, each after a
+ * confirmation, and the job's re-runs.
  */
 import type { AttemptRecord, JobDetail, JobLink } from "./api.js";
 import { badge, button, h, jobLink, jsonBlock, progressBar, replace, table } from "./dom.js";
 import { duration, time } from "./format.js";
 import { confirmChange, type View, type ViewContext } from "./view.js";
+import { rerunForm, rerunsTable } from "./reruns.js";
 
 const OUTCOME_TEXT: Record<string, string> = {
   succeeded: "succeeded",
@@ -44,7 +46,7 @@ export function jobView(ctx: ViewContext): View {
 
 function render(
   ctx: ViewContext,
-  { job, attempts, progressFraction, parents = [], children = [], parentCount = 0, childCount = 0 }: JobDetail,
+  { job, attempts, progressFraction, parents = [], children = [], parentCount = 0, childCount = 0, reruns = [] }: JobDetail,
 ): Node[] {
   const actions = h("div", { class: "actions" });
   if (!ctx.readOnly) {
@@ -55,6 +57,7 @@ function render(
         }),
       );
     }
+    if (job.state === "succeeded" || job.state === "dead" || job.state === "cancelled") actions.append(rerunForm(ctx, job.id));
     if ((job.state === "waiting" || job.state === "blocked" || job.state === "running") && !job.cancelRequestedAt) {
       const detail =
         job.state === "running"
@@ -128,6 +131,7 @@ function render(
       : []),
     ...(parentCount > 0 ? [block("Parents", links(parents, parentCount, "parents"))] : []),
     ...(childCount > 0 ? [block("Children", links(children, childCount, "children"))] : []),
+    ...(reruns.length > 0 ? [block("Re-runs", rerunsTable(reruns))] : []),
     block("Payload", jsonBlock(job.payload, { "data-field": "payload" })),
     block(
       "Checkpoint",

@@ -27,6 +27,8 @@ const EXIT_BY_CODE: Record<string, number> = {
   unknown_task: EXIT.usage,
   no_worker_for_task: EXIT.usage,
   job_not_found: EXIT.notFound,
+  callback_not_found: EXIT.notFound,
+  callback_gone: EXIT.invalidState,
   unknown_queue: EXIT.notFound,
   invalid_state: EXIT.invalidState,
   name_in_use: EXIT.invalidState,

@@ -1,6 +1,7 @@
 /** Human-readable output: aligned tables and job details. */
 import type { AttemptRecord, JobLink, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
 import type { JobRelations } from "leasehold/internal/store/admin";
+import type { JobRerun } from "leasehold/internal/store/reruns";
 import type { Stats } from "leasehold/internal/client";
 import { describeGap, type HandlerGap } from "leasehold/internal/maintenance/handler-gaps";
 
@@ -39,7 +40,7 @@ export function jobsTable(jobs: ListedJob[]): string {
   );
 }
 
-export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?: JobRelations): string {
+export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?: JobRelations & { reruns?: JobRerun[] }): string {
   const iso = (d: Date | null) => (d ? `${d.toISOString()} (${ago(d)})` : "-");
   const fields: [string, string][] = [
     ["id", job.id],
@@ -79,7 +80,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?
             short(a.error),
           ]),
         );
-  return `${head}\n\nattempt history:\n${history}${relations ? flowText(relations) : ""}`;
+  return `${head}\n\nattempt history:\n${history}${relations ? flowText(relations) : ""}${relations?.reruns?.length ? rerunsText(relations.reruns) : ""}`;
 }
 
 /** A job's parents and children, when it has any. */
@@ -130,4 +131,16 @@ export function statsText(stats: Stats): string {
 export function gapsText(gaps: readonly HandlerGap[]): string {
   if (gaps.length === 0) return "";
   return `\n\nNO WORKER CAN RUN THESE (start a worker that handles them, or cancel them)\n${gaps.map((g) => `! ${describeGap(g)}`).join("\n")}`;
+}
+
+/** A job's re-runs from a step: the audit trail (docs/durable-callbacks.md#re-run). */
+function rerunsText(reruns: JobRerun[]): string {
+  const rows = reruns.map((r) => [
+    r.requestedAt.toISOString(),
+    `"${r.fromStep}"${r.fromOccurrence > 0 ? ` #${r.fromOccurrence}` : ""} (place ${r.fromSeq})`,
+    r.previousState,
+    r.requestedBy ?? "-",
+    (r.stepsDropped as { name?: string }[]).map((s) => s.name).join(", ") || "-",
+  ]);
+  return `\n\nre-runs:\n${table(["AT", "FROM STEP", "HAD FINISHED", "BY", "STEP RECORDS DROPPED"], rows)}`;
 }

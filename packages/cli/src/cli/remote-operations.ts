@@ -7,6 +7,9 @@ import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/clien
 import { checkJobId } from "leasehold/internal/jobs/ids";
 import { JobNotFoundError, JobStateError, ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
 import type { JobRelations } from "leasehold/internal/store/admin";
+import type { JobRerun } from "leasehold/internal/store/reruns";
+import type { Rerun, RerunOptions } from "leasehold/internal/durable-admin";
+import { checkCallbackToken } from "leasehold/internal/jobs/callbacks";
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
@@ -25,6 +28,8 @@ export type JobOperations = Pick<
   | "listJobs"
   | "cancel"
   | "retry"
+  | "completeCallback"
+  | "rerunFromStep"
   | "stats"
   | "listQueues"
   | "queueDepth"
@@ -78,9 +83,14 @@ export class RemoteOperations implements JobOperations {
     return this.call<{ callbackId: string; jobIds: string[] }>("POST", "/v1/batches", batch);
   }
 
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: JobRerun[] }> {
     checkJobId(id);
-    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[] } & JobRelations>("GET", `/v1/jobs/${id}`, undefined, id);
+    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[]; reruns?: Wire<JobRerun>[] } & JobRelations>(
+      "GET",
+      `/v1/jobs/${id}`,
+      undefined,
+      id,
+    );
     return {
       job: jobFromWire(r.job) as JobRecord,
       attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })),
@@ -88,6 +98,7 @@ export class RemoteOperations implements JobOperations {
       children: r.children ?? [],
       parentCount: r.parentCount ?? 0,
       childCount: r.childCount ?? 0,
+      reruns: (r.reruns ?? []).map((x) => ({ ...x, requestedAt: new Date(x.requestedAt) })),
     };
   }
 
@@ -136,6 +147,19 @@ export class RemoteOperations implements JobOperations {
 
   async retry(id: string): Promise<void> {
     await this.call("POST", `/v1/jobs/${encodeURIComponent(id)}/retry`, undefined, id);
+  }
+
+  async rerunFromStep(id: string, step: string, options: RerunOptions = {}): Promise<Rerun> {
+    checkJobId(id);
+    const body = { fromStep: step, ...(options.occurrence !== undefined && { occurrence: options.occurrence }) };
+    const r = await this.call<Wire<Rerun>>("POST", `/v1/jobs/${encodeURIComponent(id)}/rerun`, body, id);
+    return { ...r, requestedAt: new Date(r.requestedAt) };
+  }
+
+  /** As `Leasehold.completeCallback`: the token is the credential (POST /v1/callbacks/:token needs no API token). */
+  async completeCallback(token: string, data?: unknown): Promise<void> {
+    checkCallbackToken(token, "completeCallback");
+    await this.call("POST", `/v1/callbacks/${token}`, data);
   }
 
   async stats(): Promise<Stats> {

@@ -13,6 +13,7 @@ import type { Leasehold } from "leasehold/internal/client";
 import * as store from "leasehold/internal/store/index";
 import { ConfigError } from "leasehold/internal/errors";
 import { checkToken, scopeMatcher } from "./auth.js";
+import { registerCallbackRoutes } from "./callback-routes.js";
 import { registerCancelRoute } from "./cancel-route.js";
 import { CancelWaiter } from "./cancel-waiter.js";
 import { registerClaimRoute } from "./claim-route.js";
@@ -232,6 +233,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerJobRoutes(api, lh, jobWaits);
     registerFlowRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
     registerQueueRoutes(api, lh);
+    registerCallbackRoutes(api, lh);
     registerMonitorRoutes(api, lh, { sampleIntervalMs: options.sampleIntervalMs });
     if (dashboard !== "off") registerDashboard(api, dashboard);
     api.get("/metrics", { schema: routes.metrics }, async (_request, reply) => {

@@ -20,6 +20,8 @@ const STATUS_BY_CODE: Record<string, number> = {
   worker_id_in_use: 409,
   invalid_identity: 403,
   unique_key_conflict: 409,
+  callback_not_found: 404,
+  callback_gone: 410,
 };
 
 export interface ErrorBody {

@@ -1,4 +1,4 @@
-/** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, stats; and the schedules, read-only. */
+/** The CLI's job operations over HTTP: enqueue, list, show, cancel, retry, re-run from a step, stats; and the schedules, read-only. */
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
 import type { IncomingMessage } from "node:http";
@@ -158,6 +158,13 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold, waits: Jo
     await lh.retry(request.params.id);
     return { result: "retried" };
   });
+
+  app.post<{ Params: { id: string }; Body: { fromStep: string; occurrence?: number } }>(
+    "/v1/jobs/:id/rerun",
+    { schema: routes.rerun },
+    async (request) =>
+      lh.rerunFromStep(request.params.id, request.body.fromStep, { occurrence: request.body.occurrence, requestedBy: "operator token (HTTP)" }),
+  );
 
   app.get("/v1/stats", { schema: routes.stats }, async () => lh.stats());
 

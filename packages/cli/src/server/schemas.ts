@@ -87,7 +87,7 @@ export const errorSchema = {
         code: {
           type: "string",
           description:
-            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, unique_key_conflict, payload_too_large, answer_too_large, server_unavailable, internal_error, not_found",
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, unique_key_conflict, callback_not_found, callback_gone, payload_too_large, answer_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -108,6 +108,7 @@ const ERROR_TEXT: Record<number, string> = {
     "invalid_identity: the worker identity proof is missing or not the one attach returned to this worker",
   404: "no such job",
   409: "the operation does not apply: stale lease (nothing changed), wrong job state, or a worker name or id already in use",
+  410: "callback_gone: the callback was completed already, its wait timed out, or its job finished",
   413: "request body too large",
   503: "the server cannot reach its database",
 };
@@ -313,6 +314,22 @@ export const JOB_FILTER = {
   time: { type: "string", enum: ["created", "finished"], description: "which time from and to bound (default created)" },
 } as const;
 const idParams = object({ id: JOB_ID }, ["id"]);
+
+/** A re-run from a step, as the audit trail keeps it (docs/durable-callbacks.md#re-run). */
+const JOB_RERUN = {
+  type: "object",
+  properties: {
+    id: { type: "string" },
+    jobId: JOB_ID,
+    fromStep: { type: "string" },
+    fromOccurrence: { type: "integer" },
+    fromSeq: { type: "integer", description: "the step's place in the handler's order (from 0)" },
+    previousState: { type: "string", description: "how the job had finished: succeeded, cancelled or dead" },
+    requestedBy: { type: ["string", "null"] },
+    requestedAt: TIME,
+    stepsDropped: { type: "array", items: { type: "object", additionalProperties: true }, description: "the records dropped, as they were" },
+  },
+} as const;
 
 /** A rate as the API carries it: at most `limit` starts in any window of `windowMs`. */
 const RATE = (what: string) => ({
@@ -940,6 +957,7 @@ export const routes = {
           children: { type: "array", items: JOB_LINK, description: "the jobs waiting or that waited for this one (lowest ids first, at most 1,000)" },
           parentCount: { type: "integer" },
           childCount: { type: "integer" },
+          reruns: { type: "array", items: JOB_RERUN, description: "re-runs from a step, oldest first, with the step records each dropped" },
         },
       },
       ...errors(400, 401, 403, 404, 503),
@@ -976,6 +994,23 @@ export const routes = {
     summary: "Move a dead or cancelled job back to waiting with a fresh retry budget",
     params: idParams,
     response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 403, 404, 409, 503) },
+  },
+  rerun: {
+    ...secured,
+    tags: ["jobs"],
+    summary: "Re-run a finished or dead durable job from a recorded step: the steps before it replay, it and those after run again",
+    params: idParams,
+    body: object(
+      {
+        fromStep: { type: "string", description: "the recorded step's name" },
+        occurrence: { type: "integer", minimum: 0, description: "which call of that name, from 0 (default 0)" },
+      },
+      ["fromStep"],
+    ),
+    response: {
+      200: { ...JOB_RERUN, properties: { ...JOB_RERUN.properties, stepsDropped: { type: "integer" } } },
+      ...errors(400, 401, 403, 404, 409, 503),
+    },
   },
   stats: {
     ...secured,

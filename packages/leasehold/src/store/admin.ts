@@ -309,27 +309,29 @@ export async function listJobsWithin(
  * handler is aborted at once (migration 014's trigger notifies the worker holding it), and its
  * late report ends it as cancelled.
  * This tail cancels the jobs of a CTE `target(id, state)` (locked by its caller); one job's
- * cancel and a bulk cancel share it.
+ * cancel, a bulk cancel and a duplicate enqueue's "cancel_running" share it (`n`: the tables
+ * and function, schema-qualified for a caller's client).
  */
-export const CANCEL_TARGET = `
+export const cancelTarget = (n = { jobs: "jobs", history: "job_history", generation: "history_generation" }) => `
 ended AS (
-  DELETE FROM jobs AS j USING target AS t
+  DELETE FROM ${n.jobs} AS j USING target AS t
    WHERE j.id = t.id AND t.state IN ('waiting', 'blocked', 'suspended')
   RETURNING j.*
 ), history AS (
-  INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
+  INSERT INTO ${n.history} (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                            lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
                            fence, progress_timeout_ms, max_run_ms, max_run_unlimited, generation)
   SELECT id, queue, task, payload, priority, 'cancelled', attempt, spent_attempts, max_attempts,
          lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,
-         fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now()))
+         fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT ${n.generation}(now()))
     FROM ended
 ), requested AS (
-  UPDATE jobs AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
+  UPDATE ${n.jobs} AS j SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
     FROM target AS t
    WHERE j.id = t.id AND t.state = 'running'
   RETURNING j.id
 )`;
+export const CANCEL_TARGET = cancelTarget();
 
 const CANCEL_JOB = statement(
   "cancelJob",

@@ -6,10 +6,13 @@
  *   1. One INSERT ... ON CONFLICT DO UPDATE per time mode ("replace" and "cancel_running" move
  *      the run time, "replace_payload" keeps it): a key nobody holds gets the new job; a waiting
  *      or blocked holder takes the payload (and time). A running holder is left alone by the
- *      DO UPDATE's WHERE, but locked by it, so it cannot finish or retry until we commit.
- *   2. The keys held by running jobs are freed from them (`unique_key = NULL`; for
- *      "cancel_running" with a cancel request, whose trigger notifies the worker), and the
- *      next round inserts their new jobs.
+ *      DO UPDATE's WHERE, but locked by it, so it cannot finish or retry until we commit. So is
+ *      a suspended one (a durable job asleep or waiting for an event): it is mid-run, its steps
+ *      recorded for its payload, and a new run time would cut its sleep short.
+ *   2. The keys held by running and suspended jobs are freed from them (`unique_key = NULL`;
+ *      for "cancel_running", a running one gets a cancel request, whose trigger notifies the
+ *      worker, and a suspended one, holding no lease, is cancelled at once as lh.cancel does),
+ *      and the next round inserts their new jobs.
  * A round can meet a holder that appeared meanwhile (another transaction's enqueue, or, outside
  * a transaction, a holder that went back to waiting); the rounds are bounded as for "keep".
  * Run it inside a transaction: freeing a key and enqueueing its new job commit together.
@@ -21,6 +24,7 @@
  */
 import { quoteIdent, type Queryable } from "./db.js";
 import { run, statement, type Statement } from "./sql.js";
+import { cancelTarget } from "./admin.js";
 import { JOB_COLUMNS, JOB_ROWS, jobArrays } from "./job-rows.js";
 import type { NormalizedJob } from "../jobs/validate.js";
 import type { EnqueuedJob } from "../jobs/types.js";
@@ -39,13 +43,23 @@ export function checkHolderInScope(job: NormalizedJob, holder: { id: string; tas
 
 interface Names {
   jobs: string;
+  history: string;
+  /** history_generation(), for a cancelled holder's history row. */
+  generation: string;
   outbox: string;
   natsActive: string;
   /** The schema's name as an SQL expression, for notification channels. */
   schemaName: string;
 }
 
-const OWN: Names = { jobs: "jobs", outbox: "dispatch_outbox", natsActive: "nats_dispatch_active", schemaName: "current_schema()" };
+const OWN: Names = {
+  jobs: "jobs",
+  history: "job_history",
+  generation: "history_generation",
+  outbox: "dispatch_outbox",
+  natsActive: "nats_dispatch_active",
+  schemaName: "current_schema()",
+};
 
 /**
  * Which holders a group of jobs with one key may replace: of the same task, in the same queue
@@ -62,8 +76,8 @@ WITH upserted AS (
   ${JOB_ROWS}
   ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO UPDATE
      SET payload = excluded.payload${moveTime ? ",\n         run_at = excluded.run_at" : ""}
-   -- a holder outside the scope is left alone (and locked), and refused below
-   WHERE cur.state <> 'running'${scope.byTask ? " AND cur.task = excluded.task" : ""}${scope.byQueue ? " AND cur.queue = excluded.queue" : ""}
+   -- a holder outside the scope is left alone (and locked), and refused below; so is one mid-run
+   WHERE cur.state NOT IN ('running', 'suspended')${scope.byTask ? " AND cur.task = excluded.task" : ""}${scope.byQueue ? " AND cur.queue = excluded.queue" : ""}
   -- xmax is 0 only on a row this statement inserted (an updated one carries our lock)
   RETURNING cur.id, cur.unique_key, cur.queue, cur.state, cur.run_at, cur.attempt, cur.xmax::text = '0' AS inserted
 )${
@@ -91,16 +105,24 @@ SELECT id, unique_key, inserted FROM upserted`
 }`;
 
 /**
- * Frees keys from the running jobs that hold them; `cancel`: also requests their cancel
- * (migration 014's trigger notifies the worker that runs them, at commit).
+ * Frees keys from the running and suspended jobs that hold them; `cancel`: also requests a
+ * running one's cancel (migration 014's trigger notifies the worker that runs it, at commit).
  */
 const freeText = (n: Names) => `
 UPDATE ${n.jobs} AS j
    SET unique_key = NULL,
-       cancel_requested_at = CASE WHEN f.cancel THEN coalesce(j.cancel_requested_at, now()) ELSE j.cancel_requested_at END
+       cancel_requested_at = CASE WHEN f.cancel AND j.state = 'running' THEN coalesce(j.cancel_requested_at, now())
+                                  ELSE j.cancel_requested_at END
   FROM unnest($1::text[], $2::bool[]) AS f(unique_key, cancel)
- WHERE j.unique_key = f.unique_key AND j.state = 'running'
-RETURNING j.id, f.unique_key`;
+ WHERE j.unique_key = f.unique_key AND j.state IN ('running', 'suspended')
+RETURNING j.id, f.unique_key, j.state`;
+
+/** "cancel_running" of suspended holders: no handler to abort, so they end now, as lh.cancel ends them. */
+const cancelSuspendedText = (n: Names) => `
+WITH target AS (
+  SELECT id, state FROM ${n.jobs} WHERE id = ANY($1::bigint[]) AND state = 'suspended' FOR UPDATE
+), ${cancelTarget(n)}
+SELECT id FROM ended`;
 
 /** The holders of keys an upsert left alone (running, or outside the scope), locked by it. */
 const holdersText = (n: Names) => `
@@ -124,7 +146,8 @@ const UPSERTS = new Map<string, Upsert>(
     SCOPES.map((sc) => [upsertKey(moveTime, sc), statement(upsertName(moveTime, sc), upsertText(OWN, moveTime, sc), UPSERTED)] as const),
   ),
 );
-const FREE_KEYS = statement("enqueueJobs (free keys of running jobs)", freeText(OWN), { id: "int8", unique_key: "text" });
+const FREE_KEYS = statement("enqueueJobs (free keys of running or suspended jobs)", freeText(OWN), { id: "int8", unique_key: "text", state: "text" });
+const CANCEL_SUSPENDED = statement("enqueueJobs (cancel suspended holders)", cancelSuspendedText(OWN), { id: "int8" });
 const HOLDERS = statement("enqueueJobs (holders of keys left alone)", holdersText(OWN), {
   id: "int8",
   unique_key: "text",
@@ -135,10 +158,11 @@ const HOLDERS = statement("enqueueJobs (holders of keys left alone)", holdersTex
 interface DuplicateStatements {
   upserts: Map<string, Upsert>;
   free: typeof FREE_KEYS;
+  cancelSuspended: typeof CANCEL_SUSPENDED;
   holders: typeof HOLDERS;
 }
 
-const UNQUALIFIED: DuplicateStatements = { upserts: UPSERTS, free: FREE_KEYS, holders: HOLDERS };
+const UNQUALIFIED: DuplicateStatements = { upserts: UPSERTS, free: FREE_KEYS, cancelSuspended: CANCEL_SUSPENDED, holders: HOLDERS };
 const qualified = new Map<string, DuplicateStatements>();
 
 /** The statements with the schema named, for a caller's client whose search_path is not ours. */
@@ -149,6 +173,8 @@ function statementsFor(schema: string | undefined): DuplicateStatements {
     const q = quoteIdent(schema);
     const n: Names = {
       jobs: `${q}.jobs`,
+      history: `${q}.job_history`,
+      generation: `${q}.history_generation`,
       outbox: `${q}.dispatch_outbox`,
       natsActive: `${q}.nats_dispatch_active`,
       schemaName: `'${schema.replaceAll("'", "''")}'`,
@@ -161,6 +187,7 @@ function statementsFor(schema: string | undefined): DuplicateStatements {
         ),
       ),
       free: as(FREE_KEYS, freeText(n)),
+      cancelSuspended: as(CANCEL_SUSPENDED, cancelSuspendedText(n)),
       holders: as(HOLDERS, holdersText(n)),
     };
     qualified.set(schema, s);
@@ -182,7 +209,7 @@ interface KeyGroup {
   payloadFrom: NormalizedJob;
   /** The last job that moves the time, if any: its run time wins. */
   timeFrom: NormalizedJob | undefined;
-  /** Running jobs that held the key, freed from it (the first one answers the jobs before the first replacer). */
+  /** Running (or suspended) jobs that held the key, freed from it (the first one answers the jobs before the first replacer). */
   freed: string[];
   cancelled?: string;
   answer?: { id: string; inserted: boolean };
@@ -260,16 +287,18 @@ export async function enqueueReplacing(
       const g = groups.get(holder.unique_key)!;
       for (const i of g.members) checkHolderInScope(jobs[i]!, holder);
     }
-    // Held by running jobs (locked by the upsert until we commit): free their keys.
-    const freed = await run(db, st.free, [
-      pending.map((g) => g.key),
-      pending.map((g) => jobs[g.members[g.firstReplacer]!]!.onDuplicate === "cancel_running"),
-    ]);
+    // Held by running or suspended jobs (locked by the upsert until we commit): free their keys.
+    const cancels = (g: KeyGroup) => jobs[g.members[g.firstReplacer]!]!.onDuplicate === "cancel_running";
+    const freed = await run(db, st.free, [pending.map((g) => g.key), pending.map(cancels)]);
+    const suspendedToCancel: string[] = [];
     for (const r of freed) {
       const g = groups.get(r.unique_key)!;
       g.freed.push(r.id);
-      if (jobs[g.members[g.firstReplacer]!]!.onDuplicate === "cancel_running") g.cancelled ??= r.id;
+      if (!cancels(g)) continue;
+      g.cancelled ??= r.id;
+      if (r.state === "suspended") suspendedToCancel.push(r.id);
     }
+    if (suspendedToCancel.length > 0) await run(db, st.cancelSuspended, [suspendedToCancel]);
   }
   const out = new Map<number, EnqueuedJob>();
   for (const g of groups.values()) {

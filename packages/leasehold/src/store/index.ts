@@ -133,3 +133,8 @@ export {
   wakeSuspendedJobs,
 } from "./steps.js";
 export type { StepOutcome, StepFate, SuspendingStep, EventWait, ReceiveResult } from "./steps.js";
+export { completeCallback } from "./callbacks.js";
+export { rerunFromStep, recordedStepNames, getJobReruns } from "./reruns.js";
+export type { JobRerun, RerunResult } from "./reruns.js";
+export { startOrAwaitChildren } from "./children.js";
+export type { ChildEndRecord, ChildrenAnswer, ChildrenStep } from "./children.js";

@@ -204,24 +204,28 @@ export interface SuspendingStep {
 }
 
 /** A wait without a timeout still has a deadline: the longest delay a job may have (3650 days). */
-const NO_TIMEOUT_MS = 3650 * 86_400_000;
+export const NO_TIMEOUT_MS = 3650 * 86_400_000;
 
-const ATTEMPT_ENDING = `SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, NULL::text AS error,
+/** The `ending` columns of a suspension (store/end-attempts.ts): no budget spent. */
+export const ATTEMPT_ENDING = `SELECT j.id, j.attempt, j.locked_by AS worker_id, j.started_at, NULL::text AS error,
          false AS spend, false AS give_up, 'suspended' AS outcome, j.cancel_requested_at IS NOT NULL AS cancelled,
          j.spent_attempts, j.max_attempts, j.heartbeat_at AS last_beat_at, false AS recovery`;
+
+/** The suspending attempt's job, locked: $1-$3 are its id, attempt and worker. */
+const HELD_ATTEMPT = `held AS (
+  SELECT j.id FROM jobs AS j
+   WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running'
+     FOR UPDATE
+)`;
 
 /**
  * ctx.sleep: records the sleep (its end, on the database's clock: `until`, or now + `ms`) and
  * suspends the job until then, in one statement. A sleep whose end has passed is recorded and
- * does not suspend (the answer is then empty: see sleepFate).
+ * does not suspend (the answer is then empty: see stepFate).
  */
 const SUSPEND_FOR_SLEEP = ending(
   "suspendForSleep",
-  `WITH held AS (
-  SELECT j.id FROM jobs AS j
-   WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running'
-     FOR UPDATE
-), wake AS (
+  `WITH ${HELD_ATTEMPT}, wake AS (
   SELECT coalesce($7::timestamptz, now() + $8::float8 * interval '1 millisecond') AS at
 ), recorded AS (
   INSERT INTO job_steps (job_id, seq, name, occurrence, kind, state, attempt, wake_at)
@@ -313,11 +317,7 @@ const LOCK_EVENT = statement("lockEvent", "SELECT true AS locked FROM pg_advisor
  */
 const SUSPEND_FOR_EVENT = ending(
   "suspendForEvent",
-  `WITH held AS (
-  SELECT j.id FROM jobs AS j
-   WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running'
-     FOR UPDATE
-), begun AS (
+  `WITH ${HELD_ATTEMPT}, begun AS (
   INSERT INTO job_steps (job_id, seq, name, occurrence, kind, state, attempt, event, wake_at)
   SELECT h.id, $4, $5, $6, $7, 'waiting', $2, $8, $10::timestamptz FROM held AS h
   ON CONFLICT (job_id, seq) DO NOTHING

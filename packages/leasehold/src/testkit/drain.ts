@@ -9,6 +9,11 @@
  * them. Each round reads the queue's state from the database, so what counts as "ready" is
  * exactly what a claim would take.
  *
+ * Durable jobs (docs/durable.md) run for real: a sleep or a wait suspends its job; the drain
+ * wakes suspended jobs whose time came (the watchdog's work on a real deployment) and, with
+ * `advanceClock`, moves the clock to a sleep's end or a wait's timeout. An event sent meanwhile
+ * (`queue.sendEvent`) wakes its waiters at once. A job still suspended at the end is in `left`.
+ *
  * Dependent jobs (docs/flows.md) need nothing of their own: a parent's success releases its
  * blocked children in the same transaction, so they are ready (and found by this round or the
  * next) as soon as it is reported. A blocked job whose parents cannot run is reported in `left`
@@ -19,13 +24,15 @@ import type pg from "pg";
 import type { Handler, JobContext, JobOutcome, JsonValue, Leasehold, TaskDefinition, TaskHandlers, Worker } from "../index.js";
 import type { TestClock } from "./clock.js";
 import { handlerOf } from "./inline.js";
+import { wakeSuspendedJobs } from "../store/steps.js";
 
 export interface DrainOptions {
   /**
    * Also run jobs that are not due yet (a delay, a retry's backoff): when nothing is ready, move
    * the queue's clock to the earliest such job and go on. Schedule ticks on the way are enqueued
    * at their times and run too, but the clock is never moved to a schedule's next tick only, so
-   * a drain ends. Needs the fake clock (a superuser). Default false: only what is due now runs.
+   * a drain ends. Sleeps and waits with a timeout end on the way; a wait without a timeout
+   * waits for its event. Needs the fake clock (a superuser). Default false: only what is due now runs.
    */
   advanceClock?: boolean;
   /** Queues to run; default every queue. */
@@ -51,7 +58,7 @@ export interface DrainedJob {
   queue: string;
   payload: JsonValue;
   attempt: number;
-  /** The worker's outcome: `succeeded`, `superseded`, `waiting` (failed, will retry), `dead`, `cancelled`, ... */
+  /** The worker's outcome: `succeeded`, `superseded`, `waiting` (failed, will retry), `dead`, `cancelled`, `suspended` (a sleep or a wait), ... */
   state: JobOutcome["state"];
   /** What the handler threw, if it threw. */
   error?: unknown;
@@ -60,24 +67,27 @@ export interface DrainedJob {
 /**
  * An unfinished job the drain left: not due yet, no handler registered for its task, outside
  * `queues`, due but held back by its queue's flow control (paused, or a limit the drain cannot
- * wait out), or blocked: waiting for parents that were left too.
+ * wait out), blocked: waiting for parents that were left too, or suspended: sleeping, or waiting
+ * for an event.
  */
 export interface LeftJob {
   id: string;
   task: string;
   queue: string;
   runAt: Date;
-  why: "not_due" | "no_handler" | "other_queue" | "flow_control" | "blocked";
+  why: "not_due" | "no_handler" | "other_queue" | "flow_control" | "blocked" | "suspended";
   /** A blocked job's parents that have not ended (each is itself in `left`, or running elsewhere). */
   waitingFor?: string[];
+  /** A suspended job's sleep or wait: its step, its kind, the event it waits for, when it wakes (`runAt`). */
+  suspended?: { step: string; kind: string; event?: string };
 }
 
 export interface DrainResult {
   /** Every attempt run, in the order they ended. */
   ran: DrainedJob[];
-  /** The attempts among `ran` that did not succeed (failed and will retry, dead, cancelled, ...). */
+  /** The attempts among `ran` that did not succeed (failed and will retry, dead, cancelled, ...); a suspension is not a failure. */
   failed: DrainedJob[];
-  /** Waiting and blocked jobs left behind (at most 100), oldest first. */
+  /** Waiting, blocked and suspended jobs left behind (at most 100), oldest first. */
   left: LeftJob[];
 }
 
@@ -104,17 +114,25 @@ SELECT EXISTS (
           AND NOT EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())))
       OR (state = 'running' AND locked_by = $3)) AS busy`;
 
+/**
+ * The next time something becomes due: a waiting job's run time, a sleep's end, a wait's
+ * timeout. A wait without a timeout has a deadline 3650 days (the longest delay) after it
+ * began, so at least that long after its job was made: that is no time to move the clock to,
+ * only its event wakes it.
+ */
 const NEXT_DUE = `
 SELECT min(run_at) AS at FROM jobs
- WHERE state = 'waiting' AND run_at > now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
+ WHERE (state = 'waiting' OR (state = 'suspended' AND (wait->>'kind' = 'sleep' OR run_at < created_at + interval '3649 days')))
+   AND run_at > now() AND task = ANY($1::text[]) AND ($2::text[] IS NULL OR queue = ANY($2::text[]))`;
 
 const LEFT = `
 SELECT id::text, task, queue, run_at, run_at > now() AS later,
        EXISTS (SELECT 1 FROM queues AS fq WHERE fq.name = jobs.queue AND (fq.flow OR fq.held_until > now())) AS held,
        CASE WHEN state = 'blocked' THEN ARRAY(
          SELECT d.parent_id::text FROM job_dependencies AS d JOIN jobs AS p ON p.id = d.parent_id
-          WHERE d.child_id = jobs.id ORDER BY d.parent_id) END AS waiting_for
-  FROM jobs WHERE state IN ('waiting', 'blocked') ORDER BY run_at, id LIMIT $1`;
+          WHERE d.child_id = jobs.id ORDER BY d.parent_id) END AS waiting_for,
+       CASE WHEN state = 'suspended' THEN wait END AS wait
+  FROM jobs WHERE state IN ('waiting', 'blocked', 'suspended') ORDER BY run_at, id LIMIT $1`;
 
 /** Due jobs of tasks with no handler, by task (within the drained queues). */
 const UNHANDLED = `
@@ -147,6 +165,8 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
   const scheduler = host.lh.scheduler();
   for (;;) {
     await scheduler.runOnce();
+    // The watchdog's turn, which a drain's worker runs without: sleeps and waits whose time came.
+    await wakeSuspendedJobs(host.pool, { limit: settings.maxJobs });
     const ready = (await host.pool.query<{ queue: string }>(READY_QUEUES, [tasks, queues])).rows.map((r) => r.queue);
     if (ready.length > 0) {
       const before = ran.length;
@@ -162,28 +182,40 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
   await checkUnhandled(host.pool, tasks, queues, options.leaveUnhandled ?? []);
   const handled = new Set(tasks);
   const left = (
-    await host.pool.query<{ id: string; task: string; queue: string; run_at: Date; later: boolean; held: boolean; waiting_for: string[] | null }>(
-      LEFT,
-      [LEFT_SHOWN],
-    )
+    await host.pool.query<{
+      id: string;
+      task: string;
+      queue: string;
+      run_at: Date;
+      later: boolean;
+      held: boolean;
+      waiting_for: string[] | null;
+      wait: { kind: string; step: string; event?: string } | null;
+    }>(LEFT, [LEFT_SHOWN])
   ).rows.map((r): LeftJob =>
-    r.waiting_for !== null
-      ? { id: r.id, task: r.task, queue: r.queue, runAt: r.run_at, why: "blocked", waitingFor: r.waiting_for }
-      : {
-          id: r.id,
-          task: r.task,
-          queue: r.queue,
-          runAt: r.run_at,
-          why: !handled.has(r.task)
-            ? "no_handler"
-            : queues && !queues.includes(r.queue)
-              ? "other_queue"
-              : !r.later && r.held
-                ? "flow_control"
-                : "not_due",
-        },
+    r.wait !== null
+      ? { id: r.id, task: r.task, queue: r.queue, runAt: r.run_at, why: "suspended", suspended: suspensionOf(r.wait) }
+      : r.waiting_for !== null
+        ? { id: r.id, task: r.task, queue: r.queue, runAt: r.run_at, why: "blocked", waitingFor: r.waiting_for }
+        : {
+            id: r.id,
+            task: r.task,
+            queue: r.queue,
+            runAt: r.run_at,
+            why: !handled.has(r.task)
+              ? "no_handler"
+              : queues && !queues.includes(r.queue)
+                ? "other_queue"
+                : !r.later && r.held
+                  ? "flow_control"
+                  : "not_due",
+          },
   );
-  return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded"), left };
+  return { ran, failed: ran.filter((j) => j.state !== "succeeded" && j.state !== "superseded" && j.state !== "suspended"), left };
+}
+
+function suspensionOf(wait: { kind: string; step: string; event?: string }): NonNullable<LeftJob["suspended"]> {
+  return { step: wait.step, kind: wait.kind, ...(typeof wait.event === "string" ? { event: wait.event } : {}) };
 }
 
 /** Throws an AssertionError naming the tasks of due jobs that have no handler and were not expected to be left. */

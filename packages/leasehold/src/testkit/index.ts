@@ -18,4 +18,5 @@ export type { DrainOptions, DrainResult, DrainedJob, LeftJob } from "./drain.js"
 export type { ExpectEnqueuedOptions, PayloadMatcher, WaitForOptions } from "./expect.js";
 export { payloadMatches } from "./expect.js";
 export type { InlineOptions, InlineResult, InlineState } from "./inline.js";
+export type { InlineSuspension } from "./inline-steps.js";
 export { dropTemplates } from "./database.js";

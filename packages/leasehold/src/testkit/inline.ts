@@ -1,12 +1,16 @@
 /**
  * One handler call, inline, without a worker: the handler gets a JobContext that behaves like a
  * worker's (progress and checkpoints are checked and recorded, the signal can be aborted, a
- * fenced write uses a real fence token, a transaction really commits) and the call ends the way
- * a worker would end its attempt. No job row is written: the job id and fence are fresh values
- * from the queue's own sequences, so they never collide with a real job's.
+ * fenced write uses a real fence token, a transaction really commits, durable steps run and are
+ * recorded: ./inline-steps.ts) and the call ends the way a worker would end its attempt. No job
+ * row is written: the job id and fence are fresh values from the queue's own sequences, so they
+ * never collide with a real job's.
  */
-import type { StepFunction } from "../worker/steps.js";
+import { AttemptSteps, type Callback, type CallbackOptions, type StepFunction, type WaitForEventOptions } from "../worker/steps.js";
+import type { ChildrenFunction } from "../index.js";
 import pg from "pg";
+import type { Duration, StepRecord } from "../jobs/steps.js";
+import { inlineEntry, InlineJournal, InlineStepHost, type InFlight, type InlineSuspension } from "./inline-steps.js";
 import type { Logger } from "../logger.js";
 import { serializeResult } from "../jobs/validate.js";
 import { guardTransaction } from "../worker/transaction-guard.js";
@@ -55,7 +59,7 @@ export interface InlineOptions {
   signal?: AbortSignal;
   /** What `ctx.parents()` returns (and `ctx.dependencies()` counts); default none. */
   parents?: ParentRecord[];
-  /** The pool `ctx.transaction` uses when the handler passes none; default: the test database's. */
+  /** The pool `ctx.transaction` (and `ctx.step.transaction`) uses when the handler passes none; default: the test database's. */
   pool?: pg.Pool;
   /** The largest result a worker would store (its option of that name); default 65,536. */
   maxResultBytes?: number;
@@ -64,9 +68,10 @@ export interface InlineOptions {
 /**
  * How the attempt ended, as a worker would have ended it: `succeeded` (returned, or its
  * transaction committed), `superseded` (a fenced write was refused), `failed` (threw; it would be
- * retried), `dead` (threw a PermanentJobError, or failed with no attempt left).
+ * retried), `dead` (threw a PermanentJobError, or failed with no attempt left), `suspended` (a
+ * sleep or a wait: `suspended` says until when; `queue.resumeInline` runs it again).
  */
-export type InlineState = "succeeded" | "superseded" | "failed" | "dead";
+export type InlineState = "succeeded" | "superseded" | "failed" | "dead" | "suspended";
 
 export interface InlineResult<R = unknown> {
   state: InlineState;
@@ -82,6 +87,27 @@ export interface InlineResult<R = unknown> {
   aborted?: JobAbortedError;
   /** The context the handler got (its jobId, attempt, fence, ...). */
   ctx: JobContext;
+  /** The job's recorded durable steps after this run (this run's and its earlier runs'), in order. */
+  steps: StepRecord[];
+  /** The names of the steps this run replayed from earlier runs (their functions did not run), in order. */
+  replayed: string[];
+  /** Set when the state is `suspended`: the sleep or wait, and when it wakes (null: only its event wakes it). */
+  suspended?: InlineSuspension;
+}
+
+/** What an inline run leaves for the next (`queue.resumeInline`): the same job, its steps, its budget. */
+export interface InlineJob {
+  task: string;
+  handler: Handler;
+  payload: unknown;
+  jobId: string;
+  journal: InlineJournal;
+}
+const inlineJobs = new WeakMap<InlineResult<unknown>, InlineJob>();
+
+/** The job an inline result ran, for resumeInline; undefined for a result that is not runInline's. */
+export function inlineJobOf(result: InlineResult<unknown>): InlineJob | undefined {
+  return inlineJobs.get(result);
 }
 
 const ABORT_REASONS: ReadonlySet<string> = new Set<AbortReason>([
@@ -103,6 +129,8 @@ const RECOVERY_OUTCOMES: ReadonlySet<AttemptOutcome> = new Set<AttemptOutcome>([
 export interface InlineHost {
   /** A fresh job id and fence from the queue's sequences. */
   identity(): Promise<{ jobId: string; fence: string }>;
+  /** On the Leasehold schema of the test database: its clock and its events, for durable steps. */
+  pool: pg.Pool;
   /** The default pool for ctx.transaction (the test database, default search_path). */
   appPool(): pg.Pool;
   logger: Logger;
@@ -118,6 +146,10 @@ class InlineContext implements JobContext {
   /** The handler broke out of its transaction: the attempt fails, even if it caught the error (as on a worker). */
   transactionMisuse: TransactionMisuseError | undefined;
   private transacting = false;
+  readonly entry: InFlight;
+  readonly stepHost: InlineStepHost;
+  /** Made at the first durable call, as on a worker. */
+  steps?: AttemptSteps;
 
   constructor(
     readonly jobId: string,
@@ -125,18 +157,33 @@ class InlineContext implements JobContext {
     readonly task: string,
     private readonly options: InlineOptions,
     private readonly host: InlineHost,
-  ) {}
+    journal: InlineJournal,
+  ) {
+    this.entry = inlineEntry({ id: jobId, attempt: this.attempt, fence, task, queue: this.queue });
+    this.stepHost = new InlineStepHost(journal, {
+      pool: host.pool,
+      appPool: () => options.pool ?? host.appPool(),
+      signal: () => this.signal,
+      misused: (err) => (this.transactionMisuse ??= err),
+    });
+  }
 
-  // Replaced by the test kit's durable steps (in progress).
+  private get durable(): AttemptSteps {
+    return (this.steps ??= new AttemptSteps(this.entry, this.stepHost));
+  }
   get step(): StepFunction {
-    throw new ConfigError("runInline: durable steps are not supported yet");
+    return this.durable.step;
   }
-  sleep(): Promise<void> {
-    throw new ConfigError("runInline: durable steps are not supported yet");
+  sleep(name: string, until: Duration | Date): Promise<void> {
+    return this.durable.sleep(name, until);
   }
-  waitForEvent<T>(): Promise<T | null> {
-    throw new ConfigError("runInline: durable steps are not supported yet");
+  waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null> {
+    return this.durable.waitForEvent<T>(name, options);
   }
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
+    return this.durable.callback<T>(name, options);
+  }
+  readonly children = ((name: string, children: unknown) => this.durable.children(name, children)) as ChildrenFunction;
 
   get queue(): string {
     return this.options.queue ?? "default";
@@ -193,7 +240,9 @@ class InlineContext implements JobContext {
 
   abort(reason: AbortReason | JobAbortedError): void {
     if (this.controller.signal.aborted) return;
-    this.controller.abort(reason instanceof JobAbortedError ? reason : new JobAbortedError(this.jobId, this.attempt, reason));
+    // The step runner refuses steps after an abort, as on a worker.
+    this.entry.abortedWith = reason instanceof JobAbortedError ? reason : new JobAbortedError(this.jobId, this.attempt, reason);
+    this.controller.abort(this.entry.abortedWith);
   }
 
   progress(data: JsonValue): void {
@@ -263,11 +312,20 @@ export async function runInline<R>(
   handler: Handler,
   payload: unknown,
   options: InlineOptions = {},
+  /** The job an earlier run left (resumeInline): its id and recorded steps. */
+  resumed?: InlineJob,
 ): Promise<InlineResult<R>> {
   // As a worker would get it: through JSON (undefined is stored as null).
   const body: unknown = payload === undefined ? null : JSON.parse(JSON.stringify(checkJson(payload, "payload")));
-  const { jobId, fence } = await host.identity();
-  const ctx = new InlineContext(jobId, fence, task, options, host);
+  const identity = await host.identity();
+  const jobId = resumed?.jobId ?? identity.jobId;
+  const journal = resumed?.journal ?? new InlineJournal();
+  journal.resume();
+  if (journal.eventsAfter === undefined) {
+    const { rows } = await host.pool.query<{ last: string }>("SELECT coalesce(max(id), 0)::text AS last FROM events");
+    journal.eventsAfter = rows[0]!.last;
+  }
+  const ctx = new InlineContext(jobId, identity.fence, task, options, host, journal);
   const external = options.signal;
   const onAbort = () => ctx.abort(abortReasonOf(external!.reason));
   if (external?.aborted) onAbort();
@@ -283,27 +341,87 @@ export async function runInline<R>(
   } finally {
     external?.removeEventListener("abort", onAbort);
   }
+  const suspended = ctx.entry.within === "suspended" ? journal.suspension() : undefined;
+  // A handler that returned without reaching a step it recorded before: its code changed (as on a worker).
+  if (!threw && !suspended && ctx.steps) {
+    const unreached = await ctx.steps.unreached();
+    if (unreached) {
+      threw = true;
+      error = unreached;
+    }
+  }
   if (ctx.transactionMisuse !== undefined && (!threw || error instanceof JobAbortedError)) {
     threw = true;
     error = ctx.transactionMisuse;
   }
   // A result a worker could not store ends its attempt dead: checked by the worker's own rule.
-  const stored = threw || ctx.committed ? undefined : serializeResult(value, options.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES);
+  const stored = threw || ctx.committed || suspended ? undefined : serializeResult(value, options.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES);
   if (typeof stored === "object") {
     threw = true;
     error = new PermanentJobError(`the handler's result was refused: ${stored.problem}`);
   }
   const aborted = ctx.signal.aborted ? (ctx.signal.reason as JobAbortedError) : undefined;
-  const state: InlineState = ctx.committed
-    ? "succeeded"
-    : ctx.superseded && !(error instanceof RetrySupersededError)
-      ? "superseded"
-      : !threw
-        ? "succeeded"
-        : error instanceof PermanentJobError || ctx.spentAttempts + 1 >= ctx.maxAttempts
-          ? "dead"
-          : "failed";
-  return { state, ...(threw ? { error } : { value }), progress: ctx.progressValues, checkpoints: ctx.checkpointValues, aborted, ctx };
+  const state: InlineState = suspended
+    ? "suspended"
+    : ctx.committed
+      ? "succeeded"
+      : ctx.superseded && !(error instanceof RetrySupersededError)
+        ? "superseded"
+        : !threw
+          ? "succeeded"
+          : error instanceof PermanentJobError || ctx.spentAttempts + 1 >= ctx.maxAttempts
+            ? "dead"
+            : "failed";
+  const result: InlineResult<R> = {
+    state,
+    // The suspension is the state, not an error: what the handler threw on its way out is not reported.
+    ...(suspended ? {} : threw ? { error } : { value }),
+    progress: ctx.progressValues,
+    checkpoints: ctx.checkpointValues,
+    aborted,
+    ctx,
+    steps: journal.list(),
+    replayed: ctx.stepHost.replayedSteps,
+    ...(suspended ? { suspended } : {}),
+  };
+  inlineJobs.set(result, { task, handler, payload, jobId, journal });
+  return result;
+}
+
+/**
+ * The options of the run that resumes `previous`: the next attempt of the same job, with the
+ * budget the previous one left (a suspension spends none), its checkpoint and its outcome.
+ * Throws for a run that ended for good, or a sleep whose end the clock has not reached.
+ */
+export function resumeOptions(previous: InlineResult<unknown>, now: Date, options: InlineOptions = {}): InlineOptions {
+  const ctx = previous.ctx;
+  if (previous.state !== "failed" && previous.state !== "suspended") {
+    throw new ConfigError(`resumeInline: job ${ctx.jobId} ended ${previous.state}; only a failed or suspended run has a next attempt`);
+  }
+  const s = previous.suspended;
+  if (s?.kind === "sleep" && s.until !== null && s.until.getTime() > now.getTime()) {
+    throw new ConfigError(
+      `resumeInline: job ${ctx.jobId} sleeps at "${s.step}" until ${s.until.toISOString()}, and the queue's clock is at ${now.toISOString()}: ` +
+        "advance it first (queue.clock.advanceTo(result.suspended.until))",
+    );
+  }
+  const failed = previous.state === "failed";
+  const checkpoint = previous.checkpoints.at(-1) ?? ctx.previousCheckpoint;
+  return {
+    queue: ctx.queue,
+    maxAttempts: ctx.maxAttempts,
+    headers: ctx.headers,
+    previousCheckpoint: checkpoint,
+    previousOutcome: failed ? "failed" : ctx.previousOutcome,
+    lastError: failed ? errorMessage(previous.error) : ctx.lastError,
+    ...options,
+    attempt: ctx.attempt + 1,
+    spentAttempts: ctx.spentAttempts + (failed ? 1 : 0),
+  };
+}
+
+function errorMessage(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
 }
 
 function abortReasonOf(reason: unknown): AbortReason | JobAbortedError {

@@ -3,16 +3,18 @@
  * Made by `createTestQueue()`; `close()` drops the database.
  */
 import pg from "pg";
+import { CallbackRefusedError } from "../index.js";
+import { callbackEvent } from "../jobs/callbacks.js";
 import { silentLogger, type Logger } from "../logger.js";
 import { newRegistry } from "../metrics.js";
-import { Leasehold, type JobRecord, type ListedJob, type TaskHandlers } from "../index.js";
+import { Leasehold, type AnyEvent, type EventInput, type JobRecord, type ListedJob, type TaskHandlers } from "../index.js";
 import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "../embedded-options.js";
 import { DatabaseClock, type TestClock } from "./clock.js";
 import { createTestDatabase, dropTestDatabase, ensureTemplate, urlForDatabase } from "./database.js";
 import { drain, type DrainOptions, type DrainResult } from "./drain.js";
 import { expectEnqueued, waitForJob, waitForMatch, type ExpectEnqueuedOptions, type PayloadMatcher, type WaitForOptions } from "./expect.js";
 import { workerHandlers, type TestHandlers } from "./handlers.js";
-import { handlerOf, runInline, type InlineOptions, type InlineResult } from "./inline.js";
+import { handlerOf, inlineJobOf, resumeOptions, runInline, type InlineHost, type InlineOptions, type InlineResult } from "./inline.js";
 
 export interface TestQueueOptions {
   /**
@@ -132,23 +134,61 @@ export class TestQueue {
       const known = Object.keys(this.handlers);
       throw new Error(`runInline: no handler registered for task "${task}"` + (known.length > 0 ? ` (registered: ${known.join(", ")})` : ""));
     }
+    return runInline<R>(this.inlineHost(), task, handlerOf(registration), payload, options);
+  }
+
+  /**
+   * Runs a job that an inline run left failed or suspended again, as a worker's next attempt of
+   * it would: the same job id, attempt + 1, its recorded steps replayed (their functions do not
+   * run again), the budget a suspension did not spend. A sleep resumes once the queue's clock has
+   * reached its end (`queue.clock.advanceTo(result.suspended.until)`); a wait receives an event
+   * sent meanwhile (`queue.sendEvent`), or times out once the clock passes its deadline.
+   */
+  async resumeInline<R = unknown>(previous: InlineResult<unknown>, options?: InlineOptions): Promise<InlineResult<R>> {
+    const job = previous === null || typeof previous !== "object" ? undefined : inlineJobOf(previous);
+    if (!job) throw new Error("resumeInline takes a result of queue.runInline or queue.resumeInline");
+    const next = resumeOptions(previous, await this.clock.now(), options);
+    return runInline<R>(this.inlineHost(), job.task, job.handler, job.payload, next, job);
+  }
+
+  /**
+   * Sends an event to the test database (`lh.sendEvent`): suspended jobs waiting for it wake (a
+   * drain then runs them), and inline runs waiting for it receive it when resumed. Takes a name,
+   * or an event made by `defineEvent` (its data checked against the schema).
+   */
+  sendEvent<E extends AnyEvent>(event: E, data: EventInput<E>): Promise<{ id: string }>;
+  sendEvent(event: string, data?: unknown): Promise<{ id: string }>;
+  sendEvent(event: string | AnyEvent, data?: unknown): Promise<{ id: string }> {
+    return this.lh.sendEvent(event as string, data);
+  }
+
+  /**
+   * Completes a callback (`ctx.callback`) with `data`, as `lh.completeCallback` does: a drained
+   * job's callback through the database's checks; an inline run's (recorded in memory, not in
+   * the database) by sending its event, which the run receives when resumed.
+   */
+  async completeCallback(token: string, data?: unknown): Promise<void> {
+    try {
+      await this.lh.completeCallback(token, data);
+    } catch (err) {
+      if (!(err instanceof CallbackRefusedError && err.reason === "unknown")) throw err;
+      await this.lh.sendEvent(callbackEvent(token), data);
+    }
+  }
+
+  private inlineHost(): InlineHost {
     const pool = this.lh.pool;
-    return runInline<R>(
-      {
-        identity: async () => {
-          const { rows } = await pool.query<{ id: string; fence: string }>(
-            "SELECT nextval(pg_get_serial_sequence('jobs', 'id'))::text AS id, nextval('fence_seq')::text AS fence",
-          );
-          return { jobId: rows[0]!.id, fence: rows[0]!.fence };
-        },
-        appPool: () => (this.appPoolInstance ??= new pg.Pool({ connectionString: this.databaseUrl, max: 4 })),
-        logger: this.lh.logger,
+    return {
+      identity: async () => {
+        const { rows } = await pool.query<{ id: string; fence: string }>(
+          "SELECT nextval(pg_get_serial_sequence('jobs', 'id'))::text AS id, nextval('fence_seq')::text AS fence",
+        );
+        return { jobId: rows[0]!.id, fence: rows[0]!.fence };
       },
-      task,
-      handlerOf(registration),
-      payload,
-      options,
-    );
+      pool,
+      appPool: () => (this.appPoolInstance ??= new pg.Pool({ connectionString: this.databaseUrl, max: 4 })),
+      logger: this.lh.logger,
+    };
   }
 
   /** Closes the client and drops the test database (ending any session left on it). */

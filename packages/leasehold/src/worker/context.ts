@@ -17,8 +17,10 @@ import type { FencedWriteDb } from "../fencing.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import type { TypedParentRecord } from "../tasks/parents.js";
-import type { StepFunction, WaitForEventOptions } from "./steps.js";
+import type { Callback, CallbackOptions, StepFunction, WaitForEventOptions } from "./steps.js";
+import type { ChildrenFunction } from "./children.js";
 import type { Duration } from "../jobs/steps.js";
+import type { AnyEvent, EventData } from "../tasks/events.js";
 
 export interface JobContext {
   jobId: string;
@@ -126,7 +128,26 @@ export interface JobContext {
    * contains `match`: the event's data, or null after `timeout`. If it was sent since the job was
    * enqueued, it returns at once; otherwise the job suspends (as ctx.sleep) until it comes.
    */
+  waitForEvent<E extends AnyEvent>(name: string, options: WaitForEventOptions & { event: E }): Promise<EventData<E> | null>;
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null>;
+  /**
+   * A callback (docs/durable-callbacks.md): a token that completes this job's wait once, with
+   * data, through `lh.completeCallback`, `POST /v1/callbacks/:token` on `leasehold serve` (its
+   * `url`) or the CLI. Hand it out in a step (an email, a webhook's registration), then
+   * `await cb.wait()`: the data, or null after `timeout`; the job suspends until then. Recorded
+   * as a step: a replay hands out the same token.
+   */
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>>;
+  /**
+   * Starts child jobs (an array, as lh.enqueueMany takes them) or a child flow (`{ flow: nodes }`,
+   * as lh.enqueueFlow) as a step, exactly once per job, and suspends this job, holding no lease
+   * and no worker slot, until every child has ended (succeeded, dead or cancelled). The job then
+   * resumes from the top and this returns each child's end, `{ id, ref, task, state, result,
+   * error }`, in the order given; children given as defineTask tasks have their results typed.
+   * Throws JobSuspendedError while the children run: let it end the handler. Workers on the
+   * database only (docs/durable-children.md).
+   */
+  children: ChildrenFunction;
   logger: Logger;
 }
 

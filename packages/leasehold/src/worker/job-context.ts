@@ -13,8 +13,9 @@ import type { InFlight } from "./heartbeat.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import type { AnyTask } from "../tasks/define.js";
 import { parentsOfTask, type TypedParentRecord } from "../tasks/parents.js";
-import { AttemptSteps, type StepFunction, type WaitForEventOptions } from "./steps.js";
+import { AttemptSteps, type Callback, type CallbackOptions, type StepFunction, type WaitForEventOptions } from "./steps.js";
 import type { StepWorker } from "./step-host.js";
+import type { ChildrenFunction } from "./children.js";
 import type { Duration } from "../jobs/steps.js";
 
 export interface ContextHost {
@@ -154,6 +155,10 @@ class AttemptContext implements JobContext {
   waitForEvent<T = JsonValue>(name: string, options: WaitForEventOptions): Promise<T | null> {
     return this.durable.waitForEvent<T>(name, options);
   }
+  callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
+    return this.durable.callback<T>(name, options);
+  }
+  readonly children: ChildrenFunction = ((name: string, children: unknown) => this.durable.children(name, children)) as ChildrenFunction;
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.
   get logger(): Logger {

@@ -59,6 +59,8 @@ export interface WorkerSettings {
   tasks: Map<string, TaskSettings>;
   /** A handler's result larger than this (serialised) fails its attempt without retries. */
   maxResultBytes: number;
+  /** The `leasehold serve` URL ctx.callback makes its URLs from (null: the transport's, if any). */
+  callbackBaseUrl: string | null;
 }
 
 export interface WorkerSettingsInput {
@@ -80,6 +82,8 @@ export interface WorkerSettingsInput {
   maxRunMs?: number | null;
   /** The largest result (a handler's return value, as JSON) kept; default 65,536 bytes. */
   maxResultBytes?: number;
+  /** Where `leasehold serve` is reached by whoever completes callbacks (docs/durable-callbacks.md): ctx.callback's URLs start with it. */
+  callbackBaseUrl?: string;
 }
 
 const KEYS = [
@@ -97,6 +101,7 @@ const KEYS = [
   "progressTimeoutMs",
   "maxRunMs",
   "maxResultBytes",
+  "callbackBaseUrl",
 ];
 const TASK_KEYS = new Set(["handler", "backoff", "progressTimeoutMs", "maxRunMs"]);
 
@@ -167,8 +172,17 @@ export function resolveWorkerSettings(input: WorkerSettingsInput, extraKeys: str
       backoff,
       tasks,
       maxResultBytes: integerIn(input.maxResultBytes ?? DEFAULT_MAX_RESULT_BYTES, 1, MAX_RESULT_BYTES_LIMIT, "maxResultBytes"),
+      callbackBaseUrl: checkBaseUrl(input.callbackBaseUrl),
     };
   });
+}
+
+function checkBaseUrl(value: unknown): string | null {
+  if (value === undefined) return null;
+  if (typeof value !== "string" || !/^https?:\/\//.test(value) || !URL.canParse(value)) {
+    throw new ConfigError(`callbackBaseUrl must be an http(s) URL, got ${JSON.stringify(value)}`);
+  }
+  return value;
 }
 
 /** A limit set here (a number, or null for none) over the one it overrides. */

@@ -97,6 +97,11 @@ export class RemoteTransport implements WorkerTransport {
   /** "id:attempt" → the claim's receipt, the worker id it was issued to, and whether a report of it was refused. */
   private readonly receipts = new Map<string, { receipt: string; workerId: string; refused?: boolean }>();
 
+  /** Whoever can reach this worker's server completes callbacks there (POST /v1/callbacks/:token). */
+  get callbackBaseUrl(): string {
+    return this.base.href;
+  }
+
   constructor(private readonly options: RemoteTransportOptions) {
     try {
       this.base = new URL(options.serverUrl);

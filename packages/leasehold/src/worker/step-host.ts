@@ -10,12 +10,15 @@
 import type pg from "pg";
 import { ConfigError, JobSuspendedError, StaleLeaseError, StepMismatchError, TransactionMisuseError } from "../errors.js";
 import { PermanentJobError } from "./context.js";
+import { callbackUrl } from "../jobs/callbacks.js";
 import { serializeStepResult, type StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
 import type { Logger } from "../logger.js";
 import type { Metrics } from "../metrics.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { StepOutcome } from "../store/steps.js";
+import type { ChildEndRecord } from "../store/children.js";
+import type { PreparedNode } from "../jobs/flow-graph.js";
 import type { InFlight } from "./heartbeat.js";
 import { recordRefusals, type WorkerTransport } from "./transport.js";
 import type { StepKind } from "../jobs/steps.js";
@@ -26,6 +29,8 @@ export interface StepWorkerDeps {
   readonly transport: WorkerTransport;
   readonly metrics: Metrics;
   readonly logger: Logger;
+  /** The `leasehold serve` URL a callback's URL is made from; null: callbacks hand out tokens only. */
+  readonly callbackBaseUrl: string | null;
   progressed(entry: InFlight): void;
   /** The attempt lost its job: abort the handler, report nothing. */
   stepLost(entry: InFlight, reason: LostLeaseReason): void;
@@ -51,6 +56,8 @@ export interface StepWorker {
   traced<T>(entry: InFlight, place: PlaceRef, fn: () => Promise<T>): Promise<T>;
   progressed(entry: InFlight): void;
   signal(entry: InFlight): AbortSignal;
+  /** The URL that completes a callback, when the worker knows the server's. */
+  callbackUrl(token: string): string | null;
   transaction<T>(entry: InFlight, place: PlaceRef, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<JsonValue | undefined>;
   sleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void>;
   waitForEvent(
@@ -58,6 +65,8 @@ export interface StepWorker {
     place: PlaceRef,
     wait: { event: string; matchJson: string | null; timeoutMs: number | null; kind?: "event" | "callback" | "children" },
   ): Promise<JsonValue | null>;
+  /** ctx.children: the children's ends once all have ended; else the job suspends (JobSuspendedError). */
+  children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]>;
 }
 
 interface Pending {
@@ -150,6 +159,10 @@ export class StepHost implements StepWorker {
 
   progressed(entry: InFlight): void {
     this.w.progressed(entry);
+  }
+
+  callbackUrl(token: string): string | null {
+    return this.w.callbackBaseUrl === null ? null : callbackUrl(this.w.callbackBaseUrl, token);
   }
 
   signal(entry: InFlight): AbortSignal {
@@ -253,6 +266,45 @@ export class StepHost implements StepWorker {
       entry.within = undefined;
       this.w.metrics.stepsRecorded.inc({ kind: place.kind });
       return answer.received ? answer.data : null;
+    }
+    if (answer === "stale") {
+      entry.within = undefined;
+      throw await this.lost(entry);
+    }
+    this.ended(entry, answer, place, null);
+  }
+
+  async children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]> {
+    const t = this.w.transport;
+    if (!t.children) {
+      entry.permanent = true;
+      throw new PermanentJobError(
+        "ctx.children needs a worker on the database: a remote worker (through leasehold serve) cannot start children in " +
+          "the server's transaction yet, so the job is dead without retries. Run this task on a worker connected to the database",
+      );
+    }
+    await this.beforeEnd(entry);
+    entry.within = "suspending";
+    let answer;
+    try {
+      answer = await t.children({
+        workerId: this.w.id,
+        id: entry.job.id,
+        attempt: entry.job.attempt,
+        seq: place.seq,
+        name: place.name,
+        occurrence: place.occurrence,
+        nodes: start?.nodes ?? null,
+        flow: start?.flow ?? false,
+      });
+    } catch (err) {
+      entry.within = undefined;
+      throw err;
+    }
+    if (typeof answer === "object") {
+      entry.within = undefined;
+      this.w.metrics.stepsRecorded.inc({ kind: "children" });
+      return answer.ends;
     }
     if (answer === "stale") {
       entry.within = undefined;

@@ -12,7 +12,6 @@ import type pg from "pg";
 import { StepMismatchError, ValidationError } from "../errors.js";
 import {
   MAX_STEPS_PER_JOB,
-  checkEventName,
   checkStepName,
   durationMs,
   serializeEventData,
@@ -23,9 +22,12 @@ import {
   type StepRecord,
 } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
+import { callbackEvent, newCallbackToken } from "../jobs/callbacks.js";
 import type { InFlight } from "./heartbeat.js";
 import type { StepWorker } from "./step-host.js";
 import { PermanentJobError } from "./context.js";
+import { eventName, isDefinedEvent, receivedData, type AnyEvent } from "../tasks/events.js";
+import { prepareChildren, type ChildEnd } from "./children.js";
 
 /** A step's own retries, within the attempt, before its error fails the attempt. */
 export interface StepRetry {
@@ -44,12 +46,27 @@ export interface StepOptions {
 }
 
 export interface WaitForEventOptions {
-  /** The event to wait for (as sent by sendEvent). */
-  event: string;
+  /** The event to wait for (as sent by sendEvent): its name, or an event made by defineEvent (its data then goes through the schema). */
+  event: string | AnyEvent;
   /** Fields the event's data must contain (JSON containment, as PostgreSQL's @>). */
   match?: Record<string, JsonValue>;
   /** How long to wait (ms, or a duration such as "3d"); the wait then returns null. Default: 3650 days. */
   timeout?: Duration;
+}
+
+export interface CallbackOptions {
+  /** How long its wait waits (ms, or a duration such as "3d"), from when wait() begins; then null. Default: 3650 days. */
+  timeout?: Duration;
+}
+
+/** What ctx.callback hands out: the token (and its URL on `leasehold serve`), and the wait it completes. */
+export interface Callback<T = JsonValue> {
+  /** The credential that completes this wait once: 43 base64url characters. */
+  readonly token: string;
+  /** POST here to complete it, when the worker knows the server's URL (a remote worker, or `callbackBaseUrl`); else null. */
+  readonly url: string | null;
+  /** The data it was completed with, or null after the timeout; suspends the job until then. Once per callback. */
+  wait(): Promise<T | null>;
 }
 
 /** ctx.step: runs `fn` once per job, its JSON result recorded; ctx.step.transaction runs in a transaction. */
@@ -86,15 +103,18 @@ export class AttemptSteps {
     transaction: <T>(name: string, work: (tx: pg.PoolClient) => Promise<T>, options?: { pool?: pg.Pool }) => this.runTransaction(name, work, options),
   });
 
-  /** Takes the next place, synchronously (call order, not completion order). */
-  private take(name: unknown, kind: StepKind, call: string): Place {
+  /**
+   * Takes the next place, synchronously (call order, not completion order). `counter`: what its
+   * occurrence counts (its name; a callback's wait counts apart from the callback it shares a name with).
+   */
+  private take(name: unknown, kind: StepKind, call: string, counter = String(name)): Place {
     checkStepName(name, call);
     this.usable();
     if (this.next >= MAX_STEPS_PER_JOB) {
       throw new PermanentJobError(`job ${this.entry.job.id}: more than ${MAX_STEPS_PER_JOB} steps (the most one job may record)`);
     }
-    const occurrence = this.occurrences.get(name) ?? 0;
-    this.occurrences.set(name, occurrence + 1);
+    const occurrence = this.occurrences.get(counter) ?? 0;
+    this.occurrences.set(counter, occurrence + 1);
     return { seq: this.next++, name, occurrence, kind };
   }
 
@@ -199,17 +219,86 @@ export class AttemptSteps {
     const place = this.take(name, "event", "ctx.waitForEvent");
     const call = `ctx.waitForEvent("${name}")`;
     if (options === null || typeof options !== "object") throw new ValidationError(`${call}: options { event, match?, timeout? } are required`);
-    checkEventName(options.event, call);
+    const event = eventName(options.event, call);
     const matchJson = options.match === undefined ? null : serializeEventData(options.match, `${call}: match`);
     const timeoutMs = options.timeout === undefined ? null : durationMs(options.timeout, `${call}: timeout`);
     const record = await this.recorded(place);
+    let data: JsonValue | null;
     if (record?.state === "succeeded") {
       this.host.replayed(this.entry, place);
-      return (record.result ?? null) as T | null;
+      data = record.result ?? null;
+    } else {
+      this.usable();
+      data = await this.host.waitForEvent(this.entry, place, { event, matchJson, timeoutMs });
+    }
+    // A defined event's data goes through its schema (defaults, transforms), on every replay too.
+    if (data === null || !isDefinedEvent(options.event)) return data as T | null;
+    return (await receivedData(options.event, data, call)) as T;
+  }
+
+  /**
+   * ctx.callback: a token recorded as a step (a replay hands out the same one), and a wait for it
+   * under the same name. Its wait is a wait for the event named from the token (waitForEvent's
+   * races and suspension), which only complete_callback() sends.
+   */
+  async callback<T = JsonValue>(name: string, options: CallbackOptions = {}): Promise<Callback<T>> {
+    const place = this.take(name, "callback", "ctx.callback");
+    const call = `ctx.callback("${name}")`;
+    if (options === null || typeof options !== "object") throw new ValidationError(`${call}: options must be an object { timeout? }`);
+    const timeoutMs = options.timeout === undefined ? null : durationMs(options.timeout, `${call}: timeout`);
+    const record = await this.recorded(place);
+    // The token's record holds no event, its wait's does: a wait met where a token is recorded is a changed handler.
+    if (record && record.event !== null) throw new StepMismatchError(this.entry.job.id, place.seq, record, place);
+    let token: string;
+    if (record?.state === "succeeded") {
+      this.host.replayed(this.entry, place);
+      token = (record.result as { token: string }).token;
+    } else {
+      this.usable();
+      token = newCallbackToken();
+      const stored = await this.host.record(this.entry, {
+        ...place,
+        kind: "callback",
+        state: "succeeded",
+        resultJson: JSON.stringify({ token }),
+        durationMs: 0,
+      });
+      // Another attempt recorded this callback first: its token is the one handed out.
+      if (stored !== undefined) token = (stored.result as { token: string }).token;
+    }
+    let waited = false;
+    return {
+      token,
+      url: this.host.callbackUrl(token),
+      wait: async () => {
+        if (waited) throw new ValidationError(`${call}: wait() was called already; a callback completes one wait`);
+        waited = true;
+        const wait = this.take(name, "callback", "ctx.callback", `\0wait:${name}`);
+        const over = await this.recorded(wait);
+        if (over && over.event === null) throw new StepMismatchError(this.entry.job.id, wait.seq, over, wait);
+        if (over?.state === "succeeded") {
+          this.host.replayed(this.entry, wait);
+          return (over.result ?? null) as T | null;
+        }
+        this.usable();
+        const data = await this.host.waitForEvent(this.entry, wait, { event: callbackEvent(token), matchJson: null, timeoutMs, kind: "callback" });
+        return (data ?? null) as T | null;
+      },
+    };
+  }
+
+  /** ctx.children: see worker/children.ts. Checked on every replay too, so bad input fails alike. */
+  async children(name: string, children: unknown): Promise<ChildEnd[]> {
+    const place = this.take(name, "children", "ctx.children");
+    const start = await prepareChildren(children, `ctx.children("${name}")`);
+    const record = await this.recorded(place);
+    if (record?.state === "succeeded") {
+      this.host.replayed(this.entry, place);
+      return record.result as unknown as ChildEnd[];
     }
     this.usable();
-    const data = await this.host.waitForEvent(this.entry, place, { event: options.event, matchJson, timeoutMs });
-    return (data ?? null) as T | null;
+    // A waiting record: the children were started; only their ends are left to read.
+    return this.host.children(this.entry, place, record ? null : start);
   }
 }
 

@@ -129,6 +129,8 @@ export interface WorkerTransport {
   dependencies?(p: { workerId: string; job: store.AttemptRef }): Promise<store.DependencyCounts>;
   /** Ends a claim in progress (a remote long poll) so that stop() need not wait for it. */
   interrupt?(): void;
+  /** The server a remote worker reaches: ctx.callback's URLs start with it. */
+  readonly callbackBaseUrl?: string;
   /** Durable steps (worker/step-host.ts): a held job's recorded steps, in order. */
   loadSteps?(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]>;
   /** Records step outcomes, fenced; returns the keys ("id:seq") recorded (see store/steps.ts). */
@@ -141,6 +143,8 @@ export interface WorkerTransport {
   sleep?(p: store.SuspendingStep & ({ until: Date } | { ms: number })): Promise<SuspensionAnswer | "due">;
   /** ctx.waitForEvent: the event (or the timeout's null) if the wait is over, else the job suspends. */
   waitForEvent?(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer>;
+  /** ctx.children: starts the children (or looks at them on a replay); their ends once all ended, else the job suspends. */
+  children?(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer>;
   /**
    * Keeps a record of heartbeats and reports the fence refused, for operators (the
    * dashboard's Recoveries view). Only a transport on the database has it: the server keeps
@@ -605,5 +609,10 @@ export class DatabaseTransport implements WorkerTransport {
     } finally {
       release(broken);
     }
+  }
+  async children(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+    const answer = await store.withTransaction(this.pool, (client) => store.startOrAwaitChildren(client, p));
+    if (answer === "stale" || "ends" in answer) return answer;
+    return answer.ended === "suspended" || answer.ended === "cancelled" ? answer.ended : "stale";
   }
 }

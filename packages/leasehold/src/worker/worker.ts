@@ -197,6 +197,7 @@ export class Worker extends WorkerEmitter {
       transport: this.transport,
       metrics: this.metrics,
       logger: this.logger,
+      callbackBaseUrl: this.settings.callbackBaseUrl ?? this.transport.callbackBaseUrl ?? null,
       progressed: (e) => this.progressed(e),
       stepLost: (e, reason) => this.leaseLost(e, reason),
       attemptSuspended: (e) => this.forget(e),
@@ -640,6 +641,7 @@ export class Worker extends WorkerEmitter {
       }
       this.countEnded(entry.job.queue, state);
       this.ended(entry, { state }, err);
+      this.claimer.reportLanded(); // its end is in the database already: a limited queue's slot is free
       return;
     }
     if (entry.lostReason) {

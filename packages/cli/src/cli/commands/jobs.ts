@@ -1,10 +1,11 @@
-/** `leasehold jobs list|show|cancel|retry|watch` and `leasehold stats`. */
+/** `leasehold jobs list|show|cancel|retry|rerun|watch`, `leasehold callbacks complete` and `leasehold stats`. */
+import os from "node:os";
 import type { Command } from "commander";
 import { JOB_STATES } from "leasehold/internal/jobs/types";
 import type { Run } from "../context.js";
 import { CliError, EXIT } from "../errors.js";
 import { jobDetails, jobsTable, statsText } from "../format.js";
-import { duration, int } from "../parse.js";
+import { duration, int, json } from "../parse.js";
 import { registerWatch } from "./watch.js";
 
 export function registerJobCommands(program: Command, run: Run): void {
@@ -84,7 +85,41 @@ export function registerJobCommands(program: Command, run: Run): void {
       }),
     );
 
+  jobs
+    .command("rerun <id>")
+    .description(
+      "re-run a finished or dead durable job from a recorded step: the steps before it keep their records (and replay), " +
+        "it and those after run again; the job's re-runs (jobs show) keep the records dropped",
+    )
+    .requiredOption("--from-step <name>", "the recorded step to run again from")
+    .option("--occurrence <n>", "which call of that name, from 0 (a step in a loop; default 0)", int("--occurrence", 0, 100_000))
+    .action(
+      run(async (cli, id: string, opts: { fromStep: string; occurrence?: number }) => {
+        const lh = await cli.operations();
+        const rerun = await lh.rerunFromStep(id, opts.fromStep, { occurrence: opts.occurrence, requestedBy: `cli (${userName()})` });
+        cli.result(
+          rerun,
+          () =>
+            `job ${id} is waiting again from step "${rerun.fromStep}" (place ${rerun.fromSeq}); ` +
+            `${rerun.stepsDropped} step record(s) dropped and kept in its re-runs`,
+        );
+      }),
+    );
+
   registerWatch(jobs, run);
+
+  program
+    .command("callbacks")
+    .description("complete the callbacks durable jobs wait for (ctx.callback)")
+    .command("complete <token> [json]")
+    .description("complete a callback's wait with JSON data (default null); once per token")
+    .action(
+      run(async (cli, token: string, data: string | undefined) => {
+        const lh = await cli.operations();
+        await lh.completeCallback(token, data === undefined ? null : json(data, "the callback data"));
+        cli.result({ result: "completed" }, () => "callback completed: its job resumes with the data");
+      }),
+    );
 
   program
     .command("stats")
@@ -96,4 +131,13 @@ export function registerJobCommands(program: Command, run: Run): void {
         cli.result(stats, () => statsText(stats));
       }),
     );
+}
+
+/** Who ran the command, for a re-run's audit trail. */
+function userName(): string {
+  try {
+    return os.userInfo().username;
+  } catch {
+    return "unknown user";
+  }
 }
