@@ -1,5 +1,5 @@
 /**
- * Leasehold's durable steps (JobContext.step, sleep, waitForEvent) in the durable workloads: each workflow is a job
+ * Leasehold's durable steps (docs/durable.md) in the durable workloads: each workflow is a job
  * whose handler runs `ctx.step`, `ctx.waitForEvent` and `ctx.sleep`; the benchmark process
  * enqueues them with `lh.enqueueMany` and sends events with `lh.sendEvent`. Same schema and
  * database as the job workloads (bench_leasehold, reset before each run).
