@@ -9,6 +9,7 @@
  *   npm run bench -- --jobs 100000 --steady-jobs 1000000 --pin-seconds 300
  *   npm run bench -- --only flow-cost --systems leasehold,pg-boss --flow-concurrency 10
  *   npm run bench -- --only graph-fan-out,graph-fan-in,graph-chain --systems leasehold,pg-boss --runs 1
+ *   npm run bench -- --only durable --systems leasehold,dbos     # durable-steps, -event, -sleep
  */
 import os from "node:os";
 import path from "node:path";
@@ -27,6 +28,7 @@ import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
 import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
 import { leaseholdCancelWorkload, pgbossCancelWorkload } from "./workloads/cancel.js";
 import { graphRows } from "./workloads/graph.js";
+import { durableEventWorkload, durableSettings, durableSleepWorkload, durableStepsWorkload } from "./workloads/durable.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
@@ -283,7 +285,50 @@ const WORKLOADS: Workload[] = [
     repeated: true,
     rows: graphRows("chain"),
   },
+  {
+    id: "durable-steps",
+    title: "11a. Durable steps beside DBOS Transact: five-step workflows, 1 and several worker processes",
+    repeated: true,
+    rows: (ctx, systems) =>
+      [1, ctx.options.processes].flatMap((p) =>
+        durableSystems(systems).map((s) => ({
+          label: `${s.name} x${p}`,
+          system: s.name,
+          settings: durableSettings(s, "steps", p),
+          measure: () => durableStepsWorkload(ctx, s, p),
+        })),
+      ),
+  },
+  {
+    id: "durable-event",
+    title: "11b. Durable steps beside DBOS Transact: event-to-resume latency, one event at a time to waiting workflows",
+    repeated: true,
+    rows: (ctx, systems) =>
+      durableSystems(systems).map((s) => ({
+        label: s.name,
+        system: s.name,
+        settings: durableSettings(s, "event", 1),
+        measure: () => durableEventWorkload(ctx, s),
+      })),
+  },
+  {
+    id: "durable-sleep",
+    title: "11c. Durable steps beside DBOS Transact: sleeping workflows, the time to create them and their cost while they sleep",
+    repeated: false,
+    rows: (ctx, systems) =>
+      durableSystems(systems).map((s) => ({
+        label: s.name,
+        system: s.name,
+        settings: durableSettings(s, "sleep", ctx.options.processes),
+        measure: () => durableSleepWorkload(ctx, s),
+      })),
+  },
 ];
+
+/** The systems with durable workflows: Leasehold's durable steps and DBOS Transact. */
+function durableSystems(systems: BenchSystem[]): BenchSystem[] {
+  return systems.filter((s) => s.name === "leasehold" || s.name === "dbos");
+}
 
 /** graphile-worker's local queue must hold at least its concurrency; sizes tried for its best. */
 function graphileQueueSizes(concurrency: number): number[] {
@@ -297,8 +342,8 @@ const int = (v: string) => {
 };
 
 const program = new Command("bench")
-  .description("Leasehold vs pg-boss vs graphile-worker on one PostgreSQL")
-  .option("--only <workloads>", `comma-separated: ${WORKLOADS.map((w) => w.id).join(", ")}`)
+  .description("Leasehold vs pg-boss vs graphile-worker (and DBOS Transact for durable steps) on one PostgreSQL")
+  .option("--only <workloads>", `comma-separated: ${WORKLOADS.map((w) => w.id).join(", ")}; or a group: durable, graph, flow`)
   .option("--systems <names>", `comma-separated: ${Object.keys(SYSTEMS).join(", ")}`)
   .option("--jobs <n>", "jobs to enqueue and to drain", int, 100_000)
   .option("--batch <n>", "jobs per enqueue call", int, 1_000)
@@ -330,6 +375,10 @@ const program = new Command("bench")
   .option("--graph-pgboss-chain <n>", "steps of pg-boss's chain (one per flow pass: its time is scaled to --graph-chain)", int, 20)
   .option("--graph-pgboss-intervals <list>", "pg-boss's flowIntervalSeconds in the graph workloads, a row each (its default, its shortest)", "5,1")
   .option("--graph-concurrency <list>", "handler concurrencies of the graph workloads", "10,50")
+  .option("--durable-workflows <n>", "five-step workflows per drain in the durable-steps workload", int, 5_000)
+  .option("--durable-waiters <n>", "waiting workflows resumed one at a time in the durable-event workload", int, 200)
+  .option("--durable-sleepers <n>", "sleeping workflows in the durable-sleep workload", int, 100_000)
+  .option("--durable-idle-seconds <n>", "seconds the durable-sleep workload watches them sleep", int, 10)
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
@@ -382,23 +431,36 @@ const options: BenchOptions = {
   graphConcurrency: String(o.graphConcurrency)
     .split(",")
     .map((v) => int(v.trim())),
+  durableWorkflows: o.durableWorkflows,
+  durableWaiters: o.durableWaiters,
+  durableSleepers: o.durableSleepers,
+  durableIdleSeconds: o.durableIdleSeconds,
 };
 
-const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string): T[] => {
+/**
+ * The items named in `names`. With `groups`, a name that is no item's key names every item
+ * whose key starts with it and a dash: `--only durable` runs durable-steps, -event and -sleep.
+ */
+const pick = <T>(all: T[], names: string | undefined, key: (t: T) => string, what: string, groups = false): T[] => {
   if (!names) return all;
   const wanted = String(names)
     .split(",")
     .map((n) => n.trim())
     .filter(Boolean);
+  const named = (n: string) => {
+    const exact = all.filter((t) => key(t) === n);
+    return exact.length || !groups ? exact : all.filter((t) => key(t).startsWith(`${n}-`));
+  };
   for (const n of wanted) {
-    if (!all.some((t) => key(t) === n)) {
+    if (named(n).length === 0) {
       console.error(`unknown ${what} "${n}"; choose from ${all.map(key).join(", ")}`);
       process.exit(2);
     }
   }
-  return all.filter((t) => wanted.includes(key(t)));
+  const chosen = new Set(wanted.flatMap(named));
+  return all.filter((t) => chosen.has(t));
 };
-const workloads = pick(WORKLOADS, o.only, (w) => w.id, "workload");
+const workloads = pick(WORKLOADS, o.only, (w) => w.id, "workload", true);
 let systems = pick(Object.values(SYSTEMS), o.systems, (s) => s.name, "system");
 
 const log = (m: string) => console.log(`[${new Date().toISOString().slice(11, 19)}] ${m}`);

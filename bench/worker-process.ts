@@ -6,8 +6,8 @@
  * Started by bench/lib/workers.ts as `node --import tsx bench/worker-process.ts`.
  */
 import pg from "pg";
-import { SYSTEM_LOADERS } from "./systems/load.js";
-import type { BenchSystem, Payload, RunningWorker, WorkerSpec } from "./systems/types.js";
+import { SYSTEM_LOADERS, type WorkerSystem } from "./systems/load.js";
+import type { Payload, RunningWorker, WorkerSpec } from "./systems/types.js";
 import { nowMs } from "./lib/stats.js";
 
 export type ToWorker = { type: "init"; system: string; url: string; spec: WorkerSpec } | { type: "go" } | { type: "stats" } | { type: "stop" };
@@ -35,7 +35,7 @@ let firstStartAt: number | null = null;
 let latencies: number[] = [];
 let worker: RunningWorker | undefined;
 let init: Extract<ToWorker, { type: "init" }> | undefined;
-let system: BenchSystem | undefined;
+let system: WorkerSystem | undefined;
 let reported = { started: -1, ended: -1 };
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {

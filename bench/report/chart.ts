@@ -12,6 +12,7 @@ const COLORS: Record<string, string> = {
   "pg-boss": "#3b6fb6",
   "graphile-worker": "#c0702a",
   ceiling: "#888888",
+  dbos: "#8a4fb0",
 };
 
 interface Panel {
@@ -36,6 +37,10 @@ function panels(results: BenchResults): Panel[] {
   add("latency", "p50Ms", "Enqueue → start p50 (lower is better)", "ms");
   add("latency", "p99Ms", "Enqueue → start p99 (lower is better)", "ms");
   add("recovery", "recoverySeconds", "kill -9 → job running again (lower is better; n/a = never)", "s");
+  add("durable-steps", "workflowsPerSecond", "Durable five-step workflows (higher is better)", "workflows/s");
+  add("durable-steps", "statementsPerStep", "Durable steps: statements per step (lower is better)", "statements");
+  add("durable-event", "p50Ms", "Event → resumed step p50 (lower is better)", "ms");
+  add("durable-sleep", "createSeconds", "Sleeping workflows: start → all asleep (lower is better)", "s");
   return out;
 }
 

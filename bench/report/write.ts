@@ -151,6 +151,31 @@ COLUMNS["graph-chain"] = [
   ["fullChainSeconds", "full chain, s (pg-boss: scaled)", 1],
 ];
 const GRAPH_WORKLOADS = ["graph-fan-out", "graph-fan-in", "graph-chain"];
+COLUMNS["durable-steps"] = [
+  ["workflowsPerSecond", "workflows/s", 0],
+  ["statementsPerStep", "statements/step", 2],
+  ["xactsPerStep", "server xacts/step", 2],
+  ["serverCpuMsPerKStep", "server CPU ms/1k steps", 0],
+  ["workerCpuMsPerKStep", "worker CPU ms/1k steps", 0],
+  ["walBytesPerStep", "WAL B/step", 0],
+];
+COLUMNS["durable-event"] = [
+  ["p50Ms", "p50 ms", 2],
+  ["p95Ms", "p95 ms", 2],
+  ["p99Ms", "p99 ms", 2],
+  ["maxMs", "max ms", 1],
+  ["resumed", "resumed", 0],
+];
+COLUMNS["durable-sleep"] = [
+  ["sleepers", "sleeping workflows", 0],
+  ["startCallsSeconds", "start calls, s", 1],
+  ["createSeconds", "start → all asleep, s", 1],
+  ["idleServerCpuPct", "idle server CPU %", 2],
+  ["idleWorkerCpuPct", "idle workers CPU %", 2],
+  ["idleStatementsPerSecond", "idle worker statements/s", 1],
+  ["idleXactsPerSecond", "idle server xacts/s", 1],
+  ["bytesPerSleeper", "table bytes/sleeper", 0],
+];
 
 /** Workloads where Leasehold is compared to each peer, and which way is better. */
 const RATIOS: Record<string, { key: string; higherIsBetter: boolean }> = {
@@ -229,8 +254,33 @@ function graphRatioLines(w: WorkloadResult): string[] {
   return out;
 }
 
+/** Durable steps: Leasehold's row against DBOS's of the same processes (the label's " xN"). */
+function durableRatioLines(w: WorkloadResult): string[] {
+  const spec = DURABLE_RATIOS[w.id]!;
+  const out: string[] = [];
+  for (const lh of w.rows.filter((r) => r.system === "leasehold")) {
+    const peer = w.rows.find((r) => r.system === "dbos" && processesOf(r) === processesOf(lh));
+    const v = lh.median[spec.key];
+    const p = peer?.median[spec.key];
+    if (v === undefined || p === undefined || !Number.isFinite(v) || !Number.isFinite(p)) continue;
+    const ratio = spec.higherIsBetter ? v / p : p / v;
+    out.push(`- ${lh.label} vs ${peer!.label}: **${fmt(ratio, 2)}x** ${spec.what}`);
+  }
+  return out;
+}
+
+/** " x4" of "leasehold x4": the durable rows' worker processes (empty where the label has none). */
+const processesOf = (r: { label: string; system: string }) => r.label.slice(r.system.length);
+
+const DURABLE_RATIOS: Record<string, { key: string; higherIsBetter: boolean; what: string }> = {
+  "durable-steps": { key: "workflowsPerSecond", higherIsBetter: true, what: "the workflows/s" },
+  "durable-event": { key: "p50Ms", higherIsBetter: false, what: "as fast (p50)" },
+  "durable-sleep": { key: "createSeconds", higherIsBetter: false, what: "as fast to put them to sleep" },
+};
+
 function ratioLines(w: WorkloadResult): string[] {
   if (w.id === "sweep") return sweepRatioLines(w);
+  if (DURABLE_RATIOS[w.id]) return durableRatioLines(w);
   if (GRAPH_WORKLOADS.includes(w.id)) return graphRatioLines(w);
   if (w.rows.some((r) => r.compareTo !== undefined)) return shareLines(w);
   if (w.id === "drain-multi") return pairedRatioLines(w);
@@ -420,6 +470,19 @@ export function targets(results: BenchResults): Target[] {
     if (p50 !== undefined)
       out.push({ name: `chain step (parent's end → child's start) p50 < 5 ms, ${lh.label.slice(10)}`, value: `${fmt(p50, 1)} ms`, met: p50 < 5 });
   }
+  const durable = w("durable-steps");
+  for (const lh of durable?.rows.filter((r) => r.system === "leasehold") ?? []) {
+    const procs = processesOf(lh);
+    const v = lh.median.workflowsPerSecond;
+    const peer = durable!.rows.find((r) => r.label === `dbos${procs}`)?.median.workflowsPerSecond;
+    if (v !== undefined && peer !== undefined)
+      out.push({ name: `durable five-step workflows ≥ 2x DBOS Transact's workflows/s,${procs}`, value: `${fmt(v / peer, 2)}x`, met: v >= 2 * peer });
+    const statements = lh.median.statementsPerStep;
+    if (statements !== undefined)
+      out.push({ name: `durable steps: at most one statement per plain step,${procs}`, value: fmt(statements, 2), met: statements <= 1 });
+  }
+  const resumeP50 = m("durable-event", "leasehold", "p50Ms");
+  if (resumeP50 !== undefined) out.push({ name: "event → resumed step p50 ≤ 10 ms", value: `${fmt(resumeP50, 1)} ms`, met: resumeP50 <= 10 });
   const steady = m("steady", "leasehold", "endToStart");
   if (steady !== undefined)
     out.push({ name: "no throughput loss over the long run (end ≥ 90% of start)", value: `${fmt(steady * 100, 0)}%`, met: steady >= 0.9 });
@@ -432,6 +495,17 @@ export function targets(results: BenchResults): Target[] {
       met: end <= 1.25 * half,
     });
   return out;
+}
+
+/** The durable workloads' sizes, when the run has any (older results have no such options). */
+function durableSizes(results: BenchResults): string {
+  const o = results.options;
+  if (!results.workloads.some((w) => DURABLE_RATIOS[w.id]) || o.durableWorkflows === undefined) return "";
+  const n = (v: number) => v.toLocaleString("en-US");
+  return (
+    `Durable steps: ${n(o.durableWorkflows)} five-step workflows per drain at concurrency 50 per process, ` +
+    `${n(o.durableWaiters)} waiters resumed one at a time, ${n(o.durableSleepers)} sleepers watched for ${o.durableIdleSeconds} s with ${o.processes} processes. `
+  );
 }
 
 export function markdown(results: BenchResults): string {
@@ -460,7 +534,8 @@ export function markdown(results: BenchResults): string {
       `Flow control: ${results.options.flowJobs?.toLocaleString("en-US")} jobs per drain at handler concurrency ${results.options.flowConcurrency?.join(" and ")}, keyed over ${results.options.flowKeys?.toLocaleString("en-US")} keys; ` +
       `rate ${results.options.rateLimit}/s for ${results.options.rateSeconds} s with ${results.options.rateProcesses} processes. ` +
       `Graphs: ${results.options.graphSize?.toLocaleString("en-US")} wide, a chain of ${results.options.graphChain?.toLocaleString("en-US")} (pg-boss: ${results.options.graphPgbossChain} steps, scaled) at handler concurrency ${results.options.graphConcurrency?.join(" and ")}. ` +
-      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate): one run.`,
+      durableSizes(results) +
+      `Short workloads: median of ${results.options.runs} runs, systems taking turns in each run; long ones (heartbeat, steady, pressure, plans, flow-rate, durable-sleep): one run.`,
     "",
     "## Targets (Leasehold, with heartbeats, fencing and the audit trail on)",
     "",

@@ -1,3 +1,4 @@
+import { dbos } from "./dbos.js";
 import { graphile } from "./graphile.js";
 import { leasehold } from "./leasehold.js";
 import { leaseholdNats } from "./leasehold-nats.js";
@@ -9,6 +10,7 @@ export const SYSTEMS: Record<string, BenchSystem> = {
   "leasehold-nats": leaseholdNats,
   "pg-boss": pgboss,
   "graphile-worker": graphile,
+  dbos,
 };
 
 export type { BenchSystem } from "./types.js";

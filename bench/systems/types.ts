@@ -42,7 +42,19 @@ export interface WorkerSpec {
    * releases the dependents of completed flow jobs (default 5 s, at least 1 s).
    */
   flowIntervalSeconds?: number;
+  /**
+   * Durable workflows instead of plain jobs (bench/workloads/durable.ts): the shape each
+   * workflow has. Leasehold's side runs as the worker system "leasehold-durable".
+   */
+  durable?: DurableShape;
 }
+
+/**
+ * The durable workloads' workflows, the same for every system. "steps": five no-op steps (the
+ * first reports the workflow's start); "event": a step that reports it is ready, a wait for its
+ * event, a step that reports the event's send time; "sleep": a durable sleep far in the future.
+ */
+export type DurableShape = "steps" | "event" | "sleep";
 
 export interface Producer {
   /**

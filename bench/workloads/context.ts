@@ -50,6 +50,11 @@ export interface BenchOptions {
   /** pg-boss's flowIntervalSeconds in its graph rows, one row each (its default 5 s and its shortest 1 s). */
   graphPgbossIntervals: number[];
   graphConcurrency: number[];
+  /** Durable steps beside DBOS: five-step workflows drained, waiters resumed one by one, sleepers and the idle window watched (s). */
+  durableWorkflows: number;
+  durableWaiters: number;
+  durableSleepers: number;
+  durableIdleSeconds: number;
 }
 
 export interface BenchContext {
