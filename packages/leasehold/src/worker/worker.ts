@@ -197,6 +197,7 @@ export class Worker extends WorkerEmitter {
       transport: this.transport,
       metrics: this.metrics,
       logger: this.logger,
+      hooks: this.hooks,
       progressed: (e) => this.progressed(e),
       stepLost: (e, reason) => this.leaseLost(e, reason),
       attemptSuspended: (e) => this.forget(e),
