@@ -75,7 +75,16 @@ export {
   MAX_LISTED_RELATIONS,
 } from "./admin.js";
 export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats, JobRelations } from "./admin.js";
-export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
+export {
+  pruneDeadJobs,
+  pruneEvents,
+  setGenerationWidth,
+  truncateOldGenerations,
+  vacuumIfBloated,
+  isBloated,
+  vacuumTable,
+  GENERATIONS,
+} from "./retention.js";
 export { readyPairs } from "./ready.js";
 export { parseCancelNotice, cancelsRequested } from "./cancels.js";
 export type { QueueTasks } from "./ready.js";
