@@ -41,6 +41,7 @@ import { checkConnectRetry, checkDatabaseUrl, reachingDatabase, type ConnectRetr
 import { allOrNothing, checkCallerClient } from "./caller-client.js";
 import { loadTracing } from "./otel/load.js";
 import type { JobRelations } from "./store/admin.js";
+import { getJobSteps, type JobSteps } from "./store/step-views.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -450,18 +451,25 @@ export class Leasehold {
 
   /**
    * A job's record (with its result once it succeeded), its attempts, and its place in a flow:
-   * its parents and children with their states (see store.getJobRelations).
+   * its parents and children with their states (see store.getJobRelations); its latest durable
+   * steps and, while suspended, what it waits for (store/step-views.ts).
    */
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & JobSteps> {
     checkJobId(id);
     // One snapshot: read apart, a completion committing between the reads would show a
     // finished job without its final attempt, or a running one with it.
-    const [job, attempts, relations] = await store.withSnapshot(
+    const [job, attempts, relations, steps] = await store.withSnapshot(
       this.pool,
-      async (client) => [await store.getJob(client, id), await store.getAttempts(client, id), await store.getJobRelations(client, id)] as const,
+      async (client) =>
+        [
+          await store.getJob(client, id),
+          await store.getAttempts(client, id),
+          await store.getJobRelations(client, id),
+          await getJobSteps(client, id),
+        ] as const,
     );
     if (!job) throw new JobNotFoundError(id);
-    return { job, attempts, ...relations };
+    return { job, attempts, ...relations, ...steps };
   }
 
   /** Waits for jobs on one shared LISTEN session, made on the first wait. */

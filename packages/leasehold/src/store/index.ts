@@ -92,7 +92,7 @@ export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, touchWorker
 export { knownTasks, jobsWithoutHandler } from "./handlers.js";
 export type { JobsWithoutHandler } from "./handlers.js";
 export { fleetHealth } from "./health.js";
-export { queueDepth } from "./depth.js";
+export { queueDepth, suspendedByKind } from "./depth.js";
 export type { QueueDepth } from "./depth.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";
