@@ -8,7 +8,8 @@ import assert from "node:assert/strict";
 import { ConfigError, ValidationError, type LeaseholdHooks } from "../packages/leasehold/src/index.js";
 import type { AttemptEnd } from "../packages/leasehold/src/hooks.js";
 import type { ClaimedJob, JobHeaders } from "../packages/leasehold/src/jobs/types.js";
-import { freshLeasehold, waitForEvent } from "./helpers/db.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
+import { eventually, freshLeasehold, waitForEvent } from "./helpers/db.js";
 
 test("a before-enqueue hook adds headers: written with the job, read by the handler; the caller's objects are untouched", async (t) => {
   const lh = await freshLeasehold(t);
@@ -158,6 +159,36 @@ test("claim and settle hooks see the worker's batches", async (t) => {
   assert.equal(sum("complete"), 4);
   assert.equal(sum("fail"), 2);
   assert.ok(settles.every((s) => s.jobs === s.applied));
+});
+
+test("a worker with batch hooks runs durable steps: its wrapped transport keeps the step methods", async (t) => {
+  const lh = await freshLeasehold(t);
+  const settled: string[] = [];
+  const worker = lh.worker({
+    hooks: {
+      aroundSettle: (batch, next) => {
+        settled.push(batch.kind);
+        return next();
+      },
+    },
+    handlers: {
+      durable: async (_: unknown, ctx: JobContext) => {
+        const a = await ctx.step("a", () => 1);
+        await ctx.sleep("nap", 1);
+        return a + (await ctx.step("b", () => 2));
+      },
+    },
+  });
+  await worker.start();
+  t.after(() => worker.stop(0));
+  const { id } = await lh.enqueue("durable", {});
+  const job = await eventually(async () => {
+    const { job } = await lh.getJob(id);
+    return job.finishedAt ? job : undefined;
+  }, "the job finished");
+  assert.equal(job.lastError, null);
+  assert.deepEqual([job.state, job.result], ["succeeded", 3]);
+  assert.ok(settled.includes("complete"));
 });
 
 test("bad hooks and bad headers are refused with errors that name the problem, writing nothing", async (t) => {

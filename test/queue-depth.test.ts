@@ -193,6 +193,7 @@ test("lh.queueDepth() returns the view's rows, typed", async () => {
       blocked: 0,
       concurrencyLimit: null,
       limited: false,
+      suspended: 0,
     },
   );
   assert.ok(depth.find((d) => d.queue === "reports")!.oldestReadyAgeSeconds > 0);
@@ -249,12 +250,12 @@ test("`leasehold queues depth` prints the rows, as a table and as JSON, on the d
 
   const table = await runCli(["queues", "depth"], { schema: lh.schema });
   assert.equal(table.code, 0, table.stderr);
-  assert.match(table.stdout, /^QUEUE\s+PAUSED\s+READY\s+OLDEST READY\s+RUNNING\s+DELAYED\s+BLOCKED\s+LIMIT\s+LIMITED$/m);
-  assert.match(table.stdout, /^emails\s+no\s+4\s+\d+\.\ds\s+2\s+1\s+0\s+-\s+no$/m);
-  assert.match(table.stdout, /^reports\s+yes\s+2\s+\d+\.\ds\s+0\s+0\s+0\s+-\s+no$/m);
-  assert.match(table.stdout, /^idle\s+no\s+0\s+-\s+0\s+0\s+0\s+5\s+no$/m);
-  assert.match(table.stdout, /^capped\s+no\s+6\s+\d+\.\ds\s+1\s+0\s+0\s+2\s+no$/m);
-  assert.match(table.stdout, /^metered\s+no\s+3\s+\d+\.\ds\s+0\s+0\s+0\s+-\s+yes$/m);
+  assert.match(table.stdout, /^QUEUE\s+PAUSED\s+READY\s+OLDEST READY\s+RUNNING\s+DELAYED\s+BLOCKED\s+LIMIT\s+LIMITED\s+SUSPENDED$/m);
+  assert.match(table.stdout, /^emails\s+no\s+4\s+\d+\.\ds\s+2\s+1\s+0\s+-\s+no\s+0$/m);
+  assert.match(table.stdout, /^reports\s+yes\s+2\s+\d+\.\ds\s+0\s+0\s+0\s+-\s+no\s+0$/m);
+  assert.match(table.stdout, /^idle\s+no\s+0\s+-\s+0\s+0\s+0\s+5\s+no\s+0$/m);
+  assert.match(table.stdout, /^capped\s+no\s+6\s+\d+\.\ds\s+1\s+0\s+0\s+2\s+no\s+0$/m);
+  assert.match(table.stdout, /^metered\s+no\s+3\s+\d+\.\ds\s+0\s+0\s+0\s+-\s+yes\s+0$/m);
 
   const remote = await runCli(["queues", "depth", "--json", "--server", base, "--token", TOKEN], { schema: "no_such_schema" });
   assert.equal(remote.code, 0, remote.stderr);

@@ -19,6 +19,7 @@ import { Leasehold, type Worker } from "../packages/leasehold/src/index.js";
 import { createServer } from "../packages/cli/src/server/app.js";
 import { databaseUrl, eventually, freshLeasehold, silent, uniqueSchema, waitForEvent } from "./helpers/db.js";
 import { TOKEN } from "./helpers/server.js";
+import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 
 const exporter = new InMemorySpanExporter();
 const provider = new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] });
@@ -203,6 +204,62 @@ test("a failing attempt's span has an error status, the exception and the outcom
   const [create] = spansOf(retried.id, "create");
   assert.equal(first!.spanContext().traceId, create!.spanContext().traceId);
   assert.equal(second!.spanContext().traceId, create!.spanContext().traceId);
+});
+
+test("a span per durable step: each run a child of its attempt's span, with its kind; replays marked; a failure an error; a sleep no error", async (t) => {
+  exporter.reset();
+  const lh = await tracedLeasehold(t);
+  let failed = false;
+  const worker = lh.worker({
+    handlers: {
+      durable: async (_: unknown, ctx: JobContext) => {
+        await ctx.step("fetch", () => "page");
+        await ctx.step("parse", () => {
+          if (!failed) {
+            failed = true;
+            throw new Error("bad markup");
+          }
+          return "parsed";
+        });
+        await ctx.sleep("pause", 1);
+        return "done";
+      },
+    },
+    backoff: { baseMs: 0, factor: 1, maxMs: 0, jitter: 0 },
+    watchdog: { intervalMs: 200, livenessIntervalMs: 50 },
+    scheduler: false,
+  });
+  const job = await lh.enqueue("durable", {});
+  // Attempt 1: fetch, parse fails. 2: fetch replayed, parse, the pause suspends. 3: all replayed.
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await eventually(async () => (await lh.getJob(job.id)).job.state === "succeeded", "the job succeeded");
+  const steps = await eventually(async () => {
+    const s = exporter.getFinishedSpans().filter((x) => x.name.startsWith("step ") && x.attributes["messaging.message.id"] === job.id);
+    return s.length === 8 ? s : undefined;
+  }, "eight step spans");
+  const byAttempt = (n: number) => steps.filter((s) => s.attributes["leasehold.attempt"] === n);
+  const names = (n: number) =>
+    byAttempt(n)
+      .map((s) => `${s.name} ${s.attributes["leasehold.step.replayed"] ? "replayed" : "ran"}`)
+      .sort();
+  assert.deepEqual(names(1), ["step fetch ran", "step parse ran"]);
+  assert.deepEqual(names(2), ["step fetch replayed", "step parse ran", "step pause ran"]);
+  assert.deepEqual(names(3), ["step fetch replayed", "step parse replayed", "step pause replayed"]);
+  const failedParse = byAttempt(1).find((s) => s.name === "step parse")!;
+  assert.equal(failedParse.status.code, SpanStatusCode.ERROR);
+  assert.match(failedParse.status.message ?? "", /bad markup/);
+  const pause = byAttempt(2).find((s) => s.name === "step pause")!;
+  assert.equal(pause.attributes["leasehold.step.kind"], "sleep");
+  assert.equal(pause.attributes["leasehold.step.suspended"], true);
+  assert.notEqual(pause.status.code, SpanStatusCode.ERROR, "a suspension is no failure");
+  // Each step's span is a child of its attempt's process span.
+  const processes = spansOf(job.id, "process");
+  for (const s of steps) {
+    const parent = processes.find((p) => p.attributes["leasehold.attempt"] === s.attributes["leasehold.attempt"])!;
+    assert.equal(s.parentSpanContext?.spanId, parent.spanContext().spanId, `${s.name} of attempt ${s.attributes["leasehold.attempt"]}`);
+    assert.equal(s.spanContext().traceId, parent.spanContext().traceId);
+  }
 });
 
 test("claim batches get receive spans and report batches settle spans, with their sizes", async (t) => {

@@ -42,6 +42,7 @@ import { allOrNothing, checkCallerClient } from "./caller-client.js";
 import { loadTracing } from "./otel/load.js";
 import type { JobRelations } from "./store/admin.js";
 import { completeCallback, rerunFromStep, type Rerun, type RerunOptions } from "./durable-admin.js";
+import { getJobSteps, type JobSteps } from "./store/step-views.js";
 
 export interface LeaseholdOptions {
   /** A PostgreSQL URL; defaults to DATABASE_URL. One of the two, or `embedded`, is required. */
@@ -451,13 +452,14 @@ export class Leasehold {
 
   /**
    * A job's record (with its result once it succeeded), its attempts, and its place in a flow:
-   * its parents and children with their states (see store.getJobRelations).
+   * its parents and children with their states (see store.getJobRelations); its latest durable
+   * steps and, while suspended, what it waits for (store/step-views.ts).
    */
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: store.JobRerun[] }> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: store.JobRerun[] } & JobSteps> {
     checkJobId(id);
     // One snapshot: read apart, a completion committing between the reads would show a
     // finished job without its final attempt, or a running one with it.
-    const [job, attempts, relations, reruns] = await store.withSnapshot(
+    const [job, attempts, relations, reruns, steps] = await store.withSnapshot(
       this.pool,
       async (client) =>
         [
@@ -465,10 +467,11 @@ export class Leasehold {
           await store.getAttempts(client, id),
           await store.getJobRelations(client, id),
           await store.getJobReruns(client, id),
+          await getJobSteps(client, id),
         ] as const,
     );
     if (!job) throw new JobNotFoundError(id);
-    return { job, attempts, ...relations, reruns };
+    return { job, attempts, ...relations, reruns, ...steps };
   }
 
   /** Waits for jobs on one shared LISTEN session, made on the first wait. */

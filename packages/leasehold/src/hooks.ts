@@ -6,7 +6,8 @@
  *   - aroundEnqueue: middleware around an enqueue call's write;
  *   - aroundHandler: middleware around each attempt's handler call, `(job, ctx, next)`;
  *   - afterAttempt: an attempt's end is known, with its outcome;
- *   - aroundClaim, aroundSettle: middleware around a worker's claim and report batches.
+ *   - aroundClaim, aroundSettle: middleware around a worker's claim and report batches;
+ *   - aroundStep: middleware around each durable step a handler runs or replays.
  *
  * Registered on the client (`Leasehold.connect({ hooks })`, `lh.use(hooks)`: its enqueues and
  * the workers it makes afterwards) or on one worker (`worker({ hooks })`). Several sets
@@ -50,6 +51,19 @@ export interface SettleBatch {
   jobs: { id: string; attempt: number }[];
 }
 
+/** A durable step as `aroundStep` sees it (docs/durable.md). */
+export interface StepInfo {
+  name: string;
+  /** The how-many-th call of this name in the handler (from 0). */
+  occurrence: number;
+  /** Its place in the order the handler called its steps (from 0). */
+  seq: number;
+  kind: "step" | "transaction" | "sleep" | "event" | "children" | "callback";
+  /** True: its recorded result was returned and nothing ran (`next()` does nothing). */
+  replayed: boolean;
+}
+
+export type StepMiddleware = (job: ClaimedJob, step: StepInfo, next: () => Promise<unknown>) => Promise<unknown>;
 export type HandlerMiddleware = (job: ClaimedJob, ctx: JobContext, next: () => Promise<unknown>) => Promise<unknown>;
 export type EnqueueMiddleware = (jobs: readonly NewJob[], info: EnqueueInfo, next: () => Promise<EnqueuedJob[]>) => Promise<EnqueuedJob[]>;
 export type BatchMiddleware<B, R> = (batch: B, next: () => Promise<R>) => Promise<R>;
@@ -81,9 +95,16 @@ export interface LeaseholdHooks {
   aroundClaim?: BatchMiddleware<ClaimBatch, ClaimedJob[]>;
   /** Around each report batch's statement (or request); must call `next()` and return its result. */
   aroundSettle?: BatchMiddleware<SettleBatch, Map<string, string>>;
+  /**
+   * Around each durable step of a handler: a ctx.step's run (each of its retries), a
+   * ctx.step.transaction, a ctx.sleep or ctx.waitForEvent (a suspension throws
+   * JobSuspendedError through it), and a replayed step (`replayed`, `next()` a no-op). Must call
+   * `next()` and return (or throw) what it does.
+   */
+  aroundStep?: StepMiddleware;
 }
 
-const HOOK_KEYS = new Set<string>(["beforeEnqueue", "aroundEnqueue", "aroundHandler", "afterAttempt", "aroundClaim", "aroundSettle"]);
+const HOOK_KEYS = new Set<string>(["beforeEnqueue", "aroundEnqueue", "aroundHandler", "afterAttempt", "aroundClaim", "aroundSettle", "aroundStep"]);
 
 /** Checks a hook set (a typo'd hook name would silently never run). */
 export function checkHooks(hooks: unknown, where = "hooks"): LeaseholdHooks {
@@ -105,6 +126,7 @@ export interface ComposedHooks {
   afterAttempt?: (job: ClaimedJob, end: AttemptEnd) => void;
   aroundClaim?: BatchMiddleware<ClaimBatch, ClaimedJob[]>;
   aroundSettle?: BatchMiddleware<SettleBatch, Map<string, string>>;
+  aroundStep?: StepMiddleware;
 }
 
 type Middleware<A, B, R> = (a: A, b: B, next: () => Promise<R>) => Promise<R>;
@@ -152,5 +174,6 @@ export function composeHooks(sets: readonly LeaseholdHooks[], onHookError: (hook
           },
     aroundClaim: chainBatch(all("aroundClaim")),
     aroundSettle: chainBatch(all("aroundSettle")),
+    aroundStep: chain(all("aroundStep")),
   };
 }

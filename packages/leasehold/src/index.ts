@@ -15,6 +15,7 @@ export type { LeaseholdOptions, EnqueueTarget, ListJobsOptions, Stats } from "./
 export type { ConnectRetryOptions, ConnectRetry } from "./connecting.js";
 export type { WaitOptions } from "./waiters.js";
 export type { JobRelations } from "./store/admin.js";
+export type { JobStep, JobSteps, JobWait } from "./store/step-views.js";
 export type {
   LeaseholdHooks,
   EnqueueInfo,

@@ -107,6 +107,7 @@ export interface Metrics {
   // Durable steps (docs/durable.md).
   stepsRecorded: Counter<"kind">;
   stepsReplayed: Counter<"kind">;
+  suspendedJobs: Gauge<"queue" | "kind">;
 }
 
 const cache = new WeakMap<MetricsRegistry, Metrics>();
@@ -316,6 +317,12 @@ export function metricsFor(registry: MetricsRegistry = prom.register): Metrics {
       name: "leasehold_steps_replayed_total",
       help: "Recorded durable steps a replay returned without running them again, by kind.",
       labelNames: ["kind"],
+      registers,
+    }),
+    suspendedJobs: new prom.Gauge({
+      name: "leasehold_suspended_jobs",
+      help: "Suspended durable jobs by queue and what they wait for (sleep, event, callback, children), as the watchdog last counted.",
+      labelNames: ["queue", "kind"],
       registers,
     }),
   };

@@ -76,13 +76,15 @@ export class Api {
 
 // What the routes answer (dates are ISO strings, durations milliseconds by the database's clock).
 
-export type JobState = "blocked" | "waiting" | "running" | "succeeded" | "dead" | "cancelled";
+export type JobState = "blocked" | "waiting" | "suspended" | "running" | "succeeded" | "dead" | "cancelled";
 
 export interface QueueOverview {
   queue: string;
   waiting: number;
   scheduled: number;
   blocked: number;
+  /** Durable jobs sleeping or waiting for an event (a server of an earlier release sends none). */
+  suspended?: number;
   running: number;
   expired: number;
   dead: number;
@@ -266,6 +268,32 @@ export interface AttemptRecord {
   error: string | null;
 }
 
+/** A durable job's recorded step. */
+export interface JobStep {
+  seq: number;
+  name: string;
+  occurrence: number;
+  kind: string;
+  state: "succeeded" | "failed" | "waiting";
+  attempt: number;
+  durationMs: number | null;
+  resultBytes: number | null;
+  result?: unknown;
+  error: string | null;
+  wakeAt: string | null;
+  event: string | null;
+  recordedAt: string;
+}
+
+/** Why a suspended job waits. */
+export interface JobWait {
+  kind: "sleep" | "event" | "callback" | "children";
+  step: string;
+  until: string | null;
+  event: string | null;
+  match: unknown;
+}
+
 export interface JobDetail {
   job: JobRecord;
   attempts: AttemptRecord[];
@@ -274,6 +302,10 @@ export interface JobDetail {
   children?: JobLink[];
   parentCount?: number;
   childCount?: number;
+  /** Its durable steps, the latest 100 (a server of an earlier release sends none). */
+  steps?: JobStep[];
+  stepCount?: number;
+  wait?: JobWait | null;
   reruns?: JobRerun[];
 }
 

@@ -3,14 +3,15 @@
  * error, shown as text; and its attempts on a timeline, from the audit trail: which worker held
  * each, when, and how it ended (succeeded, failed, lease expired, worker lost, stalled, timed
  * out, released, cancelled). Its result once it succeeded, and its parents and children in a
- * flow (links, with their states). Retry, cancel and re-run from a step, each after a
- * confirmation, and the job's re-runs.
+ * flow (links, with their states); a durable job's steps and what it waits for. Retry, cancel
+ * and re-run from a step, each after a confirmation, and the job's re-runs.
  */
 import type { AttemptRecord, JobDetail, JobLink } from "./api.js";
 import { badge, button, h, jobLink, jsonBlock, progressBar, replace, table } from "./dom.js";
 import { duration, time } from "./format.js";
 import { confirmChange, type View, type ViewContext } from "./view.js";
 import { rerunForm, rerunsTable } from "./reruns.js";
+import { stepsBlock, waitField } from "./job-steps.js";
 
 const OUTCOME_TEXT: Record<string, string> = {
   succeeded: "succeeded",
@@ -22,6 +23,7 @@ const OUTCOME_TEXT: Record<string, string> = {
   released: "released",
   cancelled: "cancelled",
   superseded: "superseded (a newer job wrote first)",
+  suspended: "suspended (sleeping or waiting)",
   running: "running now",
 };
 
@@ -46,7 +48,19 @@ export function jobView(ctx: ViewContext): View {
 
 function render(
   ctx: ViewContext,
-  { job, attempts, progressFraction, parents = [], children = [], parentCount = 0, childCount = 0, reruns = [] }: JobDetail,
+  {
+    job,
+    attempts,
+    progressFraction,
+    parents = [],
+    children = [],
+    parentCount = 0,
+    childCount = 0,
+    steps = [],
+    stepCount = 0,
+    wait = null,
+    reruns = [],
+  }: JobDetail,
 ): Node[] {
   const actions = h("div", { class: "actions" });
   if (!ctx.readOnly) {
@@ -58,7 +72,7 @@ function render(
       );
     }
     if (job.state === "succeeded" || job.state === "dead" || job.state === "cancelled") actions.append(rerunForm(ctx, job.id));
-    if ((job.state === "waiting" || job.state === "blocked" || job.state === "running") && !job.cancelRequestedAt) {
+    if ((job.state === "waiting" || job.state === "blocked" || job.state === "suspended" || job.state === "running") && !job.cancelRequestedAt) {
       const detail =
         job.state === "running"
           ? "Its handler is aborted now."
@@ -81,6 +95,7 @@ function render(
     ...field("priority", String(job.priority)),
     ...field("created", time(job.createdAt)),
     ...(job.state === "waiting" ? field("runs at", time(job.runAt)) : []),
+    ...(wait ? field("suspended", waitField(wait)) : []),
     ...field("started", time(job.startedAt)),
     ...(job.finishedAt ? field("finished", time(job.finishedAt)) : []),
     ...(job.state === "running"
@@ -119,6 +134,7 @@ function render(
       job.lastError ? h("pre", { class: "error-text", "data-field": "last-error" }, job.lastError) : h("p", { class: "empty" }, "None."),
     ),
     block("Attempts", timeline(job.state === "running" ? [...attempts, current(job)] : attempts)),
+    ...(stepCount > 0 ? [block("Steps", stepsBlock(steps, stepCount))] : []),
     ...(job.state === "succeeded" || (job.result !== undefined && job.result !== null)
       ? [
           block(

@@ -9,7 +9,7 @@ import { badge, button, h, jobLink, replace, table } from "./dom.js";
 import { count, short, time } from "./format.js";
 import { confirmChange, type View, type ViewContext } from "./view.js";
 
-const STATES: JobState[] = ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"];
+const STATES: JobState[] = ["blocked", "waiting", "suspended", "running", "succeeded", "dead", "cancelled"];
 const FILTER_KEYS = ["state", "queue", "task", "time", "from", "to"] as const;
 const PAGE_SIZE = 50;
 
@@ -136,7 +136,10 @@ function renderBulk(ctx: ViewContext, el: HTMLElement, filter: Filter): void {
   if (state === "dead") {
     el.append(button("Retry all matching…", () => void bulk(ctx, "retry", { ...base, state: "dead" }), { "data-action": "bulk-retry" }));
   }
-  if ((state === undefined || state === "waiting" || state === "blocked" || state === "running") && (filter.time ?? "created") === "created") {
+  if (
+    (state === undefined || state === "waiting" || state === "blocked" || state === "suspended" || state === "running") &&
+    (filter.time ?? "created") === "created"
+  ) {
     el.append(button("Cancel all matching…", () => void bulk(ctx, "cancel", { ...base, state }), { class: "danger", "data-action": "bulk-cancel" }));
   }
 }

@@ -148,6 +148,12 @@ export function overviewView(ctx: ViewContext): View {
       card("waiting", sum("waiting"), "#/jobs?state=waiting"),
       card("scheduled", sum("scheduled"), "#/jobs?state=waiting"),
       card("blocked", sum("blocked"), "#/jobs?state=blocked", "waiting for parents"),
+      card(
+        "suspended",
+        o.queues.reduce((n, r) => n + (r.suspended ?? 0), 0),
+        "#/jobs?state=suspended",
+        "sleeping or waiting for events",
+      ),
       card("running", sum("running"), "#/running", sum("expired") > 0 ? `${sum("expired")} expired` : undefined),
       card("dead", sum("dead"), "#/jobs?state=dead"),
       card("workers", workers.filter(isLive).length, undefined, lost.length > 0 ? `${lost.length} lost` : undefined),

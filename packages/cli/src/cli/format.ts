@@ -2,7 +2,9 @@
 import type { AttemptRecord, JobLink, JobRecord, ListedJob } from "leasehold/internal/jobs/types";
 import type { JobRelations } from "leasehold/internal/store/admin";
 import type { JobRerun } from "leasehold/internal/store/reruns";
+import type { JobSteps } from "leasehold/internal/store/step-views";
 import type { Stats } from "leasehold/internal/client";
+import { stepsText } from "./format-steps.js";
 import { describeGap, type HandlerGap } from "leasehold/internal/maintenance/handler-gaps";
 
 export function table(headers: string[], rows: string[][]): string {
@@ -40,7 +42,7 @@ export function jobsTable(jobs: ListedJob[]): string {
   );
 }
 
-export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?: JobRelations & { reruns?: JobRerun[] }): string {
+export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?: JobRelations & { reruns?: JobRerun[] }, steps?: JobSteps): string {
   const iso = (d: Date | null) => (d ? `${d.toISOString()} (${ago(d)})` : "-");
   const fields: [string, string][] = [
     ["id", job.id],
@@ -80,7 +82,7 @@ export function jobDetails(job: JobRecord, attempts: AttemptRecord[], relations?
             short(a.error),
           ]),
         );
-  return `${head}\n\nattempt history:\n${history}${relations ? flowText(relations) : ""}${relations?.reruns?.length ? rerunsText(relations.reruns) : ""}`;
+  return `${head}\n\nattempt history:\n${history}${relations ? flowText(relations) : ""}${steps ? stepsText(steps) : ""}${relations?.reruns?.length ? rerunsText(relations.reruns) : ""}`;
 }
 
 /** A job's parents and children, when it has any. */
@@ -96,7 +98,7 @@ function flowText(r: JobRelations): string {
   return links("parents", r.parents, r.parentCount) + links("children", r.children, r.childCount);
 }
 
-const STATES = ["waiting", "running", "succeeded", "dead", "cancelled", "blocked"] as const;
+const STATES = ["waiting", "running", "suspended", "succeeded", "dead", "cancelled", "blocked"] as const;
 
 export function statsText(stats: Stats): string {
   const byQueue = new Map<string, Record<string, number>>();

@@ -8,7 +8,7 @@
 import http from "node:http";
 import type { Command } from "commander";
 import type { Leasehold } from "leasehold/internal/client";
-import { DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_MS } from "leasehold/internal/maintenance/retention";
+import { DEFAULT_RETAIN_DEAD_MS, DEFAULT_RETAIN_EVENTS_MS, DEFAULT_RETAIN_MS } from "leasehold/internal/maintenance/retention";
 import type { Cli } from "./context.js";
 import { CliError } from "./errors.js";
 import { duration, int } from "./parse.js";
@@ -22,6 +22,7 @@ export interface RetentionFlags {
   retention: boolean;
   retain?: number;
   retainDead?: number;
+  retainEvents?: number;
 }
 
 export interface SchedulerFlags {
@@ -53,6 +54,11 @@ export function retentionOptions(command: Command): Command {
   return command
     .option("--retain <duration>", `keep finished jobs this long (default ${DEFAULT_RETAIN_MS / 3_600_000}h)`, duration("--retain"))
     .option("--retain-dead <duration>", `keep dead jobs this long (default ${DEFAULT_RETAIN_DEAD_MS / 86_400_000}d)`, duration("--retain-dead"))
+    .option(
+      "--retain-events <duration>",
+      `keep events (sendEvent) this long: a wait that begins later still receives one sent within it (default ${DEFAULT_RETAIN_EVENTS_MS / 86_400_000}d)`,
+      duration("--retain-events"),
+    )
     .option("--no-retention", "do not delete old finished jobs from this process");
 }
 
@@ -85,6 +91,6 @@ export async function startMetricsServer(cli: Cli, lh: Pick<Leasehold, "metrics"
 /** Runs retention in this process unless --no-retention; it stops with the command. */
 export function startRetention(cli: Cli, lh: Leasehold, flags: RetentionFlags): void {
   if (!flags.retention) return;
-  const retention = lh.retention({ retainMs: flags.retain, retainDeadMs: flags.retainDead }).start();
+  const retention = lh.retention({ retainMs: flags.retain, retainDeadMs: flags.retainDead, retainEventsMs: flags.retainEvents }).start();
   cli.onClose(() => retention.stop());
 }

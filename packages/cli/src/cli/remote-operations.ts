@@ -10,6 +10,7 @@ import type { JobRelations } from "leasehold/internal/store/admin";
 import type { JobRerun } from "leasehold/internal/store/reruns";
 import type { Rerun, RerunOptions } from "leasehold/internal/durable-admin";
 import { checkCallbackToken } from "leasehold/internal/jobs/callbacks";
+import type { JobStep, JobSteps, JobWait } from "leasehold/internal/store/step-views";
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
@@ -84,14 +85,19 @@ export class RemoteOperations implements JobOperations {
     return this.call<{ callbackId: string; jobIds: string[] }>("POST", "/v1/batches", batch);
   }
 
-  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: JobRerun[] }> {
+  async getJob(id: string): Promise<{ job: JobRecord; attempts: AttemptRecord[] } & JobRelations & { reruns: JobRerun[] } & JobSteps> {
     checkJobId(id);
-    const r = await this.call<{ job: Wire<JobRecord>; attempts: Wire<AttemptRecord>[]; reruns?: Wire<JobRerun>[] } & JobRelations>(
-      "GET",
-      `/v1/jobs/${id}`,
-      undefined,
-      id,
-    );
+    const r = await this.call<
+      {
+        job: Wire<JobRecord>;
+        attempts: Wire<AttemptRecord>[];
+        steps?: Wire<JobStep>[];
+        stepCount?: number;
+        wait?: Wire<JobWait> | null;
+        reruns?: Wire<JobRerun>[];
+      } & JobRelations
+    >("GET", `/v1/jobs/${id}`, undefined, id);
+    const date = (v: string | null) => (v === null ? null : new Date(v));
     return {
       job: jobFromWire(r.job) as JobRecord,
       attempts: r.attempts.map((a) => ({ ...a, startedAt: new Date(a.startedAt), endedAt: new Date(a.endedAt) })),
@@ -100,6 +106,10 @@ export class RemoteOperations implements JobOperations {
       parentCount: r.parentCount ?? 0,
       childCount: r.childCount ?? 0,
       reruns: (r.reruns ?? []).map((x) => ({ ...x, requestedAt: new Date(x.requestedAt) })),
+      // A server of an earlier release has no steps to tell.
+      steps: (r.steps ?? []).map((s) => ({ ...s, wakeAt: date(s.wakeAt), recordedAt: new Date(s.recordedAt) })),
+      stepCount: r.stepCount ?? 0,
+      wait: r.wait ? { ...r.wait, until: date(r.wait.until) } : null,
     };
   }
 

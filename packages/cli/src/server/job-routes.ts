@@ -128,8 +128,8 @@ export function registerJobRoutes(app: FastifyInstance, lh: Leasehold, waits: Jo
   );
 
   app.get<{ Params: { id: string } }>("/v1/jobs/:id", { schema: routes.getJob }, async (request) => {
-    const { job, attempts, ...relations } = await lh.getJob(request.params.id);
-    return { job, attempts, progressFraction: progressFraction(job.progress), ...relations };
+    const { job, attempts, ...relationsAndSteps } = await lh.getJob(request.params.id);
+    return { job, attempts, progressFraction: progressFraction(job.progress), ...relationsAndSteps };
   });
 
   // A long poll: answered when the job finishes, or at the timeout (200, finished false, the

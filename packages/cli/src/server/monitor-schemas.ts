@@ -20,6 +20,7 @@ const queueOverview = {
     waiting: { ...COUNT, description: "ready to run now" },
     scheduled: { ...COUNT, description: "waiting for a later time: delayed, or backing off before a retry" },
     blocked: { ...COUNT, description: "waiting for their parents to end (docs/flows.md)" },
+    suspended: { ...COUNT, description: "durable jobs sleeping or waiting for an event, woken by the watchdog or the event (docs/durable.md)" },
     running: COUNT,
     expired: { ...COUNT, description: "running with a lease that ran out, not yet reaped by a watchdog" },
     dead: COUNT,

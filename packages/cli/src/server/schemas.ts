@@ -40,6 +40,7 @@ const OUTCOMES = [
   "cancelled",
   "superseded",
   "rate_limited",
+  "suspended",
 ];
 /** Most attempts one worker request may carry (a worker holds at most its concurrency). */
 const MAX_BATCH = 10_000;
@@ -152,7 +153,7 @@ export const jobRecordSchema = {
     task: NAME,
     payload: { description: "lists leave it out unless asked for" },
     priority: { type: "integer" },
-    state: { type: "string", enum: ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"] },
+    state: { type: "string", enum: ["blocked", "waiting", "suspended", "running", "succeeded", "dead", "cancelled"] },
     attempt: { type: "integer" },
     spentAttempts: { type: "integer" },
     maxAttempts: { type: "integer" },
@@ -181,6 +182,39 @@ const JOB_LINK = {
     ref: { type: ["string", "null"], description: "the child's name for the parent (null for a parent named by id)" },
     task: { type: ["string", "null"] },
     state: { type: "string", description: "its state; unknown: forgotten by retention" },
+  },
+} as const;
+
+/** A durable job's recorded step, as readers see it (store/step-views.ts). */
+const JOB_STEP = {
+  type: "object",
+  properties: {
+    seq: { type: "integer", description: "its place in the order the handler called its steps (from 0)" },
+    name: { type: "string" },
+    occurrence: { type: "integer", description: "the how-many-th call of this name (from 0)" },
+    kind: { type: "string", enum: ["step", "transaction", "sleep", "event", "children", "callback"] },
+    state: { type: "string", enum: ["succeeded", "failed", "waiting"] },
+    attempt: { type: "integer", description: "the attempt that recorded it" },
+    durationMs: { type: ["integer", "null"] },
+    resultBytes: { type: ["integer", "null"], description: "its result's size as JSON; null: none" },
+    result: { description: "its result; absent past the listed results' 1 MiB, hidden from read-only callers" },
+    error: { type: ["string", "null"] },
+    wakeAt: { ...TIME, description: "a sleep's end, a wait's deadline" },
+    event: { type: ["string", "null"], description: "the event a wait is for" },
+    recordedAt: { type: "string", format: "date-time" },
+  },
+} as const;
+
+/** Why a suspended job waits. */
+const JOB_WAIT = {
+  type: ["object", "null"],
+  description: "a suspended job's wait; null in any other state",
+  properties: {
+    kind: { type: "string", enum: ["sleep", "event", "callback", "children"] },
+    step: { type: "string" },
+    until: { ...TIME, description: "when it wakes anyway" },
+    event: { type: ["string", "null"] },
+    match: { description: "what the event's data must contain; null: any" },
   },
 } as const;
 
@@ -306,7 +340,7 @@ export const PROGRESS_FRACTION = { type: ["number", "null"], minimum: 0, maximum
 
 /** What a job list or a bulk action selects (query strings carry everything as text). */
 export const JOB_FILTER = {
-  state: { type: "string", enum: ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"] },
+  state: { type: "string", enum: ["blocked", "waiting", "suspended", "running", "succeeded", "dead", "cancelled"] },
   queue: NAME,
   task: NAME,
   from: { type: "string", format: "date-time", description: "only jobs whose time (see `time`) is at or after this" },
@@ -418,6 +452,7 @@ const queueDepthSchema = {
       type: "boolean",
       description: "a start rate, per-key limit or hold applies: more workers help only as far as it lets jobs start",
     },
+    suspended: { type: "integer", description: "durable jobs sleeping or waiting for an event: they hold no worker and wake by themselves" },
   },
 };
 const queueParams = object({ name: NAME }, ["name"]);
@@ -944,7 +979,7 @@ export const routes = {
   getJob: {
     ...secured,
     tags: ["jobs"],
-    summary: "A job with its attempt history",
+    summary: "A job with its attempt history, its flow relations, its durable steps and its wait",
     params: idParams,
     response: {
       200: {
@@ -958,6 +993,9 @@ export const routes = {
           parentCount: { type: "integer" },
           childCount: { type: "integer" },
           reruns: { type: "array", items: JOB_RERUN, description: "re-runs from a step, oldest first, with the step records each dropped" },
+          steps: { type: "array", items: JOB_STEP, description: "its durable steps, the latest 100 in call order" },
+          stepCount: { type: "integer", description: "how many steps it recorded in all" },
+          wait: JOB_WAIT,
         },
       },
       ...errors(400, 401, 403, 404, 503),

@@ -7,7 +7,7 @@ export type JsonValue = null | boolean | number | string | JsonValue[] | { [key:
  * A blocked job waits for its parents (docs/flows.md): no claim takes it until they have ended.
  */
 export type JobState = "blocked" | "waiting" | "suspended" | "running" | "succeeded" | "dead" | "cancelled";
-export const JOB_STATES: readonly JobState[] = ["blocked", "waiting", "running", "succeeded", "dead", "cancelled"];
+export const JOB_STATES: readonly JobState[] = ["blocked", "waiting", "suspended", "running", "succeeded", "dead", "cancelled"];
 
 /**
  * How an attempt ended: its handler returned (succeeded) or threw (failed); its lease ran out

@@ -271,6 +271,10 @@ export class Watchdog extends MaintenanceService<RecoverySummary> {
   /** The gauges of every queue's depth, from one read of the queue_depth view. */
   private async gauge(now = false): Promise<void> {
     setDepthGauges(this.metrics, await store.queueDepth(this.db));
+    // Durable jobs asleep or waiting, by what for: in the same turn as the depth gauges.
+    this.metrics.suspendedJobs.reset();
+    for (const s of await store.suspendedByKind(this.db))
+      this.metrics.suspendedJobs.inc({ queue: this.metrics.queueLabel(s.queue), kind: s.kind }, s.n);
     // Like the depth gauges, about once per interval for the whole fleet.
     if (now || performance.now() - this.lastHandlerGauge >= HANDLER_GAUGE_INTERVAL_MS * this.fleetSize) {
       this.lastHandlerGauge = performance.now();
@@ -329,6 +333,7 @@ export function setDepthGauges(metrics: Metrics, depth: store.QueueDepth[]): voi
       ["scheduled", d.delayed],
       ["running", d.running],
       ["blocked", d.blocked],
+      ["suspended", d.suspended],
     ] as const) {
       if (n > 0) metrics.jobs.inc({ queue, state }, n);
     }

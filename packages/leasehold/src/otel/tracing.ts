@@ -8,7 +8,10 @@
  *     to it, ended when the attempt's end is known, with its outcome and an error status when
  *     the attempt failed;
  *   - a claim batch that received jobs: a CLIENT span `claim [<queue>]` (receive);
- *   - a report batch: a CLIENT span `complete`, `fail` or `supersede` (settle).
+ *   - a report batch: a CLIENT span `complete`, `fail` or `supersede` (settle);
+ *   - a durable step: an INTERNAL span `step <name>`, a child of the attempt's span (or of the
+ *     span active where the handler called it), run or replayed, with an error status when it
+ *     threw (a suspension is no error).
  *
  * This module imports `@opentelemetry/api` (an optional peer dependency): it is loaded only
  * when tracing is asked for (`tracing: true`, or this entry, `leasehold/otel`).
@@ -206,6 +209,39 @@ export function tracingHooks(options: TracingHooksOptions = {}): LeaseholdHooks 
         tracer.startSpan(name, { kind: SpanKind.CLIENT, startTime, attributes }, ROOT_CONTEXT).end();
       }
       return jobs;
+    },
+
+    async aroundStep(job, step, next) {
+      let parent = context.active();
+      const attempt = attempts.get(job);
+      if (!trace.getSpan(parent) && attempt) parent = trace.setSpan(parent, attempt.span);
+      const span = tracer.startSpan(
+        `step ${step.name}`,
+        {
+          kind: SpanKind.INTERNAL,
+          attributes: {
+            "messaging.system": SYSTEM,
+            "messaging.message.id": job.id,
+            "leasehold.attempt": job.attempt,
+            "leasehold.step.name": step.name,
+            "leasehold.step.kind": step.kind,
+            "leasehold.step.seq": step.seq,
+            "leasehold.step.occurrence": step.occurrence,
+            "leasehold.step.replayed": step.replayed,
+          },
+        },
+        parent,
+      );
+      try {
+        return await context.with(trace.setSpan(parent, span), next);
+      } catch (err) {
+        // A sleep or a wait ends its attempt by suspending the job: its step's outcome, no failure.
+        if ((err as { code?: unknown } | null)?.code === "job_suspended") span.setAttribute("leasehold.step.suspended", true);
+        else recordError(span, err);
+        throw err;
+      } finally {
+        span.end();
+      }
     },
 
     async aroundSettle(batch, next) {

@@ -11,7 +11,7 @@ import { run, statement } from "./sql.js";
 
 export type BulkAction = "retry" | "cancel";
 
-/** Retry takes dead jobs; cancel takes waiting, blocked and running ones. */
+/** Retry takes dead jobs; cancel takes waiting, blocked, suspended and running ones. */
 const SOURCE: Record<BulkAction, string> = { retry: "dead_jobs", cancel: "jobs" };
 /** Unfinished jobs have no finish time: a filter on it matches none of them. */
 const FINISHED_AT: Record<BulkAction, string> = { retry: "finished_at", cancel: "NULL" };

@@ -9,7 +9,7 @@ const QUEUE_DEPTH = statement(
   "queueDepth",
   `
 SELECT queue, paused, ready::int AS ready, oldest_ready_age_seconds, running::int AS running,
-       delayed::int AS delayed, blocked::int AS blocked, concurrency_limit, limited
+       delayed::int AS delayed, blocked::int AS blocked, concurrency_limit, limited, suspended::int AS suspended
   FROM queue_depth
  ORDER BY queue`,
   {
@@ -22,6 +22,7 @@ SELECT queue, paused, ready::int AS ready, oldest_ready_age_seconds, running::in
     blocked: "int4",
     concurrency_limit: "int4?",
     limited: "bool",
+    suspended: "int4",
   },
 );
 
@@ -40,6 +41,8 @@ export interface QueueDepth {
   delayed: number;
   /** Jobs waiting for their parents (docs/flows.md). */
   blocked: number;
+  /** Durable jobs sleeping or waiting for an event (docs/durable.md): they hold no worker and wake by themselves. */
+  suspended: number;
   /** The queue's fleet-wide concurrency limit: no more of its jobs run at once; null: none. */
   concurrencyLimit: number | null;
   /**
@@ -47,6 +50,24 @@ export interface QueueDepth {
    * workers run, so more workers help only as far as the limit lets jobs start.
    */
   limited: boolean;
+}
+
+/**
+ * Suspended jobs per queue by what they wait for (their wait's kind: sleep, event, callback,
+ * children). Only suspended jobs are in jobs_wake_idx, so this reads them alone.
+ */
+const SUSPENDED_BY_KIND = statement(
+  "suspendedByKind",
+  `
+SELECT queue, coalesce(wait ->> 'kind', 'unknown') AS kind, count(*)::int AS n
+  FROM jobs WHERE state = 'suspended'
+ GROUP BY 1, 2
+ ORDER BY 1, 2`,
+  { queue: "text", kind: "text", n: "int4" },
+);
+
+export async function suspendedByKind(db: Queryable): Promise<{ queue: string; kind: string; n: number }[]> {
+  return run(db, SUSPENDED_BY_KIND);
 }
 
 /** Every queue with unfinished jobs or settings, by name. */
@@ -59,6 +80,7 @@ export async function queueDepth(db: Queryable): Promise<QueueDepth[]> {
     running: r.running,
     delayed: r.delayed,
     blocked: r.blocked,
+    suspended: r.suspended,
     concurrencyLimit: r.concurrency_limit,
     limited: r.limited,
   }));

@@ -75,7 +75,16 @@ export {
   MAX_LISTED_RELATIONS,
 } from "./admin.js";
 export type { ListJobsFilter, JobFilter, TimeField, CancelResult, RetryResult, QueueStats, JobRelations } from "./admin.js";
-export { pruneDeadJobs, setGenerationWidth, truncateOldGenerations, vacuumIfBloated, isBloated, vacuumTable, GENERATIONS } from "./retention.js";
+export {
+  pruneDeadJobs,
+  pruneEvents,
+  setGenerationWidth,
+  truncateOldGenerations,
+  vacuumIfBloated,
+  isBloated,
+  vacuumTable,
+  GENERATIONS,
+} from "./retention.js";
 export { readyPairs } from "./ready.js";
 export { parseCancelNotice, cancelsRequested } from "./cancels.js";
 export type { QueueTasks } from "./ready.js";
@@ -83,7 +92,7 @@ export { findJobsWithoutWorker, findMissingAudit, endOverBudgetJobs, touchWorker
 export { knownTasks, jobsWithoutHandler } from "./handlers.js";
 export type { JobsWithoutHandler } from "./handlers.js";
 export { fleetHealth } from "./health.js";
-export { queueDepth } from "./depth.js";
+export { queueDepth, suspendedByKind } from "./depth.js";
 export type { QueueDepth } from "./depth.js";
 export type { FleetHealth, FleetProcess } from "./health.js";
 export { databaseNow, upsertSchedule, deleteSchedule, listSchedules, nextScheduleDue, lockDueSchedules, advanceSchedules } from "./schedules.js";

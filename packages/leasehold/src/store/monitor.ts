@@ -11,26 +11,29 @@ import { run, statement } from "./sql.js";
 
 /**
  * Per queue: jobs ready to run (waiting), waiting for a later time (scheduled: delayed or
- * backing off), running (and of those, with a lease run out that no watchdog has reaped yet),
+ * backing off), blocked, suspended (durable jobs asleep or waiting for an event), running (and of
+ * those, with a lease run out that no watchdog has reaped yet),
  * dead; and how long the oldest ready job has waited. One pass over the unfinished jobs.
  */
 const QUEUE_OVERVIEW = statement(
   "queueOverview",
   `
-SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, sum(blocked)::int AS blocked, sum(running)::int AS running,
-       sum(expired)::int AS expired, sum(dead)::int AS dead, max(oldest_waiting_ms)::float8 AS oldest_waiting_ms
+SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, sum(blocked)::int AS blocked,
+       sum(suspended)::int AS suspended, sum(running)::int AS running, sum(expired)::int AS expired, sum(dead)::int AS dead,
+       max(oldest_waiting_ms)::float8 AS oldest_waiting_ms
   FROM (
     SELECT queue,
            count(*) FILTER (WHERE state = 'waiting' AND run_at <= now()) AS waiting,
            count(*) FILTER (WHERE state = 'waiting' AND run_at > now()) AS scheduled,
            count(*) FILTER (WHERE state = 'blocked') AS blocked,
+           count(*) FILTER (WHERE state = 'suspended') AS suspended,
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'running' AND lease_until < now()) AS expired,
            0 AS dead,
            extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'waiting' AND run_at <= now())) * 1000 AS oldest_waiting_ms
       FROM jobs GROUP BY queue
     UNION ALL
-    SELECT queue, 0, 0, 0, 0, 0, count(*), NULL FROM dead_jobs GROUP BY queue
+    SELECT queue, 0, 0, 0, 0, 0, 0, count(*), NULL FROM dead_jobs GROUP BY queue
   ) AS q
  GROUP BY queue
  ORDER BY queue`,
@@ -39,6 +42,7 @@ SELECT queue, sum(waiting)::int AS waiting, sum(scheduled)::int AS scheduled, su
     waiting: "int4",
     scheduled: "int4",
     blocked: "int4",
+    suspended: "int4",
     running: "int4",
     expired: "int4",
     dead: "int4",
@@ -52,6 +56,8 @@ export interface QueueOverview {
   scheduled: number;
   /** Waiting for their parents (docs/flows.md): no claim takes them until those have ended. */
   blocked: number;
+  /** Durable jobs sleeping or waiting for an event (docs/durable.md): no claim takes them until woken. */
+  suspended: number;
   running: number;
   /** Running jobs whose lease ran out, not yet reaped. */
   expired: number;

@@ -6,7 +6,7 @@ import { run, statement } from "./sql.js";
  * Retention. Succeeded and cancelled jobs live in eight generations of job_history (list
  * partitions, by when they finished); a generation all of whose jobs are past retention is
  * emptied whole with TRUNCATE, its jobs' audit rows and dependency edges (those whose child
- * it holds) deleted with it: no row deletes and no
+ * it holds) and recorded durable steps deleted with it: no row deletes and no
  * dead rows on the hot path of a busy queue (row-by-row retention measured ~10% of the
  * database's work at 40,000 jobs/s). The dead letter (dead_jobs) is kept longer and pruned
  * row by row, in bounded batches: it is small.
@@ -25,6 +25,8 @@ WITH gone AS (
 ), edges AS (
   -- a dependent job's edges go with it (a parent's stay: its dependents read it as forgotten)
   DELETE FROM job_dependencies AS d USING gone WHERE d.child_id = gone.id
+), steps AS (
+  DELETE FROM job_steps AS s USING gone WHERE s.job_id = gone.id
 )
 SELECT count(*)::int AS deleted FROM gone`,
   { deleted: "int4" },
@@ -32,6 +34,28 @@ SELECT count(*)::int AS deleted FROM gone`,
 
 export async function pruneDeadJobs(db: Queryable, p: { retainDeadMs: number; limit: number }): Promise<number> {
   const [row] = await run(db, PRUNE_DEAD_JOBS, [p.retainDeadMs, p.limit]);
+  return row!.deleted;
+}
+
+/**
+ * Events older than the window (docs/durable.md#events), oldest first, at most $2: a wait that
+ * begins after its event was sent finds it only within the window. Events only grow in id and
+ * time, so the oldest ids are the oldest events.
+ */
+const PRUNE_EVENTS = statement(
+  "pruneEvents",
+  `
+WITH gone AS (
+  DELETE FROM events
+   WHERE id IN (SELECT id FROM events WHERE sent_at < now() - $1::bigint * interval '1 millisecond' ORDER BY id LIMIT $2)
+  RETURNING id
+)
+SELECT count(*)::int AS deleted FROM gone`,
+  { deleted: "int4" },
+);
+
+export async function pruneEvents(db: Queryable, p: { retainEventsMs: number; limit: number }): Promise<number> {
+  const [row] = await run(db, PRUNE_EVENTS, [p.retainEventsMs, p.limit]);
   return row!.deleted;
 }
 
@@ -59,7 +83,8 @@ const DELETE_GENERATION_AUDIT = statement(
   "deleteGenerationAudit",
   `
 WITH gone AS (DELETE FROM job_attempts AS a USING job_history AS h WHERE h.generation = $1 AND a.job_id = h.id),
-     edges AS (DELETE FROM job_dependencies AS d USING job_history AS h WHERE h.generation = $1 AND d.child_id = h.id)
+     edges AS (DELETE FROM job_dependencies AS d USING job_history AS h WHERE h.generation = $1 AND d.child_id = h.id),
+     steps AS (DELETE FROM job_steps AS s USING job_history AS h WHERE h.generation = $1 AND s.job_id = h.id)
 SELECT count(*)::int AS jobs FROM job_history WHERE generation = $1`,
   { jobs: "int4" },
 );

@@ -15,6 +15,13 @@ export function withBatchHooks(transport: WorkerTransport, hooks: ComposedHooks)
 
 class HookedTransport implements WorkerTransport {
   readonly maxClaimBatch?: number;
+  // Durable steps' records and suspensions go straight through: none is a claim or a report batch.
+  readonly loadSteps?: WorkerTransport["loadSteps"];
+  readonly recordSteps?: WorkerTransport["recordSteps"];
+  readonly stepFate?: WorkerTransport["stepFate"];
+  readonly recordStepWithin?: WorkerTransport["recordStepWithin"];
+  readonly sleep?: WorkerTransport["sleep"];
+  readonly waitForEvent?: WorkerTransport["waitForEvent"];
 
   constructor(
     private readonly inner: WorkerTransport,
@@ -27,6 +34,12 @@ class HookedTransport implements WorkerTransport {
     if (!inner.recordRefusals) this.recordRefusals = undefined;
     if (!inner.parents) this.parents = undefined;
     if (!inner.dependencies) this.dependencies = undefined;
+    this.loadSteps = inner.loadSteps?.bind(inner);
+    this.recordSteps = inner.recordSteps?.bind(inner);
+    this.stepFate = inner.stepFate?.bind(inner);
+    this.recordStepWithin = inner.recordStepWithin?.bind(inner);
+    this.sleep = inner.sleep?.bind(inner);
+    this.waitForEvent = inner.waitForEvent?.bind(inner);
   }
 
   private settle<M extends Map<string, string>>(kind: SettleBatch["kind"], jobs: store.AttemptRef[], write: () => Promise<M>): Promise<M> {

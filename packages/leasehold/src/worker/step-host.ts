@@ -14,6 +14,7 @@ import { callbackUrl } from "../jobs/callbacks.js";
 import { serializeStepResult, type StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
 import type { Logger } from "../logger.js";
+import type { ComposedHooks } from "../hooks.js";
 import type { Metrics } from "../metrics.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { StepOutcome } from "../store/steps.js";
@@ -31,6 +32,8 @@ export interface StepWorkerDeps {
   readonly logger: Logger;
   /** The `leasehold serve` URL a callback's URL is made from; null: callbacks hand out tokens only. */
   readonly callbackBaseUrl: string | null;
+  /** aroundStep: tracing's span per step (otel/tracing.ts). */
+  readonly hooks: Pick<ComposedHooks, "aroundStep">;
   progressed(entry: InFlight): void;
   /** The attempt lost its job: abort the handler, report nothing. */
   stepLost(entry: InFlight, reason: LostLeaseReason): void;
@@ -149,12 +152,20 @@ export class StepHost implements StepWorker {
     return new StaleLeaseError(job.id, job.attempt, reason);
   }
 
-  replayed(_entry: InFlight, place: PlaceRef): void {
+  replayed(entry: InFlight, place: PlaceRef): void {
     this.w.metrics.stepsReplayed.inc({ kind: place.kind });
+    const around = this.w.hooks.aroundStep;
+    // Nothing runs on a replay: the hook sees it (a span marked replayed), and cannot fail it.
+    if (around) {
+      around(entry.job, { ...place, replayed: true }, () => Promise.resolve(undefined)).catch((err: unknown) =>
+        this.w.logger.warn({ hook: "aroundStep", err: String(err) }, "a hook threw; ignored"),
+      );
+    }
   }
 
-  traced<T>(_entry: InFlight, _place: PlaceRef, fn: () => Promise<T>): Promise<T> {
-    return fn();
+  traced<T>(entry: InFlight, place: PlaceRef, fn: () => Promise<T>): Promise<T> {
+    const around = this.w.hooks.aroundStep;
+    return around ? (around(entry.job, { ...place, replayed: false }, fn) as Promise<T>) : fn();
   }
 
   progressed(entry: InFlight): void {
@@ -173,7 +184,29 @@ export class StepHost implements StepWorker {
     return entry.controller.signal;
   }
 
-  async transaction<T>(entry: InFlight, place: PlaceRef, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<JsonValue | undefined> {
+  // A transaction, a sleep and a wait each run in one span of the aroundStep hooks (when any).
+  transaction<T>(entry: InFlight, place: PlaceRef, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<JsonValue | undefined> {
+    return this.traced(entry, place, () => this.runTransaction(entry, place, work, pool));
+  }
+
+  sleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void> {
+    return this.traced(entry, place, () => this.runSleep(entry, place, target));
+  }
+
+  waitForEvent(
+    entry: InFlight,
+    place: PlaceRef,
+    wait: { event: string; matchJson: string | null; timeoutMs: number | null; kind?: "event" | "callback" | "children" },
+  ): Promise<JsonValue | null> {
+    return this.traced(entry, place, () => this.runWaitForEvent(entry, place, wait));
+  }
+
+  private async runTransaction<T>(
+    entry: InFlight,
+    place: PlaceRef,
+    work: (tx: pg.PoolClient) => Promise<T>,
+    pool?: pg.Pool,
+  ): Promise<JsonValue | undefined> {
     const t = this.w.transport;
     if (!t.recordStepWithin) {
       entry.permanent = true;
@@ -212,7 +245,7 @@ export class StepHost implements StepWorker {
     return r.result;
   }
 
-  async sleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void> {
+  private async runSleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void> {
     const t = this.w.transport;
     if (!t.sleep) throw unsupported("ctx.sleep");
     await this.beforeEnd(entry);
@@ -235,7 +268,7 @@ export class StepHost implements StepWorker {
     this.ended(entry, answer, place, "until" in target ? target.until : null);
   }
 
-  async waitForEvent(
+  private async runWaitForEvent(
     entry: InFlight,
     place: PlaceRef,
     wait: { event: string; matchJson: string | null; timeoutMs: number | null; kind?: "event" | "callback" | "children" },

@@ -198,6 +198,7 @@ export class Worker extends WorkerEmitter {
       metrics: this.metrics,
       logger: this.logger,
       callbackBaseUrl: this.settings.callbackBaseUrl ?? this.transport.callbackBaseUrl ?? null,
+      hooks: this.hooks,
       progressed: (e) => this.progressed(e),
       stepLost: (e, reason) => this.leaseLost(e, reason),
       attemptSuspended: (e) => this.forget(e),

@@ -33,12 +33,12 @@ export function registerJobCommands(program: Command, run: Run): void {
 
   jobs
     .command("show <id>")
-    .description("a job's record (with its result), its attempt history, its parents and children")
+    .description("a job's record (with its result), its attempt history, its parents and children, its durable steps and what it waits for")
     .action(
       run(async (cli, id: string) => {
         const lh = await cli.operations();
-        const { job, attempts, ...relations } = await lh.getJob(id);
-        cli.result({ job, attempts, ...relations }, () => jobDetails(job, attempts, relations));
+        const { job, attempts, steps, stepCount, wait, ...relations } = await lh.getJob(id);
+        cli.result({ job, attempts, ...relations, steps, stepCount, wait }, () => jobDetails(job, attempts, relations, { steps, stepCount, wait }));
       }),
     );
 

@@ -291,7 +291,7 @@ function queuesTable(list: QueueInfo[]): string {
 function depthTable(depth: QueueDepth[]): string {
   if (depth.length === 0) return "no queues";
   return table(
-    ["QUEUE", "PAUSED", "READY", "OLDEST READY", "RUNNING", "DELAYED", "BLOCKED", "LIMIT", "LIMITED"],
+    ["QUEUE", "PAUSED", "READY", "OLDEST READY", "RUNNING", "DELAYED", "BLOCKED", "LIMIT", "LIMITED", "SUSPENDED"],
     depth.map((d) => [
       d.queue,
       d.paused ? "yes" : "no",
@@ -302,6 +302,8 @@ function depthTable(depth: QueueDepth[]): string {
       String(d.blocked),
       d.concurrencyLimit === null ? "-" : String(d.concurrencyLimit),
       d.limited ? "yes" : "no",
+      // A server of an earlier release does not count them.
+      d.suspended === undefined ? "-" : String(d.suspended),
     ]),
   );
 }
