@@ -26,8 +26,10 @@ import {
 } from "leasehold/internal/jobs/steps";
 import { MAX_DELAY_MS, sanitizeText } from "leasehold/internal/jobs/validate";
 import * as store from "leasehold/internal/store/index";
-import { eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-answers";
+import { prepareChildren } from "leasehold/internal/worker/children";
+import { childrenAnswer, eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-answers";
 import { errorBody } from "./errors.js";
+import { FLOW_BODY_LIMIT_BYTES } from "./flow-routes.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, TIME, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
@@ -66,6 +68,17 @@ const refusedReceipt = {
   409: { description: "stale_lease: the attempt no longer holds its job; invalid_receipt: missing or wrong receipt", ...errorSchema },
 };
 const WORKER_ERRORS = errors(...COMMON_ERRORS);
+const childEnd = {
+  type: "object",
+  properties: {
+    id: JOB_ID,
+    ref: { type: ["string", "null"], description: "the node's ref in a child flow; null for a list's children" },
+    task: { type: ["string", "null"], description: "null when retention has forgotten the child" },
+    state: { type: "string", enum: ["succeeded", "dead", "cancelled", "unknown"] },
+    result: { description: "the child's result when it succeeded; null otherwise" },
+    error: { type: ["string", "null"], description: "why it ended dead or cancelled" },
+  },
+};
 const place = { workerId: WORKER_ID, job: ATTEMPT_REF, seq: SEQ, name: STEP_NAME, occurrence: OCCURRENCE };
 
 export const stepRoutes = {
@@ -192,6 +205,33 @@ export const stepRoutes = {
       ...refusedReceipt,
     },
   },
+  children: {
+    ...secured,
+    tags: ["worker"],
+    summary: "ctx.children: start the children (exactly once per job) and suspend until all have ended; once they have, their ends (state ended)",
+    body: object(
+      {
+        ...place,
+        children: {
+          description:
+            "the children as ctx.children takes them, tasks by name: an array of jobs, or { flow: [...nodes] }; checked here as an " +
+            "enqueue is. Required the first time the step is reached; absent on a replay of a started step (only its ends are read)",
+        },
+      },
+      ["workerId", "job", "seq", "name", "occurrence"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          state: { type: "string", enum: ["ended", "suspended", "cancelled"] },
+          ends: { type: "array", items: childEnd, description: "state ended: each child's end, in the order given" },
+        },
+      },
+      ...WORKER_ERRORS,
+      ...refusedReceipt,
+    },
+  },
 };
 
 type Ref = { id: string; attempt: number };
@@ -211,9 +251,10 @@ interface Deps {
   leasehold: Leasehold;
   receipts: Receipts;
   metrics: ServerMetrics;
+  bodyLimitBytes: number;
 }
 
-export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
+export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, bodyLimitBytes }: Deps): void {
   const pool = lh.pool;
   const worker = { scope: "worker" } as const;
   const invalidReceipt = errorBody(INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE);
@@ -301,6 +342,40 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
       return typeof answer === "object" ? { state: "received", received: answer.received, data: answer.data } : { state: answer };
     },
   );
+
+  // Children are as large as a flow's nodes: this route takes what POST /v1/flows takes.
+  app.post<{ Body: Place & { children?: unknown } }>(
+    "/v1/worker/children",
+    { schema: stepRoutes.children, config: worker, bodyLimit: Math.max(bodyLimitBytes, FLOW_BODY_LIMIT_BYTES) },
+    async (request, reply) => {
+      const { children, ...p } = request.body;
+      const suspending = suspendingStep(p, "children");
+      // The server checks the children itself, as it checks an enqueue: it trusts no worker's checks.
+      const start = children === undefined ? null : await prepareChildren(withRunAts(children), "children");
+      if (!holds(p.workerId, p.job)) return reply.status(409).send(invalidReceipt);
+      const answer = await childrenAnswer(pool, { ...suspending, nodes: start?.nodes ?? null, flow: start?.flow ?? false }).catch((err: unknown) => {
+        // Nothing was started at this place: the children were needed (the transaction rolled back).
+        if (start === null && err instanceof ValidationError) throw new ValidationError(`children: required here: ${err.message}`);
+        throw err;
+      });
+      if (answer === "stale") return refuse(reply, "step", [ref(p.job)], p.workerId, lh);
+      return typeof answer === "object" ? { state: "ended", ends: answer.ends } : { state: answer };
+    },
+  );
+}
+
+/** JSON has no dates: a child's `runAt` arrives as an ISO string (anything else is left for the checks to name). */
+function withRunAts(children: unknown): unknown {
+  const dated = (node: unknown, where: string) => {
+    if (node === null || typeof node !== "object" || typeof (node as { runAt?: unknown }).runAt !== "string") return node;
+    const runAt = new Date((node as { runAt: string }).runAt);
+    if (Number.isNaN(runAt.getTime())) throw new ValidationError(`children: ${where}: runAt must be an ISO 8601 date-time`);
+    return { ...node, runAt };
+  };
+  if (Array.isArray(children)) return children.map((job, i) => dated(job, `job ${i}`));
+  const flow = (children as { flow?: unknown } | null)?.flow;
+  if (Array.isArray(flow)) return { ...(children as object), flow: flow.map((node, i) => dated(node, `node ${i}`)) };
+  return children;
 }
 
 function ref(r: Ref): Ref {

@@ -28,7 +28,7 @@ import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
 import type * as store from "../store/index.js";
 import type { StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
-import type { AttachParams, Attachment, SuspensionAnswer, WorkerTransport } from "./transport.js";
+import type { AttachParams, Attachment, ChildrenCall, SuspensionAnswer, WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
@@ -494,6 +494,23 @@ export class RemoteTransport implements WorkerTransport {
       [409],
     );
     if (res.status !== 409 && res.body.state === "received") return { received: res.body.received!, data: res.body.data ?? null };
+    return this.suspension(p, res.status === 409 ? "stale" : (res.body.state as "suspended" | "cancelled"));
+  }
+
+  /**
+   * ctx.children: the server checks the children itself and starts them (the first time; on a
+   * replay `given` is null and it only looks), or answers their ends; else the job suspends (as sleep).
+   */
+  async children(p: ChildrenCall): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+    const body = { ...this.place(p), ...(p.nodes !== null && p.given !== null && { children: p.given }) };
+    const res = await this.post<{ state: "ended" | "suspended" | "cancelled"; ends?: store.ChildEndRecord[] }>(
+      "/v1/worker/children",
+      body,
+      this.timeoutMs,
+      undefined,
+      [409],
+    );
+    if (res.status !== 409 && res.body.state === "ended") return { ends: res.body.ends ?? [] };
     return this.suspension(p, res.status === 409 ? "stale" : (res.body.state as "suspended" | "cancelled"));
   }
 
