@@ -4,7 +4,8 @@
  * a sleep suspends and the server's watchdog resumes it, an event sent over HTTP wakes a wait, a
  * stale attempt's record is refused (409) and its handler aborted, ctx.children's children are
  * checked again and started by the server (exactly once per job), and ctx.step.transaction on a
- * remote worker ends its job dead, saying why.
+ * remote worker ends its job dead, saying why. A job's steps are loaded in pages of at most
+ * the server's answer cap.
  */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -460,4 +461,100 @@ test("a remote handler whose attempt lost its job is refused at ctx.children, ab
   assert.ok(seen instanceof StaleLeaseError, `got ${String(seen)}`);
   assert.ok(aborted, "the handler's signal is aborted");
   assert.equal(await jobsOfTask("remote-zombie-kid"), 0);
+});
+
+const STEPS_ANSWER_CAP = 8 * 1024 * 1024;
+/** 40 results of ~250 KiB: ~10 MiB of steps, more than one answer may carry. */
+const BIG_STEPS = 40;
+const bigResult = (i: number) => `${i}:`.padEnd(250 * 1024, String.fromCharCode(97 + (i % 26)));
+
+test("a job's steps past one answer's cap are loaded in pages: the server never answers more than the cap, and an old client gets 413", async () => {
+  await lh.enqueue("remote-big-steps", {}, { queue: "remote-big-steps" });
+  const job = await claimOver("remote-big-steps", "remote-big-steps", "w-big");
+  for (let i = 0; i < BIG_STEPS; i += 4) {
+    const steps = [i, i + 1, i + 2, i + 3].map((seq) => ({
+      ...job,
+      seq,
+      name: `s${seq}`,
+      occurrence: 0,
+      kind: "step",
+      state: "succeeded",
+      result: bigResult(seq),
+      durationMs: 1,
+    }));
+    const res = await api("POST", "/v1/worker/steps/record", { workerId: "w-big", steps });
+    assert.equal(res.status, 200, JSON.stringify(res.json));
+  }
+  const asOldClient = await api("POST", "/v1/worker/steps/load", { workerId: "w-big", job });
+  assert.equal(asOldClient.status, 413, "a client that reads no pages is refused, not answered part of the steps");
+  assert.equal(asOldClient.json.error.code, "answer_too_large");
+
+  const loaded: { seq: number; result: string }[] = [];
+  let after: number | null = null;
+  let pages = 0;
+  do {
+    const res = await fetch(new URL("/v1/worker/steps/load", base), {
+      method: "POST",
+      headers: { authorization: `Bearer ${WORKER_TOKEN}`, "content-type": "application/json" },
+      body: JSON.stringify({ workerId: "w-big", job, after }),
+    });
+    const body = Buffer.from(await res.arrayBuffer());
+    assert.equal(res.status, 200);
+    assert.ok(body.length <= STEPS_ANSWER_CAP, `page ${pages}: ${body.length} bytes, over the cap`);
+    const page = JSON.parse(body.toString()) as { steps: { seq: number; result: string }[]; next: number | null };
+    assert.ok(page.steps.length > 0);
+    loaded.push(...page.steps);
+    after = page.next;
+    pages++;
+  } while (after !== null);
+  assert.ok(pages >= 2, `${pages} page(s)`);
+  assert.deepEqual(
+    loaded.map((s) => s.seq),
+    Array.from({ length: BIG_STEPS }, (_, i) => i),
+  );
+  assert.ok(loaded.every((s) => s.result === bigResult(s.seq)));
+  // Past the last step: an empty page, and no next.
+  const past = await api("POST", "/v1/worker/steps/load", { workerId: "w-big", job, after: BIG_STEPS - 1 });
+  assert.deepEqual(past.json, { steps: [], next: null });
+});
+
+test("a remote worker replays a job whose steps need several pages: every step's result comes back, none runs again", async (t) => {
+  const answers: number[] = [];
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = async (input, init) => {
+    const res = await realFetch(input, init);
+    if (String(input).endsWith("/v1/worker/steps/load")) answers.push((await res.clone().arrayBuffer()).byteLength);
+    return res;
+  };
+  t.after(() => void (globalThis.fetch = realFetch));
+  const runs: number[] = [];
+  const worker = remote(t, {
+    "remote-many-steps": async (_: unknown, ctx: JobContext) => {
+      const results: string[] = [];
+      for (let i = 0; i < BIG_STEPS; i++) {
+        results.push(
+          await ctx.step(`s${i}`, () => {
+            runs.push(i);
+            return bigResult(i);
+          }),
+        );
+      }
+      if (ctx.attempt === 1) throw new Error("fail once, after every step");
+      return results.every((r, i) => r === bigResult(i)) ? `all ${results.length} replayed` : "a result came back wrong";
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-many-steps", {});
+  const { job } = await settled(id, "succeeded", 60_000);
+  assert.equal(job.result, `all ${BIG_STEPS} replayed`);
+  assert.deepEqual(
+    runs,
+    Array.from({ length: BIG_STEPS }, (_, i) => i),
+    "each step ran once",
+  );
+  assert.ok(answers.length >= 2, `the second attempt's load took pages: ${answers.join(", ")}`);
+  assert.ok(
+    answers.every((bytes) => bytes <= STEPS_ANSWER_CAP),
+    `answers of ${answers.join(", ")} bytes`,
+  );
 });

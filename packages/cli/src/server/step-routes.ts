@@ -30,10 +30,15 @@ import { prepareChildren } from "leasehold/internal/worker/children";
 import { childrenAnswer, eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-answers";
 import { errorBody } from "./errors.js";
 import { FLOW_BODY_LIMIT_BYTES } from "./flow-routes.js";
+import { MAX_STEPS_RESPONSE_BYTES } from "./limits.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, TIME, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
 import { recordRefused, refuse } from "./worker-routes.js";
+
+const STEPS_TOO_LARGE =
+  `this job's recorded steps do not fit one answer (the server's cap is ${MAX_STEPS_RESPONSE_BYTES / 1024 / 1024} MiB): ` +
+  "read them in pages (send after: null, then each answer's next), as a remote worker of this release does";
 
 /** Most step records one request may carry (a worker sends what its handlers finished meanwhile). */
 const MAX_STEP_BATCH = 10_000;
@@ -85,9 +90,33 @@ export const stepRoutes = {
   load: {
     ...secured,
     tags: ["worker"],
-    summary: "Durable steps: the recorded steps of a job this worker runs, in call order (a replay reads them once per attempt)",
-    body: object({ workerId: WORKER_ID, job: ATTEMPT_REF }, ["workerId", "job"]),
-    response: { 200: { type: "object", properties: { steps: { type: "array", items: stepRecordSchema } } }, ...WORKER_ERRORS, ...refusedReceipt },
+    summary:
+      "Durable steps: the recorded steps of a job this worker runs, in call order and in pages of at most ~8 MiB (a replay reads them once per attempt)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        job: ATTEMPT_REF,
+        after: {
+          anyOf: [SEQ, { type: "null" }],
+          description:
+            "read the steps in pages: null for the first, then the answer's `next`. Without it, steps that do not fit one answer " +
+            "(~8 MiB) are refused with 413 (code answer_too_large)",
+        },
+      },
+      ["workerId", "job"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          steps: { type: "array", items: stepRecordSchema },
+          next: { anyOf: [SEQ, { type: "null" }], description: "send as `after` for the next page; null: no more steps" },
+        },
+      },
+      ...WORKER_ERRORS,
+      ...refusedReceipt,
+      413: { description: "the steps do not fit one answer and the request did not ask for pages (code answer_too_large)", ...errorSchema },
+    },
   },
   record: {
     ...secured,
@@ -265,13 +294,18 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
     return false;
   };
 
-  app.post<{ Body: { workerId: string; job: ReceiptRef } }>(
+  app.post<{ Body: { workerId: string; job: ReceiptRef; after?: number | null } }>(
     "/v1/worker/steps/load",
     { schema: stepRoutes.load, config: worker },
     async (request, reply) => {
-      const { workerId, job } = request.body;
+      const { workerId, job, after } = request.body;
       if (!holds(workerId, job)) return reply.status(409).send(invalidReceipt);
-      return { steps: (await store.loadSteps(pool, job.id)).map(toWire) };
+      // The page stops at the cap in its statement: results past it stay in the database.
+      const page = await store.loadStepsPage(pool, job.id, { after: after ?? null, maxBytes: MAX_STEPS_RESPONSE_BYTES });
+      // A client that does not read pages (an earlier release's remote worker) would take the
+      // first page for every step and run the rest again: refuse rather than answer part of them.
+      if (after === undefined && page.next !== null) return reply.status(413).send(errorBody("answer_too_large", STEPS_TOO_LARGE));
+      return { steps: page.steps.map(toWire), next: page.next };
     },
   );
 

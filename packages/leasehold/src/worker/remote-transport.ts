@@ -412,19 +412,27 @@ export class RemoteTransport implements WorkerTransport {
     return res.body;
   }
 
-  /** Durable steps: the job's recorded steps (the server checks the attempt's receipt). */
+  /**
+   * Durable steps: the job's recorded steps (the server checks the attempt's receipt), in pages
+   * of at most its cap; all of them make the list. The attempt holds its job, so no other writes
+   * its steps meanwhile: the pages add up to the whole.
+   */
   async loadSteps(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]> {
-    const res = await this.post<{ steps: WireStepRecord[] }>(
-      "/v1/worker/steps/load",
-      { workerId: p.workerId, job: this.withReceipt(p.job) },
-      this.timeoutMs,
-    );
-    return res.body.steps.map((r) => ({
-      ...r,
-      result: r.result,
-      wakeAt: r.wakeAt === null ? null : new Date(r.wakeAt),
-      recordedAt: new Date(r.recordedAt),
-    }));
+    const steps: StepRecord[] = [];
+    let after: number | null = null;
+    do {
+      const res: { body: { steps: WireStepRecord[]; next?: number | null } } = await this.post<{ steps: WireStepRecord[]; next?: number | null }>(
+        "/v1/worker/steps/load",
+        { workerId: p.workerId, job: this.withReceipt(p.job), after },
+        this.timeoutMs,
+      );
+      for (const r of res.body.steps) {
+        steps.push({ ...r, result: r.result, wakeAt: r.wakeAt === null ? null : new Date(r.wakeAt), recordedAt: new Date(r.recordedAt) });
+      }
+      // An earlier release's server answers every step at once, without `next`.
+      after = res.body.next ?? null;
+    } while (after !== null);
+    return steps;
   }
 
   /**
