@@ -13,9 +13,7 @@ import type { ChildEnd } from "../packages/leasehold/src/worker/children.js";
 import { startOrAwaitChildren } from "../packages/leasehold/src/store/children.js";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { prepareFlow } from "../packages/leasehold/src/jobs/flow-graph.js";
-import { createServer } from "../packages/cli/src/server/app.js";
 import { eventually, freshLeasehold, NO_BACKOFF } from "./helpers/db.js";
-import { remoteWorker, TOKEN } from "./helpers/server.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
 
@@ -313,21 +311,4 @@ test("the last child's end puts its suspended parent back to waiting in the same
     answer !== "stale" && "ends" in answer ? answer.ends.map((e) => [e.id, e.state]) : answer,
     kids.map((k) => [k, "cancelled"]),
   );
-});
-
-test("a remote worker (through the server) cannot start children: the job is dead with an error that says why, and nothing is enqueued", async (t) => {
-  const lh = await freshLeasehold(t);
-  const app = createServer({ leasehold: lh, token: TOKEN });
-  await app.listen({ host: "127.0.0.1", port: 0 });
-  t.after(() => app.close());
-  const worker = remoteWorker(`http://127.0.0.1:${(app.server.address() as { port: number }).port}`, {
-    parent: async (_: unknown, ctx: JobContext) => ctx.children("kids", [{ task: "kid" }]),
-  });
-  await worker.start();
-  t.after(() => worker.stop(0));
-  const { id } = await lh.enqueue("parent", {});
-  const { job } = await settled(lh, id, "dead");
-  assert.match(job.lastError ?? "", /ctx.children needs a worker on the database/);
-  assert.equal(job.spentAttempts, 1, "dead at once, without retries");
-  assert.equal(await jobsOfTask(lh, "kid"), 0);
 });

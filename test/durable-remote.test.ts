@@ -2,8 +2,10 @@
  * Durable steps through `leasehold serve` (docs/durable.md, docs/server.md): a real server with a
  * real token, and the same Worker runtime over RemoteTransport. Steps are recorded and replayed,
  * a sleep suspends and the server's watchdog resumes it, an event sent over HTTP wakes a wait, a
- * stale attempt's record is refused (409) and its handler aborted, and ctx.step.transaction on a
- * remote worker ends its job dead, saying why.
+ * stale attempt's record is refused (409) and its handler aborted, ctx.children's children are
+ * checked again and started by the server (exactly once per job), and ctx.step.transaction on a
+ * remote worker ends its job dead, saying why. A job's steps are loaded in pages of at most
+ * the server's answer cap.
  */
 import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
@@ -283,4 +285,276 @@ test("ctx.step.transaction on a remote worker ends the job dead, saying it needs
   const { job, attempts } = await settled(id, "dead");
   assert.equal(attempts.length, 1, "no retries");
   assert.match(job.lastError ?? "", /ctx\.step\.transaction needs a worker on the database/);
+});
+
+/** Claims the one job of a queue over HTTP, as a remote worker does: its attempt and receipt. */
+async function claimOver(queue: string, task: string, workerId: string) {
+  const claim = await api("POST", "/v1/worker/claim", { workerId, queues: [queue], tasks: [task], limit: 1, leaseMs: 60_000 });
+  assert.equal(claim.status, 200);
+  const [job] = claim.json.jobs;
+  return { id: job.id as string, attempt: job.attempt as number, receipt: job.receipt as string };
+}
+
+async function jobsOfTask(task: string): Promise<number> {
+  const { rows } = await lh.pool.query<{ n: string }>(
+    "SELECT (SELECT count(*) FROM jobs WHERE task = $1) + (SELECT count(*) FROM finished_jobs WHERE task = $1) AS n",
+    [task],
+  );
+  return Number(rows[0]!.n);
+}
+
+test("a remote worker's ctx.children starts children the remote worker runs, suspends, resumes with their ends; a replay starts none again", async (t) => {
+  const runs: string[] = [];
+  let failOnce = true;
+  const worker = remote(t, {
+    "remote-fan-out": async (p: { n: number }, ctx: JobContext) => {
+      const ends = await ctx.children("squares", [
+        { task: "remote-square", payload: { i: p.n } },
+        { task: "remote-square", payload: { i: p.n + 1 }, runAt: new Date(Date.now() - 1_000) },
+        { task: "remote-square", payload: { i: -1 }, maxAttempts: 1 },
+      ]);
+      runs.push(`resumed ${ctx.attempt}`);
+      await ctx.step("after", () => {
+        if (failOnce) {
+          failOnce = false;
+          throw new Error("after failed once");
+        }
+      });
+      return ends.map((e) => ({ ref: e.ref, task: e.task, state: e.state, result: e.result, error: e.error }));
+    },
+    "remote-square": async (p: { i: number }) => {
+      if (p.i < 0) throw new Error("no square of a negative");
+      runs.push(`square ${p.i}`);
+      return p.i * p.i;
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-fan-out", { n: 2 });
+  const { job, attempts } = await settled(id, "succeeded");
+  const ends = job.result as { error: string | null }[];
+  assert.match(ends[2]?.error ?? "", /^Error: no square of a negative/);
+  assert.deepEqual(
+    ends.map((e) => ({ ...e, error: e.error === null ? null : "(an error)" })),
+    [
+      { ref: null, task: "remote-square", state: "succeeded", result: 4, error: null },
+      { ref: null, task: "remote-square", state: "succeeded", result: 9, error: null },
+      { ref: null, task: "remote-square", state: "dead", result: null, error: "(an error)" },
+    ],
+  );
+  assert.deepEqual(
+    attempts.map((a) => a.outcome),
+    ["suspended", "failed", "succeeded"],
+    "suspended for its children, resumed, failed after them, and replayed their ends",
+  );
+  assert.deepEqual(runs.filter((r) => r.startsWith("square")).sort(), ["square 2", "square 3"], "each child ran once");
+  assert.deepEqual(
+    runs.filter((r) => r.startsWith("resumed")),
+    ["resumed 2", "resumed 3"],
+  );
+  assert.equal(await jobsOfTask("remote-square"), 3, "the replays started no children again");
+  const { rows } = await lh.pool.query("SELECT kind, state, attempt FROM job_steps WHERE job_id = $1 AND name = 'squares'", [id]);
+  assert.deepEqual(rows, [{ kind: "children", state: "succeeded", attempt: 2 }]);
+});
+
+test("a remote worker's child flow keeps its refs and order", async (t) => {
+  const worker = remote(t, {
+    "remote-flow-parent": async (_: unknown, ctx: JobContext) =>
+      (
+        await ctx.children("pipeline", {
+          flow: [
+            { ref: "fetch", task: "remote-step", payload: { v: "a" } },
+            { ref: "parse", task: "remote-step", payload: { v: "b" }, dependsOn: ["fetch"] },
+          ],
+        })
+      ).map((e) => [e.ref, e.result]),
+    "remote-step": async (p: { v: string }) => p.v.toUpperCase(),
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-flow-parent", {});
+  const { job } = await settled(id, "succeeded");
+  assert.deepEqual(job.result, [
+    ["fetch", "A"],
+    ["parse", "B"],
+  ]);
+});
+
+test("bad children are refused with 400 naming the field and start nothing; a stale attempt's children are refused with 409", async () => {
+  const { id } = await lh.enqueue("remote-kids-fenced", {}, { queue: "remote-kids-fenced" });
+  const first = await claimOver("remote-kids-fenced", "remote-kids-fenced", "w-kids");
+  const call = (job: typeof first, children?: unknown) =>
+    api("POST", "/v1/worker/children", { workerId: "w-kids", job, seq: 0, name: "kids", occurrence: 0, ...(children !== undefined && { children }) });
+
+  const cases: [unknown, RegExp][] = [
+    ["three kids", /^children: children are an array of jobs, or \{ flow/],
+    [[{ payload: {} }], /^children: .*job 0.*task/],
+    [[{ task: "ok" }, { task: "" }], /^children: .*job 1.*task/],
+    [[{ task: "ok", priority: "high" }], /^children: .*job 0.*priority/],
+    [[{ task: "ok", runAt: "someday" }], /^children: job 0: runAt must be an ISO 8601 date-time/],
+    [[{ task: "ok", uniqueKey: "k" }], /^children: .*job 0.*uniqueKey/],
+    [[{ task: "ok", ref: "a" }], /^children: job 0: "ref" belongs to a child flow/],
+    [{ flow: [{ ref: "a", task: "ok", dependsOn: ["missing"] }] }, /^children: .*missing/],
+    [{ flow: [], extra: 1 }, /^children: unknown field "extra"/],
+    [Array.from({ length: 1_001 }, () => ({ task: "ok" })), /^children: 1001 children, over the limit of 1000/],
+  ];
+  for (const [children, message] of cases) {
+    const res = await call(first, children);
+    assert.equal(res.status, 400, `${JSON.stringify(children).slice(0, 80)}: ${JSON.stringify(res.json)}`);
+    assert.match(res.json.error.message, message);
+  }
+  const badName = await api("POST", "/v1/worker/children", { workerId: "w-kids", job: first, seq: 0, name: "a\u0000b", occurrence: 0, children: [] });
+  assert.equal(badName.status, 400);
+  assert.match(badName.json.error.message, /step name/);
+  const noChildren = await call(first);
+  assert.equal(noChildren.status, 400, "the first call must name its children");
+  assert.match(noChildren.json.error.message, /^children: required here/);
+  assert.equal(await jobsOfTask("ok"), 0, "nothing was started");
+  assert.deepEqual((await lh.getJob(id)).job.state, "running");
+  const noReceipt = await call({ ...first, receipt: undefined } as unknown as typeof first, [{ task: "ok" }]);
+  assert.equal(noReceipt.status, 409);
+  assert.equal(noReceipt.json.error.code, "invalid_receipt");
+
+  // The first attempt is given back and the job claimed again: the first is stale, its receipt still valid.
+  assert.equal((await api("POST", "/v1/worker/release", { workerId: "w-kids", jobs: [first], reason: "test" })).status, 200);
+  const second = await claimOver("remote-kids-fenced", "remote-kids-fenced", "w-kids");
+  const stale = await call(first, [{ task: "ok" }]);
+  assert.equal(stale.status, 409);
+  assert.equal(stale.json.error.code, "stale_lease");
+  assert.deepEqual(stale.json.error.jobs, [{ id, attempt: first.attempt, reason: "reclaimed" }]);
+  assert.equal(await jobsOfTask("ok"), 0, "the stale attempt started nothing");
+  assert.equal((await lh.getJob(id)).job.state, "running");
+
+  // The holder starts them once: its job suspends; the same call again (an answer lost in transit) starts no more.
+  const started = await call(second, [{ task: "ok", queue: "remote-kids-none" }]);
+  assert.equal(started.status, 200);
+  assert.deepEqual(started.json, { state: "suspended" });
+  assert.equal(await jobsOfTask("ok"), 1);
+  assert.equal((await lh.getJob(id)).job.state, "suspended");
+  const again = await call(second, [{ task: "ok", queue: "remote-kids-none" }]);
+  assert.equal(again.status, 409, "the suspended attempt no longer holds its job");
+  assert.equal(await jobsOfTask("ok"), 1);
+});
+
+test("a remote handler whose attempt lost its job is refused at ctx.children, aborted, and starts no child", async (t) => {
+  let stolen!: () => void;
+  const gate = new Promise<void>((resolve) => (stolen = resolve));
+  let seen: unknown;
+  let aborted = false;
+  const worker = remote(t, {
+    "remote-zombie-parent": async (_: unknown, ctx: JobContext) => {
+      await ctx.step("first", () => "one");
+      await gate;
+      try {
+        await ctx.children("kids", [{ task: "remote-zombie-kid" }]);
+      } catch (err) {
+        seen = err;
+        aborted = ctx.signal.aborted;
+        throw err;
+      }
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-zombie-parent", {});
+  await eventually(async () => (await lh.pool.query("SELECT 1 FROM job_steps WHERE job_id = $1", [id])).rowCount, "the first step recorded");
+  await lh.pool.query("UPDATE jobs SET attempt = attempt + 1, locked_by = 'someone-else' WHERE id = $1", [id]);
+  stolen();
+  await eventually(async () => seen, "the handler's children refused");
+  assert.ok(seen instanceof StaleLeaseError, `got ${String(seen)}`);
+  assert.ok(aborted, "the handler's signal is aborted");
+  assert.equal(await jobsOfTask("remote-zombie-kid"), 0);
+});
+
+const STEPS_ANSWER_CAP = 8 * 1024 * 1024;
+/** 40 results of ~250 KiB: ~10 MiB of steps, more than one answer may carry. */
+const BIG_STEPS = 40;
+const bigResult = (i: number) => `${i}:`.padEnd(250 * 1024, String.fromCharCode(97 + (i % 26)));
+
+test("a job's steps past one answer's cap are loaded in pages: the server never answers more than the cap, and an old client gets 413", async () => {
+  await lh.enqueue("remote-big-steps", {}, { queue: "remote-big-steps" });
+  const job = await claimOver("remote-big-steps", "remote-big-steps", "w-big");
+  for (let i = 0; i < BIG_STEPS; i += 4) {
+    const steps = [i, i + 1, i + 2, i + 3].map((seq) => ({
+      ...job,
+      seq,
+      name: `s${seq}`,
+      occurrence: 0,
+      kind: "step",
+      state: "succeeded",
+      result: bigResult(seq),
+      durationMs: 1,
+    }));
+    const res = await api("POST", "/v1/worker/steps/record", { workerId: "w-big", steps });
+    assert.equal(res.status, 200, JSON.stringify(res.json));
+  }
+  const asOldClient = await api("POST", "/v1/worker/steps/load", { workerId: "w-big", job });
+  assert.equal(asOldClient.status, 413, "a client that reads no pages is refused, not answered part of the steps");
+  assert.equal(asOldClient.json.error.code, "answer_too_large");
+
+  const loaded: { seq: number; result: string }[] = [];
+  let after: number | null = null;
+  let pages = 0;
+  do {
+    const res = await fetch(new URL("/v1/worker/steps/load", base), {
+      method: "POST",
+      headers: { authorization: `Bearer ${WORKER_TOKEN}`, "content-type": "application/json" },
+      body: JSON.stringify({ workerId: "w-big", job, after }),
+    });
+    const body = Buffer.from(await res.arrayBuffer());
+    assert.equal(res.status, 200);
+    assert.ok(body.length <= STEPS_ANSWER_CAP, `page ${pages}: ${body.length} bytes, over the cap`);
+    const page = JSON.parse(body.toString()) as { steps: { seq: number; result: string }[]; next: number | null };
+    assert.ok(page.steps.length > 0);
+    loaded.push(...page.steps);
+    after = page.next;
+    pages++;
+  } while (after !== null);
+  assert.ok(pages >= 2, `${pages} page(s)`);
+  assert.deepEqual(
+    loaded.map((s) => s.seq),
+    Array.from({ length: BIG_STEPS }, (_, i) => i),
+  );
+  assert.ok(loaded.every((s) => s.result === bigResult(s.seq)));
+  // Past the last step: an empty page, and no next.
+  const past = await api("POST", "/v1/worker/steps/load", { workerId: "w-big", job, after: BIG_STEPS - 1 });
+  assert.deepEqual(past.json, { steps: [], next: null });
+});
+
+test("a remote worker replays a job whose steps need several pages: every step's result comes back, none runs again", async (t) => {
+  const answers: number[] = [];
+  const realFetch = globalThis.fetch;
+  globalThis.fetch = async (input, init) => {
+    const res = await realFetch(input, init);
+    if (String(input).endsWith("/v1/worker/steps/load")) answers.push((await res.clone().arrayBuffer()).byteLength);
+    return res;
+  };
+  t.after(() => void (globalThis.fetch = realFetch));
+  const runs: number[] = [];
+  const worker = remote(t, {
+    "remote-many-steps": async (_: unknown, ctx: JobContext) => {
+      const results: string[] = [];
+      for (let i = 0; i < BIG_STEPS; i++) {
+        results.push(
+          await ctx.step(`s${i}`, () => {
+            runs.push(i);
+            return bigResult(i);
+          }),
+        );
+      }
+      if (ctx.attempt === 1) throw new Error("fail once, after every step");
+      return results.every((r, i) => r === bigResult(i)) ? `all ${results.length} replayed` : "a result came back wrong";
+    },
+  });
+  await worker.start();
+  const { id } = await lh.enqueue("remote-many-steps", {});
+  const { job } = await settled(id, "succeeded", 60_000);
+  assert.equal(job.result, `all ${BIG_STEPS} replayed`);
+  assert.deepEqual(
+    runs,
+    Array.from({ length: BIG_STEPS }, (_, i) => i),
+    "each step ran once",
+  );
+  assert.ok(answers.length >= 2, `the second attempt's load took pages: ${answers.join(", ")}`);
+  assert.ok(
+    answers.every((bytes) => bytes <= STEPS_ANSWER_CAP),
+    `answers of ${answers.join(", ")} bytes`,
+  );
 });

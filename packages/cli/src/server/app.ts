@@ -234,7 +234,7 @@ export function createServer(options: ServerOptions): FastifyInstance {
     registerWorkerRoutes(api, { leasehold: lh, receipts, identities, metrics, leases: limits, maxResultBytes: limits.maxResultBytes });
     registerJobRoutes(api, lh, jobWaits);
     registerFlowRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
-    registerStepRoutes(api, { leasehold: lh, receipts, metrics });
+    registerStepRoutes(api, { leasehold: lh, receipts, metrics, bodyLimitBytes: limits.bodyLimitBytes });
     registerEventRoutes(api, lh);
     registerQueueRoutes(api, lh);
     registerCallbackRoutes(api, lh);

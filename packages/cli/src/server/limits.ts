@@ -44,6 +44,8 @@ export const MAX_CLAIM_RESPONSE_BYTES = 8 * 1024 * 1024;
 export const MAX_LIST_RESPONSE_BYTES = 8 * 1024 * 1024;
 /** Largest page of a job's parents (ctx.parents()): `next` continues it (always at least one parent). */
 export const MAX_PARENTS_RESPONSE_BYTES = PARENTS_PAGE_BYTES;
+/** Largest page of a job's recorded steps (a remote replay's load): `next` continues it (always at least one step). */
+export const MAX_STEPS_RESPONSE_BYTES = 8 * 1024 * 1024;
 
 /**
  * Leases remote workers may ask for, fleet-wide: a worker cannot hold a job for 24 hours

@@ -26,12 +26,19 @@ import {
 } from "leasehold/internal/jobs/steps";
 import { MAX_DELAY_MS, sanitizeText } from "leasehold/internal/jobs/validate";
 import * as store from "leasehold/internal/store/index";
-import { eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-answers";
+import { prepareChildren } from "leasehold/internal/worker/children";
+import { childrenAnswer, eventWaitAnswer, sleepAnswer } from "leasehold/internal/worker/step-answers";
 import { errorBody } from "./errors.js";
+import { FLOW_BODY_LIMIT_BYTES } from "./flow-routes.js";
+import { MAX_STEPS_RESPONSE_BYTES } from "./limits.js";
 import type { ServerMetrics } from "./http-metrics.js";
 import { INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE, type ReceiptRef, type Receipts } from "./receipts.js";
 import { ATTEMPT_REF, COMMON_ERRORS, JOB_ID, TIME, WORKER_ID, errors, errorSchema, object, secured } from "./schemas.js";
 import { recordRefused, refuse } from "./worker-routes.js";
+
+const STEPS_TOO_LARGE =
+  `this job's recorded steps do not fit one answer (the server's cap is ${MAX_STEPS_RESPONSE_BYTES / 1024 / 1024} MiB): ` +
+  "read them in pages (send after: null, then each answer's next), as a remote worker of this release does";
 
 /** Most step records one request may carry (a worker sends what its handlers finished meanwhile). */
 const MAX_STEP_BATCH = 10_000;
@@ -66,15 +73,50 @@ const refusedReceipt = {
   409: { description: "stale_lease: the attempt no longer holds its job; invalid_receipt: missing or wrong receipt", ...errorSchema },
 };
 const WORKER_ERRORS = errors(...COMMON_ERRORS);
+const childEnd = {
+  type: "object",
+  properties: {
+    id: JOB_ID,
+    ref: { type: ["string", "null"], description: "the node's ref in a child flow; null for a list's children" },
+    task: { type: ["string", "null"], description: "null when retention has forgotten the child" },
+    state: { type: "string", enum: ["succeeded", "dead", "cancelled", "unknown"] },
+    result: { description: "the child's result when it succeeded; null otherwise" },
+    error: { type: ["string", "null"], description: "why it ended dead or cancelled" },
+  },
+};
 const place = { workerId: WORKER_ID, job: ATTEMPT_REF, seq: SEQ, name: STEP_NAME, occurrence: OCCURRENCE };
 
 export const stepRoutes = {
   load: {
     ...secured,
     tags: ["worker"],
-    summary: "Durable steps: the recorded steps of a job this worker runs, in call order (a replay reads them once per attempt)",
-    body: object({ workerId: WORKER_ID, job: ATTEMPT_REF }, ["workerId", "job"]),
-    response: { 200: { type: "object", properties: { steps: { type: "array", items: stepRecordSchema } } }, ...WORKER_ERRORS, ...refusedReceipt },
+    summary:
+      "Durable steps: the recorded steps of a job this worker runs, in call order and in pages of at most ~8 MiB (a replay reads them once per attempt)",
+    body: object(
+      {
+        workerId: WORKER_ID,
+        job: ATTEMPT_REF,
+        after: {
+          anyOf: [SEQ, { type: "null" }],
+          description:
+            "read the steps in pages: null for the first, then the answer's `next`. Without it, steps that do not fit one answer " +
+            "(~8 MiB) are refused with 413 (code answer_too_large)",
+        },
+      },
+      ["workerId", "job"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          steps: { type: "array", items: stepRecordSchema },
+          next: { anyOf: [SEQ, { type: "null" }], description: "send as `after` for the next page; null: no more steps" },
+        },
+      },
+      ...WORKER_ERRORS,
+      ...refusedReceipt,
+      413: { description: "the steps do not fit one answer and the request did not ask for pages (code answer_too_large)", ...errorSchema },
+    },
   },
   record: {
     ...secured,
@@ -192,6 +234,33 @@ export const stepRoutes = {
       ...refusedReceipt,
     },
   },
+  children: {
+    ...secured,
+    tags: ["worker"],
+    summary: "ctx.children: start the children (exactly once per job) and suspend until all have ended; once they have, their ends (state ended)",
+    body: object(
+      {
+        ...place,
+        children: {
+          description:
+            "the children as ctx.children takes them, tasks by name: an array of jobs, or { flow: [...nodes] }; checked here as an " +
+            "enqueue is. Required the first time the step is reached; absent on a replay of a started step (only its ends are read)",
+        },
+      },
+      ["workerId", "job", "seq", "name", "occurrence"],
+    ),
+    response: {
+      200: {
+        type: "object",
+        properties: {
+          state: { type: "string", enum: ["ended", "suspended", "cancelled"] },
+          ends: { type: "array", items: childEnd, description: "state ended: each child's end, in the order given" },
+        },
+      },
+      ...WORKER_ERRORS,
+      ...refusedReceipt,
+    },
+  },
 };
 
 type Ref = { id: string; attempt: number };
@@ -211,9 +280,10 @@ interface Deps {
   leasehold: Leasehold;
   receipts: Receipts;
   metrics: ServerMetrics;
+  bodyLimitBytes: number;
 }
 
-export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics }: Deps): void {
+export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receipts, metrics, bodyLimitBytes }: Deps): void {
   const pool = lh.pool;
   const worker = { scope: "worker" } as const;
   const invalidReceipt = errorBody(INVALID_RECEIPT, INVALID_RECEIPT_MESSAGE);
@@ -224,13 +294,18 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
     return false;
   };
 
-  app.post<{ Body: { workerId: string; job: ReceiptRef } }>(
+  app.post<{ Body: { workerId: string; job: ReceiptRef; after?: number | null } }>(
     "/v1/worker/steps/load",
     { schema: stepRoutes.load, config: worker },
     async (request, reply) => {
-      const { workerId, job } = request.body;
+      const { workerId, job, after } = request.body;
       if (!holds(workerId, job)) return reply.status(409).send(invalidReceipt);
-      return { steps: (await store.loadSteps(pool, job.id)).map(toWire) };
+      // The page stops at the cap in its statement: results past it stay in the database.
+      const page = await store.loadStepsPage(pool, job.id, { after: after ?? null, maxBytes: MAX_STEPS_RESPONSE_BYTES });
+      // A client that does not read pages (an earlier release's remote worker) would take the
+      // first page for every step and run the rest again: refuse rather than answer part of them.
+      if (after === undefined && page.next !== null) return reply.status(413).send(errorBody("answer_too_large", STEPS_TOO_LARGE));
+      return { steps: page.steps.map(toWire), next: page.next };
     },
   );
 
@@ -301,6 +376,40 @@ export function registerStepRoutes(app: FastifyInstance, { leasehold: lh, receip
       return typeof answer === "object" ? { state: "received", received: answer.received, data: answer.data } : { state: answer };
     },
   );
+
+  // Children are as large as a flow's nodes: this route takes what POST /v1/flows takes.
+  app.post<{ Body: Place & { children?: unknown } }>(
+    "/v1/worker/children",
+    { schema: stepRoutes.children, config: worker, bodyLimit: Math.max(bodyLimitBytes, FLOW_BODY_LIMIT_BYTES) },
+    async (request, reply) => {
+      const { children, ...p } = request.body;
+      const suspending = suspendingStep(p, "children");
+      // The server checks the children itself, as it checks an enqueue: it trusts no worker's checks.
+      const start = children === undefined ? null : await prepareChildren(withRunAts(children), "children");
+      if (!holds(p.workerId, p.job)) return reply.status(409).send(invalidReceipt);
+      const answer = await childrenAnswer(pool, { ...suspending, nodes: start?.nodes ?? null, flow: start?.flow ?? false }).catch((err: unknown) => {
+        // Nothing was started at this place: the children were needed (the transaction rolled back).
+        if (start === null && err instanceof ValidationError) throw new ValidationError(`children: required here: ${err.message}`);
+        throw err;
+      });
+      if (answer === "stale") return refuse(reply, "step", [ref(p.job)], p.workerId, lh);
+      return typeof answer === "object" ? { state: "ended", ends: answer.ends } : { state: answer };
+    },
+  );
+}
+
+/** JSON has no dates: a child's `runAt` arrives as an ISO string (anything else is left for the checks to name). */
+function withRunAts(children: unknown): unknown {
+  const dated = (node: unknown, where: string) => {
+    if (node === null || typeof node !== "object" || typeof (node as { runAt?: unknown }).runAt !== "string") return node;
+    const runAt = new Date((node as { runAt: string }).runAt);
+    if (Number.isNaN(runAt.getTime())) throw new ValidationError(`children: ${where}: runAt must be an ISO 8601 date-time`);
+    return { ...node, runAt };
+  };
+  if (Array.isArray(children)) return children.map((job, i) => dated(job, `job ${i}`));
+  const flow = (children as { flow?: unknown } | null)?.flow;
+  if (Array.isArray(flow)) return { ...(children as object), flow: flow.map((node, i) => dated(node, `node ${i}`)) };
+  return children;
 }
 
 function ref(r: Ref): Ref {

@@ -10,6 +10,7 @@
  * wake the suspended job at 0. The replay then reads the children's ends and records them as
  * the step's result.
  */
+import { ValidationError } from "../errors.js";
 import type { Queryable } from "./db.js";
 import { insertFlow } from "./dependencies.js";
 import { endAttempts, ending, type EndState } from "./end-attempts.js";
@@ -143,6 +144,6 @@ export async function startOrAwaitChildren(db: Queryable, p: ChildrenStep): Prom
   const [recorded] = await run(db, RECORD_ENDS, [p.id, p.seq, p.attempt]);
   // The attempt holds its job, so no other attempt recorded this place meanwhile: a record of
   // another kind is there (a changed handler; the replay's check names it).
-  if (!recorded) throw new Error(`job ${p.id}: step "${p.name}" (place ${p.seq}) has no waiting children record to complete`);
+  if (!recorded) throw new ValidationError(`job ${p.id}: step "${p.name}" (place ${p.seq}) has no waiting children record to complete`);
   return { ends: JSON.parse(recorded.result_json) as ChildEndRecord[] };
 }

@@ -132,6 +132,7 @@ export { insertFlow, parentsOf, parentsPage, PARENTS_PAGE_BYTES, dependencyCount
 export type { ParentRecord, ParentsPage, DependencyCounts } from "./dependencies.js";
 export {
   loadSteps,
+  loadStepsPage,
   recordSteps,
   stepFate,
   recordStepWithin,
@@ -141,7 +142,7 @@ export {
   sendEvents,
   wakeSuspendedJobs,
 } from "./steps.js";
-export type { StepOutcome, StepFate, SuspendingStep, EventWait, ReceiveResult } from "./steps.js";
+export type { StepOutcome, StepFate, StepsPage, SuspendingStep, EventWait, ReceiveResult } from "./steps.js";
 export { completeCallback } from "./callbacks.js";
 export { rerunFromStep, recordedStepNames, getJobReruns } from "./reruns.js";
 export type { JobRerun, RerunResult } from "./reruns.js";

@@ -11,7 +11,7 @@
 import { quoteIdent, type Queryable } from "./db.js";
 import { ending, endAttempts, type Ended } from "./end-attempts.js";
 import { TRANSACTION_MARKER } from "./finish.js";
-import { run, statement } from "./sql.js";
+import { run, statement, type RowOf } from "./sql.js";
 import type { JsonValue } from "../jobs/types.js";
 import type { StepKind, StepRecord, StepState } from "../jobs/steps.js";
 
@@ -39,8 +39,65 @@ const LOAD_STEPS = statement(
 
 /** A job's recorded steps in the order its handler called them (a replay reads them once per attempt). */
 export async function loadSteps(db: Queryable, jobId: string): Promise<StepRecord[]> {
-  const rows = await run(db, LOAD_STEPS, [jobId]);
-  return rows.map((r) => ({
+  return (await run(db, LOAD_STEPS, [jobId])).map(toStepRecord);
+}
+
+/** A page of a job's steps; `next` continues it (the last step's seq), null at the end. */
+export interface StepsPage {
+  steps: StepRecord[];
+  next: number | null;
+}
+
+/**
+ * A step's size in a page, in bytes: at least its JSON (jsonb's text has spaces JSON.stringify
+ * leaves out; to_json escapes text as JSON does), and room for the other fields and their names.
+ */
+const STEP_BYTES = `(256 + octet_length(to_json(s.name)::text) + coalesce(octet_length(s.result::text), 0)
+          + coalesce(octet_length(to_json(s.error)::text), 0) + coalesce(octet_length(to_json(s.event)::text), 0))::int8`;
+
+/**
+ * One page of a job's steps, in call order after place $2: a walk of the primary key, one step
+ * at a time, summing their sizes, that stops at the first step past the byte budget $3 (a page
+ * keeps its first step whatever its size). That step's result is never read out of the
+ * database: it comes back without it, `kept` false, and says that the page has a next one.
+ */
+const LOAD_STEPS_PAGE = statement(
+  "loadStepsPage",
+  `
+WITH RECURSIVE page AS (
+  (SELECT s.seq, 1 AS n, ${STEP_BYTES} AS bytes_so_far
+     FROM job_steps AS s
+    WHERE s.job_id = $1 AND s.seq > $2
+    ORDER BY s.seq
+    LIMIT 1)
+  UNION ALL
+  SELECT nx.seq, p.n + 1, p.bytes_so_far + nx.bytes
+    FROM page AS p
+   CROSS JOIN LATERAL (
+         SELECT s.seq, ${STEP_BYTES} AS bytes
+           FROM job_steps AS s
+          WHERE s.job_id = $1 AND s.seq > p.seq
+          ORDER BY s.seq
+          LIMIT 1) AS nx
+   WHERE p.bytes_so_far <= $3 OR p.n = 1
+)
+SELECT s.seq, s.name, s.occurrence, s.kind, s.state, s.attempt, CASE WHEN p.kept THEN s.result::text END AS result_json,
+       CASE WHEN p.kept THEN s.error END AS error, s.duration_ms, s.wake_at, s.event, s.recorded_at, p.kept
+  FROM (SELECT seq, bytes_so_far <= $3 OR n = 1 AS kept FROM page) AS p
+  JOIN job_steps AS s ON s.job_id = $1 AND s.seq = p.seq
+ ORDER BY p.seq`,
+  { ...STEP_COLUMNS, kept: "bool" },
+);
+
+/** One page of a job's steps, at most about `maxBytes` of them (always at least one, if any are left). */
+export async function loadStepsPage(db: Queryable, jobId: string, p: { after: number | null; maxBytes: number }): Promise<StepsPage> {
+  const rows = await run(db, LOAD_STEPS_PAGE, [jobId, p.after ?? -1, p.maxBytes]);
+  const kept = rows.filter((r) => r.kept);
+  return { steps: kept.map(toStepRecord), next: kept.length < rows.length ? kept.at(-1)!.seq : null };
+}
+
+function toStepRecord(r: RowOf<typeof STEP_COLUMNS>): StepRecord {
+  return {
     seq: r.seq,
     name: r.name,
     occurrence: r.occurrence,
@@ -54,7 +111,7 @@ export async function loadSteps(db: Queryable, jobId: string): Promise<StepRecor
     wakeAt: r.wake_at,
     event: r.event,
     recordedAt: r.recorded_at,
-  }));
+  };
 }
 
 /** A step's outcome to record for an attempt: its result as JSON (validated), or its error. */

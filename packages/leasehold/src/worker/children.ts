@@ -57,17 +57,23 @@ export interface ChildrenFunction {
 export interface PreparedChildren {
   nodes: PreparedNode[];
   flow: boolean;
+  /**
+   * The children as the handler gave them, each task by name: what a remote worker sends, for
+   * the server to check again (it trusts no worker's checks) and start.
+   */
+  given: readonly unknown[] | ChildFlow;
 }
 
 const FLOW_ONLY = ["ref", "dependsOn", "onParentFailure"];
 
 /** Checks what a handler passed to ctx.children; a ValidationError names the call, the child and the problem. */
 export async function prepareChildren(children: unknown, call: string): Promise<PreparedChildren> {
-  let nodes: unknown[];
+  let given: unknown[];
   let flow: boolean;
   if (Array.isArray(children)) {
     flow = false;
-    nodes = children.map((job: unknown, i) => {
+    given = children;
+    children.forEach((job: unknown, i) => {
       if (job === null || typeof job !== "object" || Array.isArray(job)) {
         throw new ValidationError(`${call}: job ${i}: expected an object with a task (got ${describeValue(job)})`);
       }
@@ -77,22 +83,23 @@ export async function prepareChildren(children: unknown, call: string): Promise<
             `${call}: job ${i}: "${key}" belongs to a child flow; pass { flow: [...] } for children that depend on each other`,
           );
       }
-      return { ...job, ref: `job ${i}` };
     });
   } else if (children !== null && typeof children === "object" && Array.isArray((children as ChildFlow).flow)) {
     const extra = Object.keys(children).find((k) => k !== "flow");
     if (extra !== undefined) throw new ValidationError(`${call}: unknown field "${extra}" (a child flow is { flow: [...] })`);
     flow = true;
-    nodes = (children as ChildFlow).flow;
+    given = (children as ChildFlow).flow;
   } else {
     throw new ValidationError(`${call}: children are an array of jobs, or { flow: [...nodes] } (got ${describeValue(children)})`);
   }
-  if (nodes.length > MAX_CHILDREN_PER_STEP) {
-    throw new ValidationError(`${call}: ${nodes.length} children, over the limit of ${MAX_CHILDREN_PER_STEP} per call`);
+  if (given.length > MAX_CHILDREN_PER_STEP) {
+    throw new ValidationError(`${call}: ${given.length} children, over the limit of ${MAX_CHILDREN_PER_STEP} per call`);
   }
-  const named = await Promise.all(nodes.map((node, i) => withTaskName(node, `${call}: ${flow ? "node" : "job"} ${i}`)));
+  const named = await Promise.all(given.map((node, i) => withTaskName(node, `${call}: ${flow ? "node" : "job"} ${i}`)));
+  // A list's children are a flow's nodes without edges, named by their place.
+  const nodes = flow ? named : named.map((job, i) => ({ ...(job as object), ref: `job ${i}` }));
   try {
-    return { nodes: prepareFlow(named), flow };
+    return { nodes: prepareFlow(nodes), flow, given: flow ? { flow: named as FlowNode[] } : named };
   } catch (err) {
     if (err instanceof ValidationError && !(err instanceof PayloadValidationError)) throw new ValidationError(`${call}: ${err.message}`);
     throw err;

@@ -144,8 +144,8 @@ export interface JobContext {
    * and no worker slot, until every child has ended (succeeded, dead or cancelled). The job then
    * resumes from the top and this returns each child's end, `{ id, ref, task, state, result,
    * error }`, in the order given; children given as defineTask tasks have their results typed.
-   * Throws JobSuspendedError while the children run: let it end the handler. Workers on the
-   * database only (docs/durable-children.md).
+   * Throws JobSuspendedError while the children run: let it end the handler. A remote worker's
+   * children are checked again and started by `leasehold serve` (docs/durable-children.md).
    */
   children: ChildrenFunction;
   logger: Logger;

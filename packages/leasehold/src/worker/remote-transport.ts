@@ -28,7 +28,7 @@ import { ConfigError, LeaseholdError, ValidationError } from "../errors.js";
 import type * as store from "../store/index.js";
 import type { StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
-import type { AttachParams, Attachment, SuspensionAnswer, WorkerTransport } from "./transport.js";
+import type { AttachParams, Attachment, ChildrenCall, SuspensionAnswer, WorkerTransport } from "./transport.js";
 
 export const DEFAULT_LONG_POLL_MS = 20_000;
 export const DEFAULT_REQUEST_TIMEOUT_MS = 15_000;
@@ -412,19 +412,27 @@ export class RemoteTransport implements WorkerTransport {
     return res.body;
   }
 
-  /** Durable steps: the job's recorded steps (the server checks the attempt's receipt). */
+  /**
+   * Durable steps: the job's recorded steps (the server checks the attempt's receipt), in pages
+   * of at most its cap; all of them make the list. The attempt holds its job, so no other writes
+   * its steps meanwhile: the pages add up to the whole.
+   */
   async loadSteps(p: { workerId: string; job: store.AttemptRef }): Promise<StepRecord[]> {
-    const res = await this.post<{ steps: WireStepRecord[] }>(
-      "/v1/worker/steps/load",
-      { workerId: p.workerId, job: this.withReceipt(p.job) },
-      this.timeoutMs,
-    );
-    return res.body.steps.map((r) => ({
-      ...r,
-      result: r.result,
-      wakeAt: r.wakeAt === null ? null : new Date(r.wakeAt),
-      recordedAt: new Date(r.recordedAt),
-    }));
+    const steps: StepRecord[] = [];
+    let after: number | null = null;
+    do {
+      const res: { body: { steps: WireStepRecord[]; next?: number | null } } = await this.post<{ steps: WireStepRecord[]; next?: number | null }>(
+        "/v1/worker/steps/load",
+        { workerId: p.workerId, job: this.withReceipt(p.job), after },
+        this.timeoutMs,
+      );
+      for (const r of res.body.steps) {
+        steps.push({ ...r, result: r.result, wakeAt: r.wakeAt === null ? null : new Date(r.wakeAt), recordedAt: new Date(r.recordedAt) });
+      }
+      // An earlier release's server answers every step at once, without `next`.
+      after = res.body.next ?? null;
+    } while (after !== null);
+    return steps;
   }
 
   /**
@@ -494,6 +502,23 @@ export class RemoteTransport implements WorkerTransport {
       [409],
     );
     if (res.status !== 409 && res.body.state === "received") return { received: res.body.received!, data: res.body.data ?? null };
+    return this.suspension(p, res.status === 409 ? "stale" : (res.body.state as "suspended" | "cancelled"));
+  }
+
+  /**
+   * ctx.children: the server checks the children itself and starts them (the first time; on a
+   * replay `given` is null and it only looks), or answers their ends; else the job suspends (as sleep).
+   */
+  async children(p: ChildrenCall): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+    const body = { ...this.place(p), ...(p.nodes !== null && p.given !== null && { children: p.given }) };
+    const res = await this.post<{ state: "ended" | "suspended" | "cancelled"; ends?: store.ChildEndRecord[] }>(
+      "/v1/worker/children",
+      body,
+      this.timeoutMs,
+      undefined,
+      [409],
+    );
+    if (res.status !== 409 && res.body.state === "ended") return { ends: res.body.ends ?? [] };
     return this.suspension(p, res.status === 409 ? "stale" : (res.body.state as "suspended" | "cancelled"));
   }
 

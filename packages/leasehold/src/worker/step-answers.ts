@@ -40,3 +40,10 @@ export async function eventWaitAnswer(pool: pg.Pool, p: store.EventWait): Promis
     release(broken);
   }
 }
+
+/** ctx.children: the children's ends once all have ended, else how the suspension ended the attempt. */
+export async function childrenAnswer(pool: pg.Pool, p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+  const answer = await store.withTransaction(pool, (client) => store.startOrAwaitChildren(client, p));
+  if (answer === "stale" || "ends" in answer) return answer;
+  return answer.ended === "suspended" || answer.ended === "cancelled" ? answer.ended : "stale";
+}

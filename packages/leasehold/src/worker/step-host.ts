@@ -19,7 +19,7 @@ import type { Metrics } from "../metrics.js";
 import type { LostLeaseReason } from "../errors.js";
 import type { StepOutcome } from "../store/steps.js";
 import type { ChildEndRecord } from "../store/children.js";
-import type { PreparedNode } from "../jobs/flow-graph.js";
+import type { PreparedChildren } from "./children.js";
 import type { InFlight } from "./heartbeat.js";
 import { recordRefusals, type WorkerTransport } from "./transport.js";
 import type { StepKind } from "../jobs/steps.js";
@@ -69,7 +69,7 @@ export interface StepWorker {
     wait: { event: string; matchJson: string | null; timeoutMs: number | null; kind?: "event" | "callback" | "children" },
   ): Promise<JsonValue | null>;
   /** ctx.children: the children's ends once all have ended; else the job suspends (JobSuspendedError). */
-  children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]>;
+  children(entry: InFlight, place: PlaceRef, start: PreparedChildren | null): Promise<ChildEndRecord[]>;
 }
 
 interface Pending {
@@ -307,15 +307,9 @@ export class StepHost implements StepWorker {
     this.ended(entry, answer, place, null);
   }
 
-  async children(entry: InFlight, place: PlaceRef, start: { nodes: PreparedNode[]; flow: boolean } | null): Promise<ChildEndRecord[]> {
+  async children(entry: InFlight, place: PlaceRef, start: PreparedChildren | null): Promise<ChildEndRecord[]> {
     const t = this.w.transport;
-    if (!t.children) {
-      entry.permanent = true;
-      throw new PermanentJobError(
-        "ctx.children needs a worker on the database: a remote worker (through leasehold serve) cannot start children in " +
-          "the server's transaction yet, so the job is dead without retries. Run this task on a worker connected to the database",
-      );
-    }
+    if (!t.children) throw unsupported("ctx.children");
     await this.beforeEnd(entry);
     entry.within = "suspending";
     let answer;
@@ -329,6 +323,7 @@ export class StepHost implements StepWorker {
         occurrence: place.occurrence,
         nodes: start?.nodes ?? null,
         flow: start?.flow ?? false,
+        given: start?.given ?? null,
       });
     } catch (err) {
       entry.within = undefined;

@@ -12,10 +12,17 @@ import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
 import { guardTransaction } from "./transaction-guard.js";
-import { eventWaitAnswer, sleepAnswer } from "./step-answers.js";
+import { childrenAnswer, eventWaitAnswer, sleepAnswer } from "./step-answers.js";
 import { isConnectionError } from "../store/db.js";
 import type { StepRecord } from "../jobs/steps.js";
 import type { JsonValue } from "../jobs/types.js";
+import type { PreparedChildren } from "./children.js";
+
+/**
+ * A ctx.children step: as the store takes it (the children prepared, null on a replay), and the
+ * children as the handler gave them, which a remote worker sends for the server to check itself.
+ */
+export type ChildrenCall = store.ChildrenStep & { given: PreparedChildren["given"] | null };
 
 export { isConnectionError };
 
@@ -145,7 +152,7 @@ export interface WorkerTransport {
   /** ctx.waitForEvent: the event (or the timeout's null) if the wait is over, else the job suspends. */
   waitForEvent?(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer>;
   /** ctx.children: starts the children (or looks at them on a replay); their ends once all ended, else the job suspends. */
-  children?(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer>;
+  children?(p: ChildrenCall): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer>;
   /**
    * Keeps a record of heartbeats and reports the fence refused, for operators (the
    * dashboard's Recoveries view). Only a transport on the database has it: the server keeps
@@ -591,9 +598,7 @@ export class DatabaseTransport implements WorkerTransport {
   waitForEvent(p: store.EventWait): Promise<{ received: boolean; data: JsonValue | null } | SuspensionAnswer> {
     return eventWaitAnswer(this.pool, p);
   }
-  async children(p: store.ChildrenStep): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
-    const answer = await store.withTransaction(this.pool, (client) => store.startOrAwaitChildren(client, p));
-    if (answer === "stale" || "ends" in answer) return answer;
-    return answer.ended === "suspended" || answer.ended === "cancelled" ? answer.ended : "stale";
+  children(p: ChildrenCall): Promise<{ ends: store.ChildEndRecord[] } | SuspensionAnswer> {
+    return childrenAnswer(this.pool, p);
   }
 }
