@@ -183,7 +183,9 @@ class InlineContext implements JobContext {
   callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
     return this.durable.callback<T>(name, options);
   }
-  readonly children = ((name: string, children: unknown) => this.durable.children(name, children)) as ChildrenFunction;
+  get children(): ChildrenFunction {
+    return this.durable.startChildren;
+  }
 
   get queue(): string {
     return this.options.queue ?? "default";

@@ -158,7 +158,10 @@ class AttemptContext implements JobContext {
   callback<T = JsonValue>(name: string, options?: CallbackOptions): Promise<Callback<T>> {
     return this.durable.callback<T>(name, options);
   }
-  readonly children: ChildrenFunction = ((name: string, children: unknown) => this.durable.children(name, children)) as ChildrenFunction;
+  // A getter, not a field: a field would make a closure for every job, durable or not.
+  get children(): ChildrenFunction {
+    return this.durable.startChildren;
+  }
 
   // Created on first use: most handlers never log, and a child logger per job measured ~2 µs.
   get logger(): Logger {

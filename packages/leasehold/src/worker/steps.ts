@@ -27,7 +27,7 @@ import type { InFlight } from "./heartbeat.js";
 import type { StepWorker } from "./step-host.js";
 import { PermanentJobError } from "./context.js";
 import { eventName, isDefinedEvent, receivedData, type AnyEvent } from "../tasks/events.js";
-import { prepareChildren, type ChildEnd } from "./children.js";
+import { prepareChildren, type ChildEnd, type ChildrenFunction } from "./children.js";
 
 /** A step's own retries, within the attempt, before its error fails the attempt. */
 export interface StepRetry {
@@ -286,6 +286,9 @@ export class AttemptSteps {
       },
     };
   }
+
+  /** ctx.children, bound (its overloads type the children's results). */
+  readonly startChildren = ((name: string, children: unknown) => this.children(name, children)) as ChildrenFunction;
 
   /** ctx.children: see worker/children.ts. Checked on every replay too, so bad input fails alike. */
   async children(name: string, children: unknown): Promise<ChildEnd[]> {
