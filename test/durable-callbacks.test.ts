@@ -16,7 +16,7 @@ import { Leasehold } from "../packages/leasehold/src/client.js";
 import { createServer } from "../packages/cli/src/server/app.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import { CallbackRefusedError } from "../packages/leasehold/src/errors.js";
-import { databaseUrl, eventually, freshLeasehold } from "./helpers/db.js";
+import { databaseUrl, eventually, freshLeasehold, settled } from "./helpers/db.js";
 import { runCli } from "./helpers/cli.js";
 import { api, TOKEN } from "./helpers/server.js";
 
@@ -39,16 +39,7 @@ after(async () => {
   await lh.dispose();
 });
 
-async function settled(id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
+const inState = (id: string, state: string, timeoutMs?: number) => settled(lh, id, state, timeoutMs);
 
 async function steps(id: string) {
   const { rows } = await lh.pool.query<{ seq: number; name: string; kind: string; attempt: number; recorded_at: Date }>(
@@ -77,7 +68,7 @@ test("approval: the callback's URL completes its wait once over HTTP without an 
   await worker.start();
   t.after(() => worker.stop(0));
   const { id } = await lh.enqueue("publish", { post: "p1" }, { queue: "approvals" });
-  await settled(id, "suspended");
+  await inState(id, "suspended");
   assert.equal(asked.length, 1);
   const url = asked[0]!;
   assert.ok(url.startsWith(`${base}/v1/callbacks/`), url);
@@ -105,7 +96,7 @@ test("approval: the callback's URL completes its wait once over HTTP without an 
   const done = await api(base, "POST", `/v1/callbacks/${token}`, { approved: true, by: "ana" }, anonymous);
   assert.equal(done.status, 200, done.text);
   assert.deepEqual(done.json, { result: "completed" });
-  const { job } = await settled(id, "succeeded");
+  const { job } = await inState(id, "succeeded");
   assert.deepEqual(job.result, { post: "p1", answer: { approved: true, by: "ana" } });
   assert.deepEqual(tokens, [token, token], "the resumed attempt replayed the same token");
   assert.equal(asked.length, 1, "the step that handed it out ran once");
@@ -139,7 +130,7 @@ test("a callback's wait times out with null, and a late completion is refused; t
   await worker.start();
   t.after(() => worker.stop(0));
   const late = await lh.enqueue("late", {}, { queue: "late" });
-  const { job } = await settled(late.id, "succeeded");
+  const { job } = await inState(late.id, "succeeded");
   assert.deepEqual(job.result, { answer: null });
   await assert.rejects(lh.completeCallback(seen[0]!, { ok: true }), (err: unknown) => {
     assert.ok(err instanceof CallbackRefusedError);
@@ -149,21 +140,21 @@ test("a callback's wait times out with null, and a late completion is refused; t
   });
 
   const twice = await lh.enqueue("twice", {}, { queue: "late" });
-  await settled(twice.id, "suspended");
+  await inState(twice.id, "suspended");
   const token = seen[1]!;
   const outcomes = await Promise.allSettled([lh.completeCallback(token, { n: 1 }), lh.completeCallback(token, { n: 2 })]);
   assert.equal(outcomes.filter((o) => o.status === "fulfilled").length, 1);
   const refused = outcomes.find((o) => o.status === "rejected") as PromiseRejectedResult;
   assert.equal((refused.reason as CallbackRefusedError).reason, "used");
-  const done = await settled(twice.id, "succeeded");
+  const done = await inState(twice.id, "succeeded");
   assert.ok([1, 2].includes((done.job.result as { answer: { n: number } }).answer.n));
 
   // The data a wait received is the caller's: a "token" in it is no token handed out.
   const forged = "F".repeat(43);
   const third = await lh.enqueue("twice", {}, { queue: "late" });
-  await settled(third.id, "suspended");
+  await inState(third.id, "suspended");
   await lh.completeCallback(seen[2]!, { token: forged });
-  await settled(third.id, "succeeded");
+  await inState(third.id, "succeeded");
   await assert.rejects(lh.completeCallback(forged, {}), (err: unknown) => (err as CallbackRefusedError).reason === "unknown");
 });
 
@@ -183,7 +174,7 @@ async function threeStepJob(t: { after(fn: () => Promise<void>): void }, queue: 
   await worker.start();
   t.after(() => worker.stop(0));
   const { id } = await lh.enqueue("pipeline", {}, { queue });
-  await settled(id, "succeeded");
+  await inState(id, "succeeded");
   assert.deepEqual(runs, ["extract", "transform", "load"]);
   return { id, runs };
 }
@@ -207,7 +198,7 @@ test("re-run from the middle step over HTTP: the step before keeps its record an
   assert.equal(res.json.fromSeq, 1);
   assert.equal(res.json.stepsDropped, 2);
   assert.equal(res.json.previousState, "succeeded");
-  const { job, attempts, reruns } = await settled(id, "succeeded");
+  const { job, attempts, reruns } = await inState(id, "succeeded");
   assert.equal(job.result, 3);
   assert.deepEqual(runs, ["extract", "transform", "load", "transform", "load"]);
   const afterRerun = await steps(id);
@@ -254,7 +245,7 @@ test("the CLI completes a callback and re-runs a job from a step; jobs show list
   assert.match(rerun.stdout, /waiting again from step "load" \(place 2\); 1 step record\(s\) dropped/);
   await eventually(async () => runs.length === 4 || undefined, "the re-run ran load");
   assert.deepEqual(runs, ["extract", "transform", "load", "load"]);
-  await settled(id, "succeeded");
+  await inState(id, "succeeded");
   const show = await cli("jobs", "show", id);
   assert.equal(show.code, 0, show.stderr);
   assert.match(show.stdout, /re-runs:[\s\S]*"load" \(place 2\)\s+succeeded\s+cli \(/);
@@ -275,10 +266,10 @@ test("the CLI completes a callback and re-runs a job from a step; jobs show list
   await worker.start();
   t.after(() => worker.stop(0));
   const asked = await lh.enqueue("ask", {}, { queue: "cli-callback" });
-  await settled(asked.id, "suspended");
+  await inState(asked.id, "suspended");
   const done = await cli("callbacks", "complete", tokens[0]!, '{"answer":42}');
   assert.equal(done.code, 0, done.stderr);
-  const { job } = await settled(asked.id, "succeeded");
+  const { job } = await inState(asked.id, "succeeded");
   assert.deepEqual(job.result, { answer: 42 });
   const again = await cli("callbacks", "complete", tokens[0]!, "{}");
   assert.equal(again.code, 4, "a used token: exit 4 (invalid state)");
@@ -344,10 +335,10 @@ test("through a server (--server, no database): the CLI re-runs a job from a ste
   await worker.start();
   t.after(() => worker.stop(0));
   const asked = await lh.enqueue("ask", {}, { queue: "remote-callback" });
-  await settled(asked.id, "suspended");
+  await inState(asked.id, "suspended");
   const done = await cli("callbacks", "complete", tokens[0]!, '["yes"]');
   assert.equal(done.code, 0, done.stderr);
-  assert.deepEqual((await settled(asked.id, "succeeded")).job.result, ["yes"]);
+  assert.deepEqual((await inState(asked.id, "succeeded")).job.result, ["yes"]);
   const again = await cli("callbacks", "complete", tokens[0]!);
   assert.equal(again.code, 4, again.stderr);
   const unknown = await cli("callbacks", "complete", "B".repeat(43));

@@ -13,20 +13,9 @@ import type { ChildEnd } from "../packages/leasehold/src/worker/children.js";
 import { startOrAwaitChildren } from "../packages/leasehold/src/store/children.js";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { prepareFlow } from "../packages/leasehold/src/jobs/flow-graph.js";
-import { eventually, freshLeasehold, NO_BACKOFF } from "./helpers/db.js";
+import { eventually, freshLeasehold, NO_BACKOFF, settled } from "./helpers/db.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
-
-async function settled(lh: Lh, id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
 
 async function jobsOfTask(lh: Lh, task: string): Promise<number> {
   const { rows } = await lh.pool.query<{ n: number }>(

@@ -10,21 +10,10 @@ import { z } from "zod";
 import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
 import { defineTask, type JobContext } from "../packages/leasehold/src/index.js";
 import * as store from "../packages/leasehold/src/store/index.js";
-import { eventually, freshLeasehold, rawClient, recordEvents, waitForEvent } from "./helpers/db.js";
+import { eventually, freshLeasehold, rawClient, recordEvents, waitForEvent, settled } from "./helpers/db.js";
 import { auditTrail } from "./helpers/flow.js";
 
 type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
-
-async function settled(lh: Lh, id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
 
 const outcomes = async (lh: Lh, id: string) => (await lh.getJob(id)).attempts.map((a) => a.outcome);
 

@@ -10,23 +10,10 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { createServer } from "../packages/cli/src/server/app.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
-import { eventually, freshLeasehold, NO_BACKOFF } from "./helpers/db.js";
+import { freshLeasehold, NO_BACKOFF, settled } from "./helpers/db.js";
 import { api, TOKEN } from "./helpers/server.js";
 
-type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
-
 const VIEWER = "viewer-token-0123456789abcdef";
-
-async function settled(lh: Lh, id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
 
 interface Readable {
   get(): Promise<{ values: { value: number; labels: Record<string, unknown> }[] }>;

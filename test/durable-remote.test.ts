@@ -14,7 +14,7 @@ import { StaleLeaseError } from "../packages/leasehold/src/errors.js";
 import type { JobContext, TaskHandlers } from "../packages/leasehold/src/worker/context.js";
 import { RemoteTransport } from "../packages/leasehold/src/worker/remote-transport.js";
 import { Worker } from "../packages/leasehold/src/worker/worker.js";
-import { eventually, freshLeasehold, NO_BACKOFF, rawClient, silent } from "./helpers/db.js";
+import { eventually, freshLeasehold, NO_BACKOFF, rawClient, silent, settled } from "./helpers/db.js";
 import type { startCli } from "./helpers/cli.js";
 import { api as apiAt, startServe } from "./helpers/server.js";
 
@@ -50,16 +50,7 @@ function remote(t: { after(fn: () => Promise<void>): void }, handlers: TaskHandl
   return worker;
 }
 
-async function settled(id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
+const inState = (id: string, state: string, timeoutMs?: number) => settled(lh, id, state, timeoutMs);
 
 test("a remote worker's step recorded once never runs again: the retry after a failure replays it", async (t) => {
   const runs: string[] = [];
@@ -85,7 +76,7 @@ test("a remote worker's step recorded once never runs again: the retry after a f
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-checkout", { order: "o1" });
-  const { job, attempts } = await settled(id, "succeeded");
+  const { job, attempts } = await inState(id, "succeeded");
   assert.deepEqual(runs, ["charge 1", "log 1", "receipt 1", "receipt 2"], "charge and log ran once; the failed receipt ran again");
   assert.deepEqual(job.result, { charge: { chargeId: "ch_o1" }, receipt: "sent for ch_o1" });
   assert.deepEqual(
@@ -117,8 +108,8 @@ test("a remote worker's ctx.sleep suspends the job and the server's watchdog res
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-nap", {});
-  await settled(id, "suspended");
-  const { job, attempts } = await settled(id, "succeeded");
+  await inState(id, "suspended");
+  const { job, attempts } = await inState(id, "succeeded");
   assert.equal(job.result, "rested");
   assert.deepEqual(runs, ["before 1", "after 2"], "the step before the sleep ran once");
   assert.deepEqual(
@@ -137,7 +128,7 @@ test("a remote worker's waitForEvent is woken by an event sent over HTTP, and on
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-approval", { order: "o7" });
-  await settled(id, "suspended");
+  await inState(id, "suspended");
 
   const asWorker = await api("POST", "/v1/events", { event: "remote.approved", data: { order: "o7" } }, { authorization: `Bearer ${WORKER_TOKEN}` });
   assert.equal(asWorker.status, 403, "the worker token may not send events");
@@ -154,7 +145,7 @@ test("a remote worker's waitForEvent is woken by an event sent over HTTP, and on
   const sent = await api("POST", "/v1/events", { event: "remote.approved", data: { order: "o7", by: "ann" } });
   assert.equal(sent.status, 201);
   assert.match(sent.json.id, /^[1-9][0-9]*$/);
-  const { job } = await settled(id, "succeeded");
+  const { job } = await inState(id, "succeeded");
   assert.deepEqual(job.result, { approval: { order: "o7", by: "ann" } });
 });
 
@@ -282,7 +273,7 @@ test("ctx.step.transaction on a remote worker ends the job dead, saying it needs
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-tx", {}, { maxAttempts: 5 });
-  const { job, attempts } = await settled(id, "dead");
+  const { job, attempts } = await inState(id, "dead");
   assert.equal(attempts.length, 1, "no retries");
   assert.match(job.lastError ?? "", /ctx\.step\.transaction needs a worker on the database/);
 });
@@ -330,7 +321,7 @@ test("a remote worker's ctx.children starts children the remote worker runs, sus
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-fan-out", { n: 2 });
-  const { job, attempts } = await settled(id, "succeeded");
+  const { job, attempts } = await inState(id, "succeeded");
   const ends = job.result as { error: string | null }[];
   assert.match(ends[2]?.error ?? "", /^Error: no square of a negative/);
   assert.deepEqual(
@@ -371,7 +362,7 @@ test("a remote worker's child flow keeps its refs and order", async (t) => {
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-flow-parent", {});
-  const { job } = await settled(id, "succeeded");
+  const { job } = await inState(id, "succeeded");
   assert.deepEqual(job.result, [
     ["fetch", "A"],
     ["parse", "B"],
@@ -545,7 +536,7 @@ test("a remote worker replays a job whose steps need several pages: every step's
   });
   await worker.start();
   const { id } = await lh.enqueue("remote-many-steps", {});
-  const { job } = await settled(id, "succeeded", 60_000);
+  const { job } = await inState(id, "succeeded", 60_000);
   assert.equal(job.result, `all ${BIG_STEPS} replayed`);
   assert.deepEqual(
     runs,

@@ -9,20 +9,7 @@ import { Retention } from "../packages/leasehold/src/maintenance/retention.js";
 import { ConfigError } from "../packages/leasehold/src/errors.js";
 import { setGenerationWidth } from "../packages/leasehold/src/store/retention.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
-import { eventually, freshLeasehold, NO_BACKOFF, silent } from "./helpers/db.js";
-
-type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
-
-async function settled(lh: Lh, id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
+import { freshLeasehold, NO_BACKOFF, silent, settled } from "./helpers/db.js";
 
 test("retention forgets a job's steps with the job, and events past their window in batches", async (t) => {
   const lh = await freshLeasehold(t);

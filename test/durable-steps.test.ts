@@ -8,20 +8,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
-import { eventually, freshLeasehold, NO_BACKOFF, uniqueSchema } from "./helpers/db.js";
-
-type Lh = Awaited<ReturnType<typeof freshLeasehold>>;
-
-async function settled(lh: Lh, id: string, state: string, timeoutMs = 15_000) {
-  return eventually(
-    async () => {
-      const record = await lh.getJob(id);
-      return record.job.state === state ? record : undefined;
-    },
-    `job ${id} ${state}`,
-    timeoutMs,
-  );
-}
+import { eventually, freshLeasehold, NO_BACKOFF, uniqueSchema, settled } from "./helpers/db.js";
 
 test("a step recorded once never runs again: a retry after a later failure replays it from its record", async (t) => {
   const lh = await freshLeasehold(t);

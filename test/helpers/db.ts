@@ -117,3 +117,20 @@ export function untilAborted(reasons: unknown[]) {
       }),
     );
 }
+
+/** Polls until the job is in `state`, and returns its getJob record (a durable job's steps and wait with it). */
+export async function settled<R extends { job: { state: string } }>(
+  lh: { getJob(id: string): Promise<R> },
+  id: string,
+  state: string,
+  timeoutMs = 15_000,
+): Promise<R> {
+  return eventually(
+    async () => {
+      const record = await lh.getJob(id);
+      return record.job.state === state ? record : undefined;
+    },
+    `job ${id} ${state}`,
+    timeoutMs,
+  );
+}

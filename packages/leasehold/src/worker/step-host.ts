@@ -21,7 +21,7 @@ import type { StepOutcome } from "../store/steps.js";
 import type { ChildEndRecord } from "../store/children.js";
 import type { PreparedChildren } from "./children.js";
 import type { InFlight } from "./heartbeat.js";
-import { recordRefusals, type WorkerTransport } from "./transport.js";
+import { recordRefusals, type SuspensionAnswer, type WorkerTransport } from "./transport.js";
 import type { StepKind } from "../jobs/steps.js";
 
 /** What the step host needs of its worker (@internal methods of Worker). */
@@ -248,24 +248,11 @@ export class StepHost implements StepWorker {
   private async runSleep(entry: InFlight, place: PlaceRef, target: { until: Date } | { ms: number }): Promise<void> {
     const t = this.w.transport;
     if (!t.sleep) throw unsupported("ctx.sleep");
-    await this.beforeEnd(entry);
-    entry.within = "suspending";
-    let answer;
-    try {
-      answer = await t.sleep({ workerId: this.w.id, id: entry.job.id, attempt: entry.job.attempt, ...place, ...target });
-    } catch (err) {
-      entry.within = undefined;
-      throw err;
-    }
-    if (answer === "due") {
-      entry.within = undefined;
-      return;
-    }
-    if (answer === "stale") {
-      entry.within = undefined;
-      throw await this.lost(entry);
-    }
-    this.ended(entry, answer, place, "until" in target ? target.until : null);
+    await this.suspending(entry, place, "until" in target ? target.until : null, async () => {
+      const answer = await t.sleep!({ workerId: this.w.id, id: entry.job.id, attempt: entry.job.attempt, ...place, ...target });
+      // "due": its end had passed; recorded, and the handler goes on.
+      return answer === "due" ? { over: undefined } : answer;
+    });
   }
 
   private async runWaitForEvent(
@@ -275,11 +262,8 @@ export class StepHost implements StepWorker {
   ): Promise<JsonValue | null> {
     const t = this.w.transport;
     if (!t.waitForEvent) throw unsupported("ctx.waitForEvent");
-    await this.beforeEnd(entry);
-    entry.within = "suspending";
-    let answer;
-    try {
-      answer = await t.waitForEvent({
+    return this.suspending(entry, place, null, async () => {
+      const answer = await t.waitForEvent!({
         workerId: this.w.id,
         id: entry.job.id,
         attempt: entry.job.attempt,
@@ -291,30 +275,15 @@ export class StepHost implements StepWorker {
         matchJson: wait.matchJson,
         timeoutMs: wait.timeoutMs,
       });
-    } catch (err) {
-      entry.within = undefined;
-      throw err;
-    }
-    if (typeof answer === "object") {
-      entry.within = undefined;
-      this.w.metrics.stepsRecorded.inc({ kind: place.kind });
-      return answer.received ? answer.data : null;
-    }
-    if (answer === "stale") {
-      entry.within = undefined;
-      throw await this.lost(entry);
-    }
-    this.ended(entry, answer, place, null);
+      return typeof answer === "object" ? { over: answer.received ? answer.data : null, counted: true } : answer;
+    });
   }
 
   async children(entry: InFlight, place: PlaceRef, start: PreparedChildren | null): Promise<ChildEndRecord[]> {
     const t = this.w.transport;
     if (!t.children) throw unsupported("ctx.children");
-    await this.beforeEnd(entry);
-    entry.within = "suspending";
-    let answer;
-    try {
-      answer = await t.children({
+    return this.suspending(entry, place, null, async () => {
+      const answer = await t.children!({
         workerId: this.w.id,
         id: entry.job.id,
         attempt: entry.job.attempt,
@@ -325,20 +294,41 @@ export class StepHost implements StepWorker {
         flow: start?.flow ?? false,
         given: start?.given ?? null,
       });
+      return typeof answer === "object" ? { over: answer.ends, counted: true } : answer;
+    });
+  }
+
+  /**
+   * A call that may end the attempt in its own statement (a sleep, a wait, children): while it
+   * runs the attempt is "suspending" (a beat that misses the job then is no lost lease). Its
+   * answer: the call is over (`over`: what it returns; `counted`: record it in the metrics), the
+   * job suspended (or was cancelled on the way: JobSuspendedError), or the attempt had lost it.
+   */
+  private async suspending<T>(
+    entry: InFlight,
+    place: PlaceRef,
+    until: Date | null,
+    run: () => Promise<{ over: T; counted?: boolean } | SuspensionAnswer>,
+  ): Promise<T> {
+    await this.beforeEnd(entry);
+    entry.within = "suspending";
+    let answer;
+    try {
+      answer = await run();
     } catch (err) {
       entry.within = undefined;
       throw err;
     }
     if (typeof answer === "object") {
       entry.within = undefined;
-      this.w.metrics.stepsRecorded.inc({ kind: "children" });
-      return answer.ends;
+      if (answer.counted) this.w.metrics.stepsRecorded.inc({ kind: place.kind });
+      return answer.over;
     }
     if (answer === "stale") {
       entry.within = undefined;
       throw await this.lost(entry);
     }
-    this.ended(entry, answer, place, null);
+    this.ended(entry, answer, place, until);
   }
 
   /** What the handler set is stored before the attempt ends; a beat then may find it gone. */
