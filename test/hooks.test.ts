@@ -161,9 +161,10 @@ test("claim and settle hooks see the worker's batches", async (t) => {
   assert.ok(settles.every((s) => s.jobs === s.applied));
 });
 
-test("a worker with batch hooks runs durable steps: its wrapped transport keeps the step methods", async (t) => {
+test("a worker with batch hooks runs durable steps, children and callbacks: its wrapped transport keeps the step methods", async (t) => {
   const lh = await freshLeasehold(t);
   const settled: string[] = [];
+  const urls: (string | null)[] = [];
   const worker = lh.worker({
     hooks: {
       aroundSettle: (batch, next) => {
@@ -175,9 +176,14 @@ test("a worker with batch hooks runs durable steps: its wrapped transport keeps 
       durable: async (_: unknown, ctx: JobContext) => {
         const a = await ctx.step("a", () => 1);
         await ctx.sleep("nap", 1);
-        return a + (await ctx.step("b", () => 2));
+        const [child] = await ctx.children("kids", [{ task: "child", payload: {} }]);
+        const cb = await ctx.callback("approval");
+        urls.push(cb.url);
+        return a + (await ctx.step("b", () => 2)) + (child!.result as number);
       },
+      child: async () => 4,
     },
+    callbackBaseUrl: "https://jobs.example.com",
   });
   await worker.start();
   t.after(() => worker.stop(0));
@@ -187,7 +193,11 @@ test("a worker with batch hooks runs durable steps: its wrapped transport keeps 
     return job.finishedAt ? job : undefined;
   }, "the job finished");
   assert.equal(job.lastError, null);
-  assert.deepEqual([job.state, job.result], ["succeeded", 3]);
+  assert.deepEqual([job.state, job.result], ["succeeded", 7]);
+  assert.ok(
+    urls.every((u) => u?.startsWith("https://jobs.example.com/v1/callbacks/")),
+    `callback URLs: ${urls.join(", ")}`,
+  );
   assert.ok(settled.includes("complete"));
 });
 

@@ -22,6 +22,8 @@ class HookedTransport implements WorkerTransport {
   readonly recordStepWithin?: WorkerTransport["recordStepWithin"];
   readonly sleep?: WorkerTransport["sleep"];
   readonly waitForEvent?: WorkerTransport["waitForEvent"];
+  readonly children?: WorkerTransport["children"];
+  readonly callbackBaseUrl?: string;
 
   constructor(
     private readonly inner: WorkerTransport,
@@ -40,6 +42,8 @@ class HookedTransport implements WorkerTransport {
     this.recordStepWithin = inner.recordStepWithin?.bind(inner);
     this.sleep = inner.sleep?.bind(inner);
     this.waitForEvent = inner.waitForEvent?.bind(inner);
+    this.children = inner.children?.bind(inner);
+    this.callbackBaseUrl = inner.callbackBaseUrl;
   }
 
   private settle<M extends Map<string, string>>(kind: SettleBatch["kind"], jobs: store.AttemptRef[], write: () => Promise<M>): Promise<M> {
