@@ -12,7 +12,7 @@ import { JobSuspendedError, TransactionMisuseError, type ClaimedJob, type JsonVa
 import { serializeStepResult, type StepKind, type StepRecord } from "../jobs/steps.js";
 import type { AttemptSteps } from "../worker/steps.js";
 import type { StepWorker } from "../worker/step-host.js";
-import { guardTransaction } from "../worker/transaction-guard.js";
+import { runGuarded } from "../worker/transaction-guard.js";
 
 /** A wait without a timeout still has a deadline on a worker: the longest delay (3650 days). */
 const NO_TIMEOUT_MS = 3650 * 86_400_000;
@@ -142,18 +142,9 @@ export class InlineStepHost implements StepWorker {
   async transaction<T>(entry: InFlight, place: PlaceRef, work: (tx: pg.PoolClient) => Promise<T>, pool?: pg.Pool): Promise<JsonValue | undefined> {
     const started = performance.now();
     const client = await (pool ?? this.deps.appPool()).connect();
-    const guard = guardTransaction(client, `job ${entry.job.id} attempt ${entry.job.attempt}, step "${place.name}"`);
     try {
       await client.query("BEGIN");
-      let value: T;
-      try {
-        value = await work(guard.tx);
-      } catch (err) {
-        throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
-      } finally {
-        guard.end();
-      }
-      if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
+      const value = await runGuarded(client, `job ${entry.job.id} attempt ${entry.job.attempt}, step "${place.name}"`, work);
       const json = serializeStepResult(value, place.name);
       await client.query("COMMIT");
       const result = json === undefined ? undefined : (JSON.parse(json) as JsonValue);

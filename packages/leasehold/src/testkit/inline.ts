@@ -13,7 +13,7 @@ import type { Duration, StepRecord } from "../jobs/steps.js";
 import { inlineEntry, InlineJournal, InlineStepHost, type InFlight, type InlineSuspension } from "./inline-steps.js";
 import type { Logger } from "../logger.js";
 import { serializeResult } from "../jobs/validate.js";
-import { guardTransaction } from "../worker/transaction-guard.js";
+import { runGuarded } from "../worker/transaction-guard.js";
 import {
   fencedWrite,
   JobAbortedError,
@@ -274,20 +274,10 @@ class InlineContext implements JobContext {
     if (this.signal.aborted) throw this.signal.reason;
     this.transacting = true;
     const client = await (options.pool ?? this.options.pool ?? this.host.appPool()).connect();
-    // The tx a worker hands out: COMMIT, ROLLBACK and release refused, dead after the callback.
-    const guard = guardTransaction(client, `job ${this.jobId} attempt ${this.attempt}`);
     try {
       await client.query("BEGIN");
-      let value: T;
-      try {
-        value = await work(guard.tx);
-      } catch (err) {
-        throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
-      } finally {
-        guard.end();
-      }
-      // Refused before it was sent, and caught by the handler: the attempt fails all the same.
-      if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
+      // The tx a worker hands out: COMMIT, ROLLBACK and release refused, dead after the callback.
+      const value = await runGuarded(client, `job ${this.jobId} attempt ${this.attempt}`, work);
       await client.query("COMMIT");
       // As with a worker: committed, the job is finished whatever the handler does next.
       this.committed = true;

@@ -192,3 +192,22 @@ function topLevelStatements(sql: string): string[] {
   }
   return out.split(";");
 }
+
+/**
+ * Runs `work` on a guarded `tx` of `client` (already in its transaction): a misuse fails it with
+ * a TransactionMisuseError, even one the handler caught, and `tx` is dead once `work` returns.
+ */
+export async function runGuarded<T>(client: pg.PoolClient, label: string, work: (tx: pg.PoolClient) => Promise<T>): Promise<T> {
+  const guard = guardTransaction(client, label);
+  let value: T;
+  try {
+    value = await work(guard.tx);
+  } catch (err) {
+    throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
+  } finally {
+    guard.end();
+  }
+  // Refused before it was sent, and caught by the handler: the attempt fails all the same.
+  if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
+  return value;
+}

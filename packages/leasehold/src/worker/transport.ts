@@ -11,7 +11,7 @@ import { ConfigError, TransactionMisuseError, WorkerNameInUseError } from "../er
 import * as store from "../store/index.js";
 import { DEFAULT_BACKOFF } from "./backoff.js";
 import { Listener } from "./listener.js";
-import { guardTransaction } from "./transaction-guard.js";
+import { runGuarded } from "./transaction-guard.js";
 import { childrenAnswer, eventWaitAnswer, sleepAnswer } from "./step-answers.js";
 import { isConnectionError } from "../store/db.js";
 import type { StepRecord } from "../jobs/steps.js";
@@ -373,23 +373,13 @@ export class DatabaseTransport implements WorkerTransport {
     const { client, release } = await store.checkOut(pool);
     // The handler gets a guarded tx; the marker lets the closing statement prove it runs in the
     // transaction begun here (see transaction-guard.ts).
-    const guard = guardTransaction(client, label);
     const marker = randomUUID();
     let broken: unknown;
     try {
       await client.query(store.beginWithin(marker));
       let done;
       try {
-        let value: T;
-        try {
-          value = await work(guard.tx);
-        } catch (err) {
-          throw guard.misuse === undefined ? err : new TransactionMisuseError(guard.misuse);
-        } finally {
-          guard.end();
-        }
-        // Refused before it was sent, and caught by the handler: the attempt fails all the same.
-        if (guard.misuse !== undefined) throw new TransactionMisuseError(guard.misuse);
+        const value = await runGuarded(client, label, work);
         done = await finish(client, marker, value);
         if (!done.commit) {
           await client.query("ROLLBACK");
