@@ -538,7 +538,7 @@ export class Leasehold {
 
   /** Moves a dead or cancelled job back to waiting with a fresh retry budget. */
   /**
-   * Sends an event to the jobs waiting for it (ctx.waitForEvent, docs/durable.md#events): each
+   * Sends an event to the jobs waiting for it (ctx.waitForEvent, docs/durable.md#events-and-the-race-with-a-wait): each
    * waiter whose `match` the data contains resumes with the data. Kept for the events' retention
    * window, so a wait that begins after the send (of a job enqueued before it) still receives it.
    * With `{ db }`, inside your transaction: the event exists only if it commits. Returns its id.

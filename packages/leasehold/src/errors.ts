@@ -211,9 +211,9 @@ export class StepMismatchError extends LeaseholdError {
       "step_mismatch",
       reached === undefined
         ? `job ${jobId}: the handler returned without reaching its recorded ${at(recorded!)} at place ${seq}; ` +
-            "the code changed under a running job (docs/durable.md#what-a-deploy-may-change)"
+            "the code changed under a running job (docs/durable.md#replay-rules-and-what-a-deploy-may-change)"
         : `job ${jobId}: at place ${seq} the code reached ${at(reached)}, but ${at(recorded!)} is recorded there; ` +
-            "the code changed under a running job (docs/durable.md#what-a-deploy-may-change)",
+            "the code changed under a running job (docs/durable.md#replay-rules-and-what-a-deploy-may-change)",
     );
   }
 }

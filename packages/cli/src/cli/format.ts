@@ -135,7 +135,7 @@ export function gapsText(gaps: readonly HandlerGap[]): string {
   return `\n\nNO WORKER CAN RUN THESE (start a worker that handles them, or cancel them)\n${gaps.map((g) => `! ${describeGap(g)}`).join("\n")}`;
 }
 
-/** A job's re-runs from a step: the audit trail (docs/durable-callbacks.md#re-run). */
+/** A job's re-runs from a step: the audit trail (docs/durable-callbacks.md#re-run-from-a-step). */
 function rerunsText(reruns: JobRerun[]): string {
   const rows = reruns.map((r) => [
     r.requestedAt.toISOString(),

@@ -1,5 +1,5 @@
 /**
- * Events over HTTP (docs/durable.md#events): POST /v1/events sends one, as `lh.sendEvent`
+ * Events over HTTP (docs/durable.md#events-and-the-race-with-a-wait): POST /v1/events sends one, as `lh.sendEvent`
  * does, through send_event() in SQL, so it is stored and wakes its waiting jobs in one
  * transaction. Sending starts work, as an enqueue does, so it takes the operator token (the
  * worker and viewer tokens are refused, and so is a read-only server).

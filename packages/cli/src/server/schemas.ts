@@ -349,7 +349,7 @@ export const JOB_FILTER = {
 } as const;
 const idParams = object({ id: JOB_ID }, ["id"]);
 
-/** A re-run from a step, as the audit trail keeps it (docs/durable-callbacks.md#re-run). */
+/** A re-run from a step, as the audit trail keeps it (docs/durable-callbacks.md#re-run-from-a-step). */
 const JOB_RERUN = {
   type: "object",
   properties: {

@@ -39,7 +39,7 @@ export interface RetentionOptions {
   retainDeadMs?: number;
   /**
    * Events are kept this long (default 7 days): a ctx.waitForEvent that begins after its event
-   * was sent receives it only if the event is still kept (docs/durable.md#events).
+   * was sent receives it only if the event is still kept (docs/durable.md#events-and-the-race-with-a-wait).
    */
   retainEventsMs?: number;
   intervalMs?: number;

@@ -1,5 +1,5 @@
 /**
- * Re-running a finished durable job from a named step (docs/durable-callbacks.md#re-run): the
+ * Re-running a finished durable job from a named step (docs/durable-callbacks.md#re-run-from-a-step): the
  * job goes back to waiting with a fresh retry budget, the records before the step stay (its
  * next attempt replays them), and the step's record and those after it move into job_reruns,
  * the audit trail, with who asked and when. One statement: all of it or nothing.

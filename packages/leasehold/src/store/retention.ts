@@ -38,7 +38,7 @@ export async function pruneDeadJobs(db: Queryable, p: { retainDeadMs: number; li
 }
 
 /**
- * Events older than the window (docs/durable.md#events), oldest first, at most $2: a wait that
+ * Events older than the window (docs/durable.md#events-and-the-race-with-a-wait), oldest first, at most $2: a wait that
  * begins after its event was sent finds it only within the window. Events only grow in id and
  * time, so the oldest ids are the oldest events.
  */

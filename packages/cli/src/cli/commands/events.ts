@@ -1,5 +1,5 @@
 /**
- * `leasehold events send EVENT [DATA]`: sends an event (docs/durable.md#events), which wakes
+ * `leasehold events send EVENT [DATA]`: sends an event (docs/durable.md#events-and-the-race-with-a-wait), which wakes
  * the jobs waiting for it (ctx.waitForEvent). On the database, or through a server with --server.
  */
 import type { Command } from "commander";
