@@ -250,8 +250,19 @@ test("remote HTTP worker: a cancel sent while the server's listening session is 
   const end = ended(worker, id!);
   const c = await rawClient(lh.schema);
   try {
+    // The server starts listening at its first waiting long poll, which may come a moment after
+    // the job started: wait for the session (other test files run servers too).
+    await eventually(
+      async () =>
+        (
+          await c.query("SELECT 1 FROM pg_stat_activity WHERE application_name = 'leasehold-serve-listen' AND query LIKE $1", [
+            `%LISTEN "leasehold:${lh.schema}"%`,
+          ])
+        ).rowCount === 1,
+      "the server's listening session",
+    );
     await c.query("BEGIN");
-    // This server's session: the one listening on this schema's channel (other test files run servers too).
+    // This server's session: the one listening on this schema's channel.
     const cut = await c.query(
       "SELECT pg_terminate_backend(pid, 5000) AS ok FROM pg_stat_activity WHERE application_name = 'leasehold-serve-listen' AND query LIKE $1",
       [`%LISTEN "leasehold:${lh.schema}"%`],
