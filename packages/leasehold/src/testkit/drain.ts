@@ -177,7 +177,9 @@ export async function drain(host: DrainHost, options: DrainOptions = {}): Promis
     if (!options.advanceClock) break;
     const { rows } = await host.pool.query<{ at: Date | null }>(NEXT_DUE, [tasks, queues]);
     if (rows[0]!.at === null) break;
-    await host.clock.advanceTo(rows[0]!.at);
+    // A millisecond past it: a Date drops the microseconds of run_at, and a clock moved to the
+    // millisecond before it would find nothing due (then nothing left to move to).
+    await host.clock.advanceTo(new Date(rows[0]!.at.getTime() + 1));
   }
   await checkUnhandled(host.pool, tasks, queues, options.leaveUnhandled ?? []);
   const handled = new Set(tasks);
