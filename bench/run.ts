@@ -31,6 +31,7 @@ import { graphRows } from "./workloads/graph.js";
 import { durableEventWorkload, durableSettings, durableSleepWorkload, durableStepsWorkload } from "./workloads/durable.js";
 import { writeReport, type BenchResults, type WorkloadResult } from "./report/write.js";
 import { MAX_CLAIM_BATCH } from "../packages/leasehold/src/worker/options.js";
+import { BULLMQ_DEFAULT_LOCK_MS, BULLMQ_DEFAULT_STALLED_INTERVAL_MS } from "./systems/bullmq.js";
 import { findNatsServer, NATS_INSTALL_HINT, NatsServer } from "../test/harness/nats-server.js";
 
 interface Workload {
@@ -52,6 +53,9 @@ const perSystem =
   (profile: "throughput" | "recovery" | "heartbeat" | "steady", measure: (ctx: BenchContext, s: BenchSystem) => Promise<Metrics>) =>
   (ctx: BenchContext, systems: BenchSystem[]) =>
     systems.map((s) => ({ label: s.name, system: s.name, settings: s.settings[profile], measure: () => measure(ctx, s) }));
+
+/** BullMQ's recovery at its defaults: its lock (30 s) plus up to two stalled checks 30 s apart, and a margin. */
+const BULLMQ_DEFAULTS_RECOVERY_TIMEOUT_S = 120;
 
 /** The handler concurrency per process of the fleet rows: what users pick, not the tuned 1,000. */
 const MULTI_CONCURRENCY = 50;
@@ -139,6 +143,16 @@ const WORKLOADS: Workload[] = [
           system: "leasehold-defaults",
           settings: "every setting at its default: lease 30 s, watchdog inside each worker, default backoff",
           measure: () => recoveryWorkload(ctx, s, true),
+        })),
+      // BullMQ at its defaults: a 30 s lock and a stalled check every 30 s, so up to a minute or
+      // more; its wait is long enough to see it whatever --recovery-timeout says.
+      ...systems
+        .filter((s) => s.name === "bullmq")
+        .map((s) => ({
+          label: "bullmq (defaults)",
+          system: "bullmq-defaults",
+          settings: `every setting at its default: lockDuration ${BULLMQ_DEFAULT_LOCK_MS / 1000} s (renewed every ${BULLMQ_DEFAULT_LOCK_MS / 2000} s), stalledInterval ${BULLMQ_DEFAULT_STALLED_INTERVAL_MS / 1000} s, maxStalledCount 1`,
+          measure: () => recoveryWorkload(ctx, s, true, Math.max(ctx.options.recoveryTimeoutSeconds, BULLMQ_DEFAULTS_RECOVERY_TIMEOUT_S)),
         })),
     ],
   },

@@ -1,6 +1,6 @@
 /**
  * Keeps `npm run bench` from rotting: a tiny run of the real harness (a few hundred jobs, every
- * system, enqueue + drain + ceiling; the cancel latency) on the test server, checking that it
+ * system, BullMQ's PostgreSQL backend among them, enqueue + drain + ceiling; the cancel latency) on the test server, checking that it
  * finishes and writes a report with a measurement for each row. No speed is asserted here:
  * speed belongs in the benchmark itself. The flow-control and graph workloads' smoke tests:
  * bench-smoke-flow.test.ts and bench-smoke-graph.test.ts.
@@ -14,7 +14,9 @@ test("npm run bench: a tiny run of every system writes JSON, Markdown and an SVG
   const { workloads, markdown, svg } = await runBench(["--only", "enqueue,drain,ceiling", "--jobs", "300", "--batch", "100"]);
   const drain = workloads.find((w) => w.id === "drain")!;
   // With a nats-server the bench adds NATS dispatch rows beside polling.
-  const expected = findNatsServer() ? ["graphile-worker", "leasehold", "leasehold-nats", "pg-boss"] : ["graphile-worker", "leasehold", "pg-boss"];
+  const expected = findNatsServer()
+    ? ["bullmq", "graphile-worker", "leasehold", "leasehold-nats", "pg-boss"]
+    : ["bullmq", "graphile-worker", "leasehold", "pg-boss"];
   assert.deepEqual(drain.rows.map((r) => r.system).sort(), expected);
   for (const w of workloads) {
     for (const r of w.rows) assert.ok(r.median.jobsPerSecond! > 0, `${w.id}/${r.system}: ${JSON.stringify(r.median)}`);

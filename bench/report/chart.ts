@@ -13,6 +13,8 @@ const COLORS: Record<string, string> = {
   "graphile-worker": "#c0702a",
   ceiling: "#888888",
   dbos: "#8a4fb0",
+  bullmq: "#b8403a",
+  "bullmq-defaults": "#b8403a",
 };
 
 interface Panel {

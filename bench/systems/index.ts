@@ -1,3 +1,4 @@
+import { bullmq } from "./bullmq.js";
 import { dbos } from "./dbos.js";
 import { graphile } from "./graphile.js";
 import { leasehold } from "./leasehold.js";
@@ -11,6 +12,7 @@ export const SYSTEMS: Record<string, BenchSystem> = {
   "pg-boss": pgboss,
   "graphile-worker": graphile,
   dbos,
+  bullmq,
 };
 
 export type { BenchSystem } from "./types.js";

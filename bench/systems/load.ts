@@ -13,6 +13,7 @@ export const SYSTEM_LOADERS: Record<string, () => Promise<WorkerSystem>> = {
   "pg-boss": async () => (await import("./pgboss.js")).pgboss,
   "graphile-worker": async () => (await import("./graphile.js")).graphile,
   dbos: async () => (await import("./dbos.js")).dbos,
+  bullmq: async () => (await import("./bullmq.js")).bullmq,
   // Leasehold's durable workflows (bench/workloads/durable.ts), beside DBOS's.
   "leasehold-durable": async () => (await import("./leasehold-durable.js")).leaseholdDurable,
 };

@@ -29,7 +29,7 @@ export interface WorkerSpec {
   leaseMs?: number;
   /** graphile-worker only: its local queue size (jobs fetched ahead; at least the concurrency). */
   localQueue?: number;
-  /** Leasehold only: its worker and watchdog exactly as `lh.worker({ handlers })` gives them (recovery at defaults). */
+  /** Leasehold and BullMQ: the worker at every default (recovery at defaults). */
   defaults?: boolean;
   /**
    * pg-boss only: its `groupConcurrency` work option (at most this many active jobs per group,

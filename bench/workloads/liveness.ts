@@ -66,7 +66,12 @@ export async function latencyWorkload(ctx: BenchContext, system: BenchSystem): P
  * run for half an hour; kill -9 the process running it ~1 s into the job; measure until a
  * handler for that job starts in the other process.
  */
-export async function recoveryWorkload(ctx: BenchContext, system: BenchSystem, atDefaults = false): Promise<Metrics> {
+export async function recoveryWorkload(
+  ctx: BenchContext,
+  system: BenchSystem,
+  atDefaults = false,
+  timeoutSeconds = ctx.options.recoveryTimeoutSeconds,
+): Promise<Metrics> {
   const url = urlOf(ctx, system);
   await system.reset(url, "recovery");
   const producer = await system.producer(url, "recovery");
@@ -80,10 +85,10 @@ export async function recoveryWorkload(ctx: BenchContext, system: BenchSystem, a
     const victim = starts[0]!.pid;
     const killedAt = nowMs();
     group.kill9(victim);
-    const timeoutMs = ctx.options.recoveryTimeoutSeconds * 1000;
+    const timeoutMs = timeoutSeconds * 1000;
     const recovered = await waitUntil(() => starts.some((s) => s.pid !== victim), timeoutMs, 10);
     const again = starts.find((s) => s.pid !== victim);
-    return { recoverySeconds: recovered && again ? (again.at - killedAt) / 1000 : NaN, timeoutSeconds: ctx.options.recoveryTimeoutSeconds };
+    return { recoverySeconds: recovered && again ? (again.at - killedAt) / 1000 : NaN, timeoutSeconds };
   } finally {
     group.killAll();
     await producer.close();
