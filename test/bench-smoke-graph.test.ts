@@ -1,20 +1,20 @@
 /**
  * Keeps the bench's graph workloads (graph-fan-out, graph-fan-in, graph-chain) from rotting: a
- * tiny run on the test server through Leasehold's and pg-boss's flows, with the step latencies
- * read from the database. No speed is asserted (bench-smoke.test.ts says why).
+ * tiny run on the test server through Leasehold's, pg-boss's and BullMQ's flows (BullMQ's in
+ * fan-in and chain only: its flows are trees), with the step latencies read from the database. No speed is asserted (bench-smoke.test.ts says why).
  */
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { runBench } from "./helpers/bench.js";
 
 test(
-  "npm run bench: the graph workloads run Leasehold's and pg-boss's flows, with step latencies from the database",
+  "npm run bench: the graph workloads run Leasehold's, pg-boss's and BullMQ's flows, with step latencies from the database",
   { timeout: 240_000 },
   async () => {
     // pg-boss's flow pass every 2 s and every 1 s: a row for each, as its default (5 s) and its
     // shortest get in the real run, with less time spent waiting for the slower pass.
     const { workloads, markdown } = await runBench<Record<string, number | null>>([
-      ...["--only", "graph-fan-out,graph-fan-in,graph-chain", "--systems", "leasehold,pg-boss"],
+      ...["--only", "graph-fan-out,graph-fan-in,graph-chain", "--systems", "leasehold,pg-boss,bullmq"],
       ...["--graph-size", "30", "--graph-chain", "6", "--graph-pgboss-chain", "2", "--graph-pgboss-intervals", "2,1", "--graph-concurrency", "10"],
     ]);
     assert.deepEqual(
@@ -22,9 +22,10 @@ test(
       ["graph-fan-out", "graph-fan-in", "graph-chain"],
     );
     for (const w of workloads) {
+      // BullMQ's rows follow pg-boss's, except in fan-out: a BullMQ job has one parent, so one job cannot release many.
       assert.deepEqual(
         w.rows.map((r) => r.label),
-        ["leasehold c=10", "pg-boss c=10 flowInterval 2 s", "pg-boss c=10 flowInterval 1 s"],
+        ["leasehold c=10", "pg-boss c=10 flowInterval 2 s", "pg-boss c=10 flowInterval 1 s", ...(w.id === "graph-fan-out" ? [] : ["bullmq c=10"])],
       );
       for (const r of w.rows) {
         const m = r.median;

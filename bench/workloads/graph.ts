@@ -1,12 +1,14 @@
 /**
  * Jobs that build on jobs (docs/flows.md): graphs of no-op jobs enqueued in one call, through
- * Leasehold's `lh.enqueueFlow` and pg-boss 12's `flow()`, drained by one worker process at a
+ * Leasehold's `lh.enqueueFlow`, pg-boss 12's `flow()` and BullMQ's FlowProducer (fan-in and
+ * chain: its flows are trees, see bullmqFlowOf), drained by one worker process at a
  * handler concurrency of 10 and of 50 with the default lease. Three shapes: fan-out (one
  * parent, 10,000 children), fan-in (10,000 parents, one child) and a chain (each job the
  * previous one's child). Measured: the time from the enqueue call to the last job done (the
  * database's last finish), jobs per second, and the step latency: each child's start minus
  * its last parent's end, both from the database's records (Leasehold: job_history started_at
- * and finished_at; pg-boss: job started_on and completed_on).
+ * and finished_at; pg-boss: job started_on and completed_on; BullMQ: job processed_at_ms and
+ * finished_at_ms, its workers' clocks).
  *
  * pg-boss releases dependents in a background pass every `flowIntervalSeconds` (default 5 s,
  * at least 1 s), a chain advancing one step per pass: its chain is measured over fewer steps
@@ -14,9 +16,11 @@
  */
 import pg from "pg";
 import { PgBoss } from "pg-boss";
+import type { FlowJob } from "bullmq";
 import { nowMs, percentile, sleep } from "../lib/stats.js";
 import { WorkerGroup } from "../lib/workers.js";
 import { connect } from "../systems/leasehold.js";
+import { BULLMQ_SCHEMA, BullPg, bullmqConnection } from "../systems/bullmq.js";
 import { QUEUE, type BenchSystem } from "../systems/types.js";
 import { urlOf, type BenchContext, type Metrics } from "./context.js";
 
@@ -112,6 +116,65 @@ async function pgbossGraph(url: string, schema: string): Promise<GraphSystem> {
 }
 
 /**
+ * A graph as a BullMQ flow: a tree whose parents run after all their children, so a node's
+ * children are the nodes it depends on. It maps when exactly one node is no one's dependency
+ * (the root) and every other node is the dependency of exactly one (a job has one parent):
+ * fan-in (the child is the root, the 10,000 parents its children) and the chain (the last job
+ * the root, each job the parent of the one before it). Fan-out does not: its root is the
+ * dependency of 10,000 jobs.
+ */
+export function bullmqFlowOf(nodes: Node[]): FlowJob {
+  const dependents = new Map<string, number>();
+  for (const n of nodes) for (const d of n.dependsOn) dependents.set(d, (dependents.get(d) ?? 0) + 1);
+  if ([...dependents.values()].some((count) => count > 1))
+    throw new Error("bullmq: a flow is a tree; a job that several jobs depend on has no BullMQ shape");
+  const roots = nodes.filter((n) => !dependents.has(n.ref));
+  if (roots.length !== 1) throw new Error(`bullmq: a flow has one root; this graph has ${roots.length}`);
+  // Built bottom-up, without recursion (the chain is 1,000 deep): graphOf lists every node after those it depends on.
+  const built = new Map<string, FlowJob>();
+  for (const n of nodes) {
+    const children = n.dependsOn.map((d) => built.get(d));
+    if (children.some((c) => c === undefined)) throw new Error(`bullmq: ${n.ref} comes before a job it depends on`);
+    built.set(n.ref, { name: QUEUE, queueName: QUEUE, data: {}, ...(children.length ? { children: children as FlowJob[] } : {}) } as FlowJob);
+  }
+  return built.get(roots[0]!.ref)!;
+}
+
+/** BullMQ's flows keep their finished jobs (no removeOnComplete), for their start and finish times. */
+async function bullmqGraph(url: string): Promise<GraphSystem> {
+  const flows = new BullPg.FlowProducer(bullmqConnection(url, 2));
+  flows.on("error", () => {});
+  const pool = new pg.Pool({ connectionString: url, max: 1 });
+  const job = `${BULLMQ_SCHEMA}.job`;
+  return {
+    async enqueue(nodes) {
+      await flows.add(bullmqFlowOf(nodes));
+    },
+    async unfinished() {
+      const { rows } = await pool.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${job} WHERE queue = $1 AND state <> 'completed'`, [QUEUE]);
+      return rows[0]!.n;
+    },
+    async audit() {
+      // BullMQ's times are the workers' clocks in epoch ms (processedOn, finishedOn), on this machine.
+      const last = await pool.query<{ ms: number }>(`SELECT max(finished_at_ms)::float8 AS ms FROM ${job} WHERE queue = $1`, [QUEUE]);
+      const steps = await pool.query<{ ms: number }>(
+        `SELECT (p.processed_at_ms - max(c.finished_at_ms))::float8 AS ms
+           FROM ${job} AS p
+           JOIN ${job} AS c ON c.parent_queue = p.queue AND c.parent_id = p.id
+          WHERE p.queue = $1
+          GROUP BY p.id, p.processed_at_ms`,
+        [QUEUE],
+      );
+      return { lastEndMs: last.rows[0]!.ms, stepsMs: steps.rows.map((r) => r.ms) };
+    },
+    async close() {
+      await pool.end();
+      await flows.close();
+    },
+  };
+}
+
+/**
  * One graph through one system: a fresh schema, one worker process running (and idle) before
  * the enqueue, the clock from the enqueue call to the database's last finish.
  */
@@ -125,7 +188,8 @@ export async function graphWorkload(
 ): Promise<Metrics> {
   const url = urlOf(ctx, system);
   await system.reset(url, "throughput");
-  const graph = system.name === "pg-boss" ? await pgbossGraph(url, system.schema) : await leaseholdGraph(url);
+  const graph =
+    system.name === "pg-boss" ? await pgbossGraph(url, system.schema) : system.name === "bullmq" ? await bullmqGraph(url) : await leaseholdGraph(url);
   const nodes = graphOf(shape, n);
   const group = await WorkerGroup.start(system.name, url, { profile: "throughput", concurrency, flowIntervalSeconds }, 1, true);
   try {
@@ -186,6 +250,16 @@ export function graphRows(shape: GraphShape) {
             label: `leasehold c=${c}`,
             system: s.name,
             settings: `lh.enqueueFlow, ${nodesText(shape, n)}; ${base}`,
+            measure: async () => {
+              const m = await graphWorkload(ctx, s, shape, n, c);
+              return shape === "chain" ? { ...m, fullChainSeconds: m.seconds! } : m;
+            },
+          });
+        } else if (s.name === "bullmq") {
+          rows.push({
+            label: `bullmq c=${c}`,
+            system: s.name,
+            settings: `FlowProducer.add(), ${nodesText(shape, n)} as one tree (${shape === "chain" ? "the last job the root, each job the parent of the one before it" : "the child the root, the parents its children"}: a BullMQ parent runs after all its children); ${base.replace("default lease", "default lock (30 s)")}`,
             measure: async () => {
               const m = await graphWorkload(ctx, s, shape, n, c);
               return shape === "chain" ? { ...m, fullChainSeconds: m.seconds! } : m;
