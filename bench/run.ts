@@ -1,6 +1,6 @@
 /**
- * `npm run bench`: one PostgreSQL, every workload through Leasehold, pg-boss and
- * graphile-worker side by side (each in a database of its own), medians of repeated runs,
+ * `npm run bench`: one PostgreSQL, every workload through Leasehold, pg-boss, graphile-worker
+ * and BullMQ's PostgreSQL backend side by side (each in a database of its own), medians of repeated runs,
  * and a report in Markdown, JSON and PNG under bench/results/.
  *
  *   npm run bench                                  # defaults: a few minutes on 2 cores
@@ -10,6 +10,7 @@
  *   npm run bench -- --only flow-cost --systems leasehold,pg-boss --flow-concurrency 10
  *   npm run bench -- --only graph-fan-out,graph-fan-in,graph-chain --systems leasehold,pg-boss --runs 1
  *   npm run bench -- --only durable --systems leasehold,dbos     # durable-steps, -event, -sleep
+ *   npm run bench -- --only enqueue,drain,latency,recovery --systems leasehold,bullmq
  */
 import os from "node:os";
 import path from "node:path";
@@ -356,7 +357,7 @@ const int = (v: string) => {
 };
 
 const program = new Command("bench")
-  .description("Leasehold vs pg-boss vs graphile-worker (and DBOS Transact for durable steps) on one PostgreSQL")
+  .description("Leasehold vs pg-boss vs graphile-worker vs BullMQ's PostgreSQL backend (and DBOS Transact for durable steps) on one PostgreSQL")
   .option("--only <workloads>", `comma-separated: ${WORKLOADS.map((w) => w.id).join(", ")}; or a group: durable, graph, flow`)
   .option("--systems <names>", `comma-separated: ${Object.keys(SYSTEMS).join(", ")}`)
   .option("--jobs <n>", "jobs to enqueue and to drain", int, 100_000)
