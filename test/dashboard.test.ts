@@ -92,8 +92,8 @@ test("running: lease left, last beat and the progress fraction", async () => {
 });
 
 test("running long: a job far past its task's usual run time is listed, one within normal is not", async () => {
-  // The task's history: enough quick successes to judge it by.
-  const done = await lh.enqueueMany(Array.from({ length: store.MIN_RUN_TIME_SAMPLES }, () => ({ task: "thumbnail", queue: "rl" })));
+  // The task's history: enough quick successes to judge it by (one in eight is sampled: ~50).
+  const done = await lh.enqueueMany(Array.from({ length: 400 }, () => ({ task: "thumbnail", queue: "rl" })));
   const claimed = await store.claimJobs(lh.pool, { queues: ["rl"], limit: done.length, workerId: "w-rl", leaseMs: 60_000, tasks: ["thumbnail"] });
   await store.completeJobs(lh.pool, { workerId: "w-rl", jobs: claimed.map((j) => ({ id: j.id, attempt: j.attempt })) });
   const stuck = await lh.enqueue("thumbnail", null, { queue: "rl" });
@@ -102,9 +102,13 @@ test("running long: a job far past its task's usual run time is listed, one with
   await lh.pool.query("UPDATE jobs SET started_at = now() - interval '5 minutes' WHERE id = $1", [stuck.id]);
   const r = await api("GET", "/v1/running-long?queue=rl");
   assert.equal(r.status, 200);
+  const { rows: sampled } = await lh.pool.query<{ n: number }>(
+    "SELECT count(*)::int AS n FROM job_history WHERE task = 'thumbnail' AND outcome = 'succeeded' AND (hashint8(id) & 7) = 0",
+  );
+  assert.ok(sampled[0]!.n >= store.MIN_RUN_TIME_SAMPLES && sampled[0]!.n < 100, `sampled ${sampled[0]!.n}`);
   assert.deepEqual(
     r.json.jobs.map((j: { id: string; samples: number }) => [j.id, j.samples]),
-    [[stuck.id, store.MIN_RUN_TIME_SAMPLES]],
+    [[stuck.id, sampled[0]!.n]],
   );
   assert.ok(r.json.jobs[0].runningMs >= 300_000 && r.json.jobs[0].usualP99Ms < 10_000, JSON.stringify(r.json.jobs[0]));
   assert.deepEqual([r.json.minSamples, r.json.factor, r.json.more], [store.MIN_RUN_TIME_SAMPLES, store.RUNNING_LONG_FACTOR, false]);

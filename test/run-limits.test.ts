@@ -244,12 +244,12 @@ test("maxRunMs is checked at every boundary; null is stored apart from 'not set'
 
 test("leasehold doctor names a job running far longer than its task usually takes, not one within normal nor a task too new to judge", async (t) => {
   const lh = await freshLeasehold(t);
-  // History: 30 quick successes of "usual", 5 of "fresh" (too few to judge).
+  // History: 400 quick successes of "usual" (one in eight sampled: ~50), 5 of "fresh" (too few to judge).
   const worker = lh.worker({ watchdog: false, pollIntervalMs: 20, handlers: { usual: () => undefined, fresh: () => undefined } });
   await worker.start();
   t.after(() => worker.stop(0));
   const done = await lh.enqueueMany([
-    ...Array.from({ length: store.MIN_RUN_TIME_SAMPLES + 10 }, () => ({ task: "usual" })),
+    ...Array.from({ length: 400 }, () => ({ task: "usual" })),
     ...Array.from({ length: 5 }, () => ({ task: "fresh" })),
   ]);
   for (const { id } of done) await eventually(() => finalOf(lh, id), `job ${id} finished`);
@@ -263,9 +263,11 @@ test("leasehold doctor names a job running far longer than its task usually take
 
   const r = await runCli(["doctor", "--json"], { schema: lh.schema });
   const d = JSON.parse(r.stdout) as { findings: { level: string; message: string }[]; runningLong: { id: string; samples: number }[] };
+  const sampled = await sampledSuccesses(lh, "usual");
+  assert.ok(sampled >= store.MIN_RUN_TIME_SAMPLES && sampled < 400 / 4, `sampled ${sampled}`);
   assert.deepEqual(
     d.runningLong.map((j) => [j.id, j.samples]),
-    [[stuck.id, store.MIN_RUN_TIME_SAMPLES + 10]],
+    [[stuck.id, sampled]],
   );
   const named = d.findings.filter((f) => /longer than its task usually takes/.test(f.message));
   assert.equal(named.length, 1);
@@ -275,3 +277,12 @@ test("leasehold doctor names a job running far longer than its task usually take
   const human = await runCli(["doctor"], { schema: lh.schema });
   assert.match(human.stdout, new RegExp(`! job ${stuck.id} \\(task usual, queue default\\) has run 10m`));
 });
+
+/** The task's successes in the run-time sample (migration 033: one in eight, by a hash of the id). */
+async function sampledSuccesses(lh: Awaited<ReturnType<typeof freshLeasehold>>, task: string): Promise<number> {
+  const { rows } = await lh.pool.query<{ n: number }>(
+    "SELECT count(*)::int AS n FROM job_history WHERE task = $1 AND outcome = 'succeeded' AND (hashint8(id) & 7) = 0",
+    [task],
+  );
+  return rows[0]!.n;
+}

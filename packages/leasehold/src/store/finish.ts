@@ -18,6 +18,15 @@ import { run, statement } from "./sql.js";
  * ($4 -> id, a lookup per row), null when no job in the batch has one, so a plain
  * completion pays nothing. A cancel that won keeps no result: the success was refused.
  */
+/**
+ * What an ending statement carries from the deleted row to its record, and whether someone
+ * needs the record (dependents, a waiter, an awaiting job): not `j.*`, whose other columns
+ * (leases, flow state, waits) the statement would copy for every job and never read.
+ */
+const RECORDED = `j.id, j.queue, j.task, j.payload, j.priority, j.attempt, j.spent_attempts, j.max_attempts, j.lease_ms,
+            j.progress, j.checkpoint, j.last_error, j.unique_key, j.created_at, j.started_at, j.locked_by, j.fence,
+            j.progress_timeout_ms, j.max_run_ms, j.max_run_unlimited, j.has_dependents, j.watched, j.awaited_by`;
+
 const COMPLETE_JOBS = statement(
   "completeJobs",
   `
@@ -25,7 +34,7 @@ WITH done AS (
   DELETE FROM jobs AS j
    WHERE j.id = ANY($1::bigint[])
      AND j.id::text || ':' || j.attempt = ANY($2::text[]) AND j.locked_by = $3
-  RETURNING j.*,
+  RETURNING ${RECORDED},
             CASE WHEN j.cancel_requested_at IS NULL THEN 'succeeded' ELSE 'cancelled' END AS final_state
 ), history AS (
   INSERT INTO job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
@@ -133,7 +142,7 @@ WITH done AS (
   DELETE FROM ${s}jobs AS j
    WHERE j.id = $1 AND j.attempt = $2 AND j.locked_by = $3 AND j.state = 'running' AND j.cancel_requested_at IS NULL
      AND current_setting('${TRANSACTION_MARKER}', true) = $5::text
-  RETURNING j.*
+  RETURNING ${RECORDED}
 ), history AS (
   INSERT INTO ${s}job_history (id, queue, task, payload, priority, state, attempt, spent_attempts, max_attempts,
                                lease_ms, progress, checkpoint, last_error, unique_key, created_at, started_at,

@@ -4,16 +4,18 @@
  * minutes by default). "Usually" is the task's recent successful attempts, from job_history.
  *
  * One statement. For each task with a running job it reads only that task's latest
- * RUN_TIME_SAMPLES successes, newest first, through job_history_task_success_idx (migration
- * 010): a few hundred index entries per task, however long the history is. A task with fewer
- * than MIN_RUN_TIME_SAMPLES successes is not judged: a new task would flag everything.
+ * RUN_TIME_SAMPLES sampled successes, newest first, through job_history_task_sample_idx
+ * (migration 033): a few hundred index entries per task, however long the history is. The
+ * index holds one success in eight (chosen by a hash of the id), so seven completions in eight
+ * write no entry for it. A task with fewer than MIN_RUN_TIME_SAMPLES sampled successes is not
+ * judged: a new task would flag everything.
  */
 import type { Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
 
-/** Successes per task the usual run time is taken from (the newest). */
+/** Sampled successes per task the usual run time is taken from (the newest). */
 export const RUN_TIME_SAMPLES = 500;
-/** Fewer successes than this: the task's usual run time is not known yet. */
+/** Fewer sampled successes than this (about eight times as many successes): the task's usual run time is not known yet. */
 export const MIN_RUN_TIME_SAMPLES = 20;
 /**
  * Running long: past twice the task's p99 run time, and by at least 10 s, so that a task of a
@@ -37,7 +39,7 @@ WITH running AS (
    CROSS JOIN LATERAL (
          SELECT extract(epoch FROM h.finished_at - h.started_at)::float8 * 1000 AS ms
            FROM job_history AS h
-          WHERE h.task = t.task AND h.outcome = 'succeeded' AND h.started_at IS NOT NULL
+          WHERE h.task = t.task AND h.outcome = 'succeeded' AND (hashint8(h.id) & 7) = 0 AND h.started_at IS NOT NULL
           ORDER BY h.finished_at DESC
           LIMIT $1
          ) AS s
