@@ -84,7 +84,7 @@ export async function drainWorkload(
   setup: DrainSetup = {},
 ): Promise<Metrics> {
   const url = urlOf(ctx, system);
-  const jobs = setup.jobs ?? ctx.options.jobs;
+  const jobs = Math.min(setup.jobs ?? ctx.options.jobs, system.maxDrainJobs ?? Infinity);
   await system.reset(url, "throughput");
   await setup.prepare?.(url);
   await fillQueue(ctx, system, jobs, setup.keys);
