@@ -11,11 +11,13 @@
  *   npm run bench -- --only graph-fan-out,graph-fan-in,graph-chain --systems leasehold,pg-boss --runs 1
  *   npm run bench -- --only durable --systems leasehold,dbos     # durable-steps, -event, -sleep
  *   npm run bench -- --only enqueue,drain,latency,recovery --systems leasehold,bullmq
+ *   npm run bench -- --only drain-multi --cores shared,split       # also PostgreSQL and the workers on a core each
  */
 import os from "node:os";
 import path from "node:path";
 import { Command, Option } from "commander";
 import { recreateDatabase, dropDatabase, startServer } from "./lib/server.js";
+import { assertSplit, CORE_LAYOUTS, coreSplit, type CoreLayout, type CoreSplit } from "./lib/cores.js";
 import { median } from "./lib/stats.js";
 import { packageVersion, REPO_ROOT } from "./lib/versions.js";
 import { SYSTEMS } from "./systems/index.js";
@@ -25,7 +27,7 @@ import { ceilingWorkload, planCheckWorkload } from "./workloads/ceiling.js";
 import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
 import { crashWorkload } from "./workloads/crash.js";
-import { drainWorkload, enqueueWorkload } from "./workloads/throughput.js";
+import { drainWorkload, enqueueWorkload, MULTI_CONCURRENCY } from "./workloads/throughput.js";
 import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
 import { leaseholdCancelWorkload, pgbossCancelWorkload } from "./workloads/cancel.js";
 import { graphRows } from "./workloads/graph.js";
@@ -40,6 +42,8 @@ interface Workload {
   title: string;
   /** Repeated `--runs` times (short ones), or once (long ones). */
   repeated: boolean;
+  /** Drains whose rows run in each layout of `--cores` (shared cores, split cores). */
+  coreLayouts?: true;
   /**
    * Rows of the table: one per system, or per system variant; the ceiling has its own.
    * `compareTo`: the label of the row whose throughput this one is reported as a share of.
@@ -58,16 +62,20 @@ const perSystem =
 /** BullMQ's recovery at its defaults: its lock (30 s) plus up to two stalled checks 30 s apart, and a margin. */
 const BULLMQ_DEFAULTS_RECOVERY_TIMEOUT_S = 120;
 
-/** The handler concurrency per process of the fleet rows: what users pick, not the tuned 1,000. */
-const MULTI_CONCURRENCY = 50;
-
 const WORKLOADS: Workload[] = [
   { id: "enqueue", title: "1. Bulk enqueue", repeated: true, rows: perSystem("throughput", enqueueWorkload) },
-  { id: "drain", title: "2a. Drain, 1 worker process", repeated: true, rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, 1)) },
+  {
+    id: "drain",
+    title: "2a. Drain, 1 worker process",
+    repeated: true,
+    coreLayouts: true,
+    rows: perSystem("throughput", (ctx, s) => drainWorkload(ctx, s, 1)),
+  },
   {
     id: "sweep",
     title: "2d. Drain at the same handler concurrency (one worker process; graphile-worker at each local queue size tried)",
     repeated: true,
+    coreLayouts: true,
     rows: (ctx, systems) =>
       ctx.options.sweep.flatMap((c) =>
         systems.flatMap((s) =>
@@ -93,6 +101,7 @@ const WORKLOADS: Workload[] = [
     id: "drain-multi",
     title: "2b. Drain, several worker processes (and one, side by side)",
     repeated: true,
+    coreLayouts: true,
     // Each system at its best settings, then at the handler concurrency users pick (50 per
     // process; graphile-worker with its best local queue), and Leasehold's one process at that
     // concurrency in the same rounds: a fleet must drain at least as fast as one process.
@@ -340,6 +349,43 @@ const WORKLOADS: Workload[] = [
   },
 ];
 
+type Row = ReturnType<Workload["rows"]>[number] & { cores?: CoreLayout };
+
+/**
+ * A workload's rows in each layout of `--cores`. Shared only (the default): its rows as they
+ * are. Otherwise each row once per layout, side by side in every run, labelled "(shared cores)"
+ * or "(split cores)"; a split row pins the server and this process (and so the workers it
+ * forks) before it measures, checks at the end of its drain that they stayed, and unpins after.
+ */
+function withCoreLayouts(w: Workload, ctx: BenchContext, systems: BenchSystem[], split: CoreSplit | undefined): Row[] {
+  const layouts = w.coreLayouts ? options.cores! : ["shared" as const];
+  if (layouts.length === 1 && layouts[0] === "shared") return w.rows(ctx, systems);
+  const perLayout = layouts.map((cores) => {
+    const suffix = ` (${cores} cores)`;
+    const layoutCtx: BenchContext =
+      cores === "split" ? { ...ctx, checkCores: (workerPids) => assertSplit(split!, ctx.server.pid!, workerPids) } : ctx;
+    return w.rows(layoutCtx, systems).map((r): Row => ({
+      ...r,
+      label: r.label + suffix,
+      ...(r.compareTo ? { compareTo: r.compareTo + suffix } : {}),
+      cores,
+      measure:
+        cores === "split"
+          ? async () => {
+              const unpin = split!.pin();
+              try {
+                return await r.measure();
+              } finally {
+                unpin();
+              }
+            }
+          : r.measure,
+    }));
+  });
+  // Row by row, each layout in turn: drifts of the shared machine hit both alike.
+  return perLayout[0]!.flatMap((_, i) => perLayout.map((rows) => rows[i]!));
+}
+
 /** The systems with durable workflows: Leasehold's durable steps and DBOS Transact. */
 function durableSystems(systems: BenchSystem[]): BenchSystem[] {
   return systems.filter((s) => s.name === "leasehold" || s.name === "dbos");
@@ -394,6 +440,11 @@ const program = new Command("bench")
   .option("--durable-waiters <n>", "waiting workflows resumed one at a time in the durable-event workload", int, 200)
   .option("--durable-sleepers <n>", "sleeping workflows in the durable-sleep workload", int, 100_000)
   .option("--durable-idle-seconds <n>", "seconds the durable-sleep workload watches them sleep", int, 10)
+  .option(
+    "--cores <layouts>",
+    "where the drains (drain, drain-multi, sweep) run, a row each: shared (every process on every core), split (PostgreSQL on one core, the workers and the bench on another; needs taskset)",
+    "shared",
+  )
   .option("--out <dir>", "where to write the report", path.join(REPO_ROOT, "bench", "results"))
   .option("--name <name>", "file name stem of the report", "latest")
   .addOption(new Option("--database-url <url>", "use this server instead of starting one (tests)").env("BENCH_DATABASE_URL"))
@@ -450,6 +501,19 @@ const options: BenchOptions = {
   durableWaiters: o.durableWaiters,
   durableSleepers: o.durableSleepers,
   durableIdleSeconds: o.durableIdleSeconds,
+  cores: [
+    ...new Set(
+      String(o.cores)
+        .split(",")
+        .map((v) => v.trim()),
+    ),
+  ].map((v) => {
+    if (!(CORE_LAYOUTS as readonly string[]).includes(v)) {
+      console.error(`--cores: unknown layout "${v}"; choose from ${CORE_LAYOUTS.join(", ")} (or both: shared,split)`);
+      process.exit(2);
+    }
+    return v as CoreLayout;
+  }),
 };
 
 /**
@@ -491,8 +555,25 @@ if (systems.some((s) => s.name === "leasehold-nats") && workloads.some((w) => SY
     systems = systems.filter((s) => s.name !== "leasehold-nats");
   }
 }
+const coresWanted = options.cores!.includes("split") && workloads.some((w) => w.coreLayouts);
+if (coresWanted && o.databaseUrl) {
+  console.error("--cores split pins PostgreSQL's processes: it needs the server the bench starts itself, not --database-url");
+  process.exit(2);
+}
 const server = await startServer(o.databaseUrl, o.databaseSuffix);
 log(`PostgreSQL ${server.version} (${o.databaseUrl ? "given" : "embedded, started for this run"})`);
+let split: CoreSplit | undefined;
+if (coresWanted) {
+  try {
+    split = coreSplit(server.pid);
+  } catch (err) {
+    console.error((err as Error).message);
+    await server.stop();
+    await nats?.dispose();
+    process.exit(2);
+  }
+  log(`split cores: PostgreSQL on cpu ${split.serverCpu}; the workers and this process (producer, samplers) on cpu ${split.clientCpu}`);
+}
 // Ctrl-C: stop the server we started instead of leaving it running.
 for (const signal of ["SIGINT", "SIGTERM"] as const) {
   process.once(signal, () => {
@@ -526,9 +607,11 @@ let failed = false;
 try {
   for (const s of systems) await recreateDatabase(server.adminUrl, server.database(s.database));
   for (const w of workloads) {
-    const rows = w.rows(
+    const rows = withCoreLayouts(
+      w,
       ctx,
       systems.filter((s) => !s.workloads || s.workloads.includes(w.id)),
+      split,
     );
     const runs = w.repeated ? options.runs : 1;
     const result: WorkloadResult = {
@@ -540,6 +623,7 @@ try {
         system: r.system,
         settings: r.settings,
         ...(r.compareTo ? { compareTo: r.compareTo } : {}),
+        ...(r.cores ? { cores: r.cores } : {}),
         runs: [],
         median: {},
         errors: [],

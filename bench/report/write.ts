@@ -4,13 +4,17 @@
  */
 import fs from "node:fs";
 import path from "node:path";
+import type { CoreLayout } from "../lib/cores.js";
 import type { BenchOptions, Metrics } from "../workloads/context.js";
+import { MULTI_CONCURRENCY } from "../workloads/throughput.js";
 import { drawChart } from "./chart.js";
 
 export interface WorkloadRow {
   label: string;
   system: string;
   settings: string;
+  /** Set when the run measured its drains in more than the default layout: where this row ran (its label ends in "(shared cores)" or "(split cores)"). */
+  cores?: CoreLayout;
   /** The label of the row whose throughput this row's is reported as a share of (flow control's cost). */
   compareTo?: string;
   runs: Metrics[];
@@ -278,7 +282,113 @@ const DURABLE_RATIOS: Record<string, { key: string; higherIsBetter: boolean; wha
   "durable-sleep": { key: "createSeconds", higherIsBetter: false, what: "as fast to put them to sleep" },
 };
 
+/** The drains whose rows may run in several core layouts (`--cores`). */
+const DRAIN_WORKLOADS = ["drain", "drain-multi", "sweep"];
+
+/** Where a row ran; rows without a layout (the default, older results) shared the cores. */
+export const coresOf = (r: { cores?: CoreLayout }): CoreLayout => r.cores ?? "shared";
+const hasCoreLayouts = (w: WorkloadResult) => w.rows.some((r) => r.cores !== undefined);
+const layoutsOf = (w: WorkloadResult) => [...new Set(w.rows.map(coresOf))];
+const withoutLayout = (label: string, cores: CoreLayout | undefined) => (cores ? label.slice(0, -` (${cores} cores)`.length) : label);
+
+/** The rows of one core layout, labelled as in a run without `--cores`: what ratios and targets read. */
+function inLayout(w: WorkloadResult, cores: CoreLayout): WorkloadResult {
+  return {
+    ...w,
+    rows: w.rows
+      .filter((r) => coresOf(r) === cores)
+      .map((r) => ({
+        ...r,
+        label: withoutLayout(r.label, r.cores),
+        ...(r.compareTo !== undefined ? { compareTo: withoutLayout(r.compareTo, r.cores) } : {}),
+      })),
+  };
+}
+
+/** Leasehold's fleet rows that issue 28 sets targets for, by label prefix, and the targets: the most server CPU and the least jobs/s, as multiples of the fastest peer's. */
+const RECORD_OFF = "leasehold (record off)";
+const FLEET_VARIANTS = [
+  { prefix: "leasehold", name: "record on", serverCpu: 1.2, jobs: 1.0 },
+  { prefix: RECORD_OFF, name: "record off", serverCpu: 1.0, jobs: 1.5 },
+];
+
+/**
+ * What a row measures apart from its system: "" (best settings), " c=50 x4". graphile-worker's
+ * local queue is its own tuning at a concurrency (the sweep), not a setting of its own.
+ */
+function kindOf(r: WorkloadRow): string {
+  const system = r.label.startsWith(RECORD_OFF) ? RECORD_OFF : r.system;
+  return r.label.slice(system.length).replace(/ localQueue=\d+/, "");
+}
+
+const isPeer = (r: WorkloadRow) => !r.system.startsWith("leasehold");
+
+/** A ratio of two rows: of their medians, and of each run (empty when a run failed: no pairs to make). */
+interface Ratio {
+  median: number;
+  runs: number[];
+}
+
+const ratioText = (r: Ratio) => `**${fmt(r.median, 2)}x**${r.runs.length > 1 ? ` (runs ${r.runs.map((v) => `${fmt(v, 2)}x`).join(", ")})` : ""}`;
+
+/** Rows that measured every run of `w`: their runs pair up by index. */
+const complete = (w: WorkloadResult, rows: WorkloadRow[]) => rows.every((r) => r.runs.length === w.runs && r.errors.length === 0);
+
+/** `a`'s `key` over `b`'s, the medians' and each run's. */
+function rowRatio(w: WorkloadResult, a: WorkloadRow, b: WorkloadRow, key: string): Ratio | undefined {
+  const va = a.median[key];
+  const vb = b.median[key];
+  if (va === undefined || vb === undefined) return undefined;
+  return { median: va / vb, runs: complete(w, [a, b]) ? a.runs.map((m, i) => m[key]! / b.runs[i]![key]!) : [] };
+}
+
+/**
+ * A Leasehold row against the fastest peer of the same kind in the same run: the peer with the
+ * best median jobs/s for the medians, and in each run the peer fastest in that run.
+ */
+function againstFastestPeer(w: WorkloadResult, lh: WorkloadRow): { peer: WorkloadRow; jobs: Ratio; serverCpu: Ratio; workerCpu: Ratio } | undefined {
+  const peers = w.rows.filter((r) => isPeer(r) && kindOf(r) === kindOf(lh) && r.median.jobsPerSecond !== undefined);
+  if (peers.length === 0 || lh.median.jobsPerSecond === undefined) return undefined;
+  const fastest = <T>(items: T[], jobs: (t: T) => number) => items.reduce((a, b) => (jobs(b) > jobs(a) ? b : a));
+  const peer = fastest(peers, (r) => r.median.jobsPerSecond!);
+  const perRun = complete(w, [lh, ...peers])
+    ? lh.runs.map((m, i) => ({
+        m,
+        best: fastest(
+          peers.map((p) => p.runs[i]!),
+          (r) => r.jobsPerSecond!,
+        ),
+      }))
+    : [];
+  const ratio = (key: string): Ratio => ({
+    median: lh.median[key]! / peer.median[key]!,
+    runs: perRun.map(({ m, best }) => m[key]! / best[key]!),
+  });
+  return { peer, jobs: ratio("jobsPerSecond"), serverCpu: ratio("serverCpuMsPerKJob"), workerCpu: ratio("clientCpuMsPerKJob") };
+}
+
+/** The drains: each Leasehold row against the fastest peer of its kind, jobs/s and CPU per 1,000 jobs. */
+function fastestPeerLines(w: WorkloadResult): string[] {
+  const out: string[] = [];
+  for (const lh of w.rows.filter((r) => !isPeer(r))) {
+    const c = againstFastestPeer(w, lh);
+    if (!c) continue;
+    out.push(
+      `- ${lh.label} vs the fastest peer, ${c.peer.label}: ${ratioText(c.jobs)} the jobs/s, ` +
+        `${ratioText(c.serverCpu)} the server CPU per 1,000 jobs, ${ratioText(c.workerCpu)} the worker CPU per 1,000 jobs`,
+    );
+  }
+  return out;
+}
+
+/** Ratio lines; with core layouts, each layout's rows against each other only. */
 function ratioLines(w: WorkloadResult): string[] {
+  const lines = (x: WorkloadResult) => [...ratioLinesOf(x), ...(DRAIN_WORKLOADS.includes(x.id) ? fastestPeerLines(x) : [])];
+  if (!hasCoreLayouts(w)) return lines(w);
+  return layoutsOf(w).flatMap((cores) => lines(inLayout(w, cores)).map((l) => l.replace(/^- /, `- ${cores} cores: `)));
+}
+
+function ratioLinesOf(w: WorkloadResult): string[] {
   if (w.id === "sweep") return sweepRatioLines(w);
   if (DURABLE_RATIOS[w.id]) return durableRatioLines(w);
   if (GRAPH_WORKLOADS.includes(w.id)) return graphRatioLines(w);
@@ -323,50 +433,64 @@ interface Target {
   met: boolean | undefined;
 }
 
-export function targets(results: BenchResults): Target[] {
-  const w = (id: string) => results.workloads.find((x) => x.id === id);
-  const m = (id: string, system: string, key: string) => w(id)?.rows.find((r) => r.system === system || r.label === system)?.median[key];
+/** Drain targets of one core layout; `tag` says which in each target's name (empty without --cores). */
+function drainTargets(w: (id: string) => WorkloadResult | undefined, results: BenchResults, tag: string): Target[] {
   const out: Target[] = [];
   const drain = w("drain");
-  const lhDrain = m("drain", "leasehold", "jobsPerSecond");
+  const lhDrain = drain?.rows.find((r) => r.system === "leasehold")?.median.jobsPerSecond;
   if (drain && lhDrain !== undefined) {
     const best = Math.max(...drain.rows.filter((r) => !r.system.startsWith("leasehold")).map((r) => r.median.jobsPerSecond ?? 0));
-    out.push({ name: "drain ≥ 2x the fastest peer (1 process)", value: `${fmt(lhDrain / best, 2)}x`, met: lhDrain >= 2 * best });
+    out.push({ name: `drain ≥ 2x the fastest peer (1 process${tag})`, value: `${fmt(lhDrain / best, 2)}x`, met: lhDrain >= 2 * best });
   }
   const multi = w("drain-multi");
-  const lhMulti = m("drain-multi", "leasehold", "jobsPerSecond");
+  const lhMulti = multi?.rows.find((r) => r.label === "leasehold")?.median.jobsPerSecond;
   const P = results.options.processes;
   if (multi && lhMulti !== undefined) {
     const best = Math.max(
       ...multi.rows.filter((r) => r.label === r.system && !r.system.startsWith("leasehold")).map((r) => r.median.jobsPerSecond ?? 0),
     );
     out.push({
-      name: `drain ahead of the fastest peer (${P} processes, best settings; aim 1.5x)`,
+      name: `drain ahead of the fastest peer (${P} processes, best settings${tag}; aim 1.5x)`,
       value: `${fmt(lhMulti / best, 2)}x`,
       met: lhMulti > best,
     });
   }
-  // The fleet at the concurrency users pick: ahead of graphile-worker's fleet, and not slower than one process.
-  const row = (label: string) => multi?.rows.find((r) => r.label === label)?.median.jobsPerSecond;
-  const fleet50 = row(`leasehold c=50 x${P}`);
-  const graphile50 = row(`graphile-worker c=50 x${P}`);
-  const single50 = row("leasehold c=50 x1");
-  if (fleet50 !== undefined && graphile50 !== undefined) {
-    out.push({
-      name: `drain ahead of graphile-worker (${P} processes of concurrency 50; aim 1.5x)`,
-      value: `${fmt(fleet50 / graphile50, 2)}x`,
-      met: fleet50 > graphile50,
-    });
-  }
-  if (fleet50 !== undefined && single50 !== undefined) {
-    out.push({
-      name: `${P} processes drain at least as fast as 1 (concurrency 50)`,
-      value: `${fmt(fleet50 / single50, 2)}x`,
-      met: fleet50 >= single50,
-    });
+  // Issue 28's fleet targets: Leasehold's processes of concurrency 50 against the fastest peer's
+  // (by jobs/s, in the same run), with the record of succeeded jobs kept and not kept.
+  for (const variant of FLEET_VARIANTS) {
+    const fleet = multi?.rows.find((r) => r.label === `${variant.prefix} c=${MULTI_CONCURRENCY} x${P}`);
+    const single = multi?.rows.find((r) => r.label === `${variant.prefix} c=${MULTI_CONCURRENCY} x1`);
+    const at = `${P} processes of concurrency ${MULTI_CONCURRENCY}, ${variant.name}${tag}`;
+    const vsPeer = fleet && againstFastestPeer(multi!, fleet);
+    if (vsPeer) {
+      const peer = ` vs ${vsPeer.peer.label}`;
+      out.push({
+        name: `server CPU per 1,000 jobs ≤ ${variant.serverCpu}x the fastest peer's (${at})`,
+        value: `${ratioText(vsPeer.serverCpu)}${peer}`,
+        met: vsPeer.serverCpu.median <= variant.serverCpu,
+      });
+      out.push({
+        name: `jobs/s ≥ ${variant.jobs}x the fastest peer's (${at})`,
+        value: `${ratioText(vsPeer.jobs)}${peer}`,
+        met: vsPeer.jobs.median >= variant.jobs,
+      });
+    }
+    if (fleet && single) {
+      const r = rowRatio(multi!, fleet, single, "jobsPerSecond");
+      if (r)
+        out.push({
+          name: `${P} processes drain at least as fast as 1 (concurrency ${MULTI_CONCURRENCY}, ${variant.name}${tag})`,
+          value: ratioText(r),
+          met: r.median >= 1,
+        });
+    }
   }
   if (multi && lhMulti !== undefined && lhDrain !== undefined) {
-    out.push({ name: `${P} processes drain at least as fast as 1 (best settings)`, value: `${fmt(lhMulti / lhDrain, 2)}x`, met: lhMulti >= lhDrain });
+    out.push({
+      name: `${P} processes drain at least as fast as 1 (best settings${tag})`,
+      value: `${fmt(lhMulti / lhDrain, 2)}x`,
+      met: lhMulti >= lhDrain,
+    });
   }
   const sweep = w("sweep");
   for (const c of results.options.sweep) {
@@ -374,8 +498,31 @@ export function targets(results: BenchResults): Target[] {
     const peers = sweep?.rows.filter((r) => r.system === "graphile-worker" && r.label.startsWith(`graphile-worker c=${c} `)) ?? [];
     if (lh === undefined || peers.length === 0) continue;
     const best = Math.max(...peers.map((r) => r.median.jobsPerSecond ?? 0));
-    out.push({ name: `drain ahead of graphile-worker at concurrency ${c} (its best local queue)`, value: `${fmt(lh / best, 2)}x`, met: lh > best });
+    out.push({
+      name: `drain ahead of graphile-worker at concurrency ${c} (its best local queue${tag})`,
+      value: `${fmt(lh / best, 2)}x`,
+      met: lh > best,
+    });
   }
+  return out;
+}
+
+export function targets(results: BenchResults): Target[] {
+  const w = (id: string) => results.workloads.find((x) => x.id === id);
+  const m = (id: string, system: string, key: string) => w(id)?.rows.find((r) => r.system === system || r.label === system)?.median[key];
+  const out: Target[] = [];
+  // The drains' targets in each core layout they ran in, read within that layout only.
+  const drains = DRAIN_WORKLOADS.map(w).filter((x): x is WorkloadResult => x !== undefined);
+  const labelled = drains.some(hasCoreLayouts);
+  for (const cores of labelled ? [...new Set(drains.flatMap(layoutsOf))] : ["shared" as const]) {
+    const view = (id: string) => {
+      const x = w(id);
+      return x && labelled ? inLayout(x, cores) : x;
+    };
+    const tag = labelled ? `, ${cores} cores` : "";
+    out.push(...drainTargets(view, results, tag));
+  }
+  const lhDrain = w("drain")?.rows.find((r) => r.system === "leasehold" && coresOf(r) === "shared")?.median.jobsPerSecond;
   const ceiling = m("ceiling", "ceiling", "jobsPerSecond");
   if (ceiling !== undefined && lhDrain !== undefined) {
     out.push({ name: "drain as a fraction of the bare-SQL ceiling (no target)", value: `${fmt((lhDrain / ceiling) * 100, 0)}%`, met: undefined });

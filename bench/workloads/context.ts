@@ -1,5 +1,6 @@
 /** What every workload gets: the server, its options, and a way to talk to a system's database. */
 import pg from "pg";
+import type { CoreLayout } from "../lib/cores.js";
 import type { BenchServer } from "../lib/server.js";
 import type { BenchSystem } from "../systems/types.js";
 
@@ -55,12 +56,19 @@ export interface BenchOptions {
   durableWaiters: number;
   durableSleepers: number;
   durableIdleSeconds: number;
+  /** Where the drains run: every process on every core, and/or the server and the workers on a core each (bench/lib/cores.ts). */
+  cores?: CoreLayout[];
 }
 
 export interface BenchContext {
   server: BenchServer;
   options: BenchOptions;
   log(message: string): void;
+  /**
+   * Split-core rows only: throws unless the server and these worker processes ran on their
+   * own cores. A drain calls it with its workers' pids before it stops them.
+   */
+  checkCores?(workerPids: number[]): void;
 }
 
 /** One run's measurements: metric name to number (NaN: not measured / not recovered). */

@@ -13,6 +13,8 @@ import { payloads, urlOf, withClient, type BenchContext, type Metrics } from "./
 const FILL_BATCH = 5_000;
 const DRAIN_TIMEOUT_MS = 15 * 60_000;
 const DRAIN_STALL_MS = 60_000;
+/** The handler concurrency per process of the fleet rows (drain-multi): what users pick, not the tuned 1,000. */
+export const MULTI_CONCURRENCY = 50;
 
 export async function enqueueWorkload(ctx: BenchContext, system: BenchSystem): Promise<Metrics> {
   const url = urlOf(ctx, system);
@@ -119,6 +121,7 @@ export async function drainWorkload(
       const dbAfter = await readDb(db, ctx.server.pid);
       const clientAfter = await group.stats();
       const w = await waits.stop();
+      ctx.checkCores?.(group.pids);
       const seconds = (doneAt - group.firstStartAt!) / 1000;
       if (group.errors.length) ctx.log(`  ${system.name} worker errors: ${group.errors.slice(0, 3).join(" | ")}`);
       return {

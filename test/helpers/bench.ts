@@ -27,20 +27,14 @@ export interface BenchRun<M = Record<string, number>> {
 /**
  * Runs the harness with `args` (each workload once) against the test server into a temporary
  * folder and reads its report back; fails with the harness's output on a non-zero exit.
+ * `ownServer`: the harness starts its own PostgreSQL instead (what `--cores split` pins).
  */
-export async function runBench<M = Record<string, number>>(args: string[]): Promise<BenchRun<M>> {
+export async function runBench<M = Record<string, number>>(args: string[], { ownServer = false } = {}): Promise<BenchRun<M>> {
   const out = fs.mkdtempSync(path.join(os.tmpdir(), "leasehold-bench-smoke-"));
   try {
     // Databases of this file's own: the smoke files may run at once on one server.
     const own = ["--database-suffix", `smoke_${process.pid}`];
-    const child = spawn(process.execPath, ["--import", "tsx", "bench/run.ts", ...args, ...own, "--runs", "1", "--out", out, "--name", "smoke"], {
-      env: { ...process.env, BENCH_DATABASE_URL: databaseUrl() },
-      stdio: ["ignore", "pipe", "pipe"],
-    });
-    let output = "";
-    child.stdout.on("data", (b: Buffer) => (output += b));
-    child.stderr.on("data", (b: Buffer) => (output += b));
-    const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+    const { code, output } = await runHarness([...args, ...own, "--runs", "1", "--out", out, "--name", "smoke"], { ownServer });
     assert.equal(code, 0, output);
     const read = (name: string) => fs.readFileSync(path.join(out, name), "utf8");
     const { workloads } = JSON.parse(read("smoke.json")) as { workloads: BenchWorkload<M>[] };
@@ -48,4 +42,17 @@ export async function runBench<M = Record<string, number>>(args: string[]): Prom
   } finally {
     fs.rmSync(out, { recursive: true, force: true });
   }
+}
+
+/** Runs bench/run.ts from source with `args` (on the test server unless `ownServer`): its exit code and output. */
+export async function runHarness(args: string[], { ownServer = false } = {}): Promise<{ code: number | null; output: string }> {
+  const env = { ...process.env };
+  if (ownServer) delete env.BENCH_DATABASE_URL;
+  else env.BENCH_DATABASE_URL = databaseUrl();
+  const child = spawn(process.execPath, ["--import", "tsx", "bench/run.ts", ...args], { env, stdio: ["ignore", "pipe", "pipe"] });
+  let output = "";
+  child.stdout.on("data", (b: Buffer) => (output += b));
+  child.stderr.on("data", (b: Buffer) => (output += b));
+  const code = await new Promise<number | null>((resolve) => child.on("exit", resolve));
+  return { code, output };
 }
