@@ -382,6 +382,8 @@ test("a queue's record of succeeded jobs over HTTP: PATCH /v1/queues/:name/histo
   const listed = (await api("GET", "/v1/queues")).json.queues as { name: string; keepSucceeded: boolean }[];
   assert.equal(listed.find((q) => q.name === "lean")!.keepSucceeded, false);
   assert.equal(listed.find((q) => q.name === "mail")!.keepSucceeded, true);
+  const overview = (await api("GET", "/v1/overview")).json.flow as { name: string; keepSucceeded: boolean }[];
+  assert.equal(overview.find((q) => q.name === "lean")!.keepSucceeded, false, "the dashboard's overview carries it");
 
   for (const [body, message] of [
     [{}, /keepSucceeded/],
