@@ -217,3 +217,25 @@ test("ctx.transaction's completion and a remote worker's (through the server) ke
   const { rows } = await lh.pool.query("SELECT count(*)::int AS n FROM job_history");
   assert.equal(rows[0].n, 0);
 });
+
+test("a waiter whose job ends and is gone before its read is refused with JobNotKeptError, not left waiting", async (t) => {
+  const lh = await freshLeasehold(t);
+  await lh.enqueue("w");
+  const [job] = await store.claimJobs(lh.pool, { queues: ["default"], limit: 1, workerId: "w", leaseMs: 60_000, tasks: ["w"] });
+  const waiting = lh.waitFor(job!.id, { timeoutMs: 10_000 });
+  await eventually(async () => (await lh.pool.query("SELECT watched FROM jobs WHERE id = $1", [job!.id])).rows[0]?.watched, "the waiter's mark");
+  // The end and the loss of its record in one transaction (as if retention forgot it at once):
+  // the notification's read finds nothing.
+  const client = await lh.pool.connect();
+  try {
+    await client.query("BEGIN");
+    await store.completeJobs(client, { workerId: "w", jobs: [{ id: job!.id, attempt: job!.attempt }] });
+    await client.query("DELETE FROM job_history WHERE id = $1", [job!.id]);
+    await client.query("COMMIT");
+  } finally {
+    client.release();
+  }
+  const started = Date.now();
+  await assert.rejects(waiting, JobNotKeptError);
+  assert.ok(Date.now() - started < 5_000, "refused at the notification, not at the timeout");
+});
