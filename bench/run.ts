@@ -28,6 +28,7 @@ import { pressureWorkload, steadyWorkload } from "./workloads/endurance.js";
 import { heartbeatWorkload, latencyWorkload, recoveryWorkload } from "./workloads/liveness.js";
 import { crashWorkload } from "./workloads/crash.js";
 import { drainWorkload, enqueueWorkload, MULTI_CONCURRENCY } from "./workloads/throughput.js";
+import { RECORD_OFF } from "./workloads/record-off.js";
 import { flowCostRows, rateWorkload, runningIndexRows } from "./workloads/flow.js";
 import { leaseholdCancelWorkload, pgbossCancelWorkload } from "./workloads/cancel.js";
 import { graphRows } from "./workloads/graph.js";
@@ -121,6 +122,29 @@ const WORKLOADS: Workload[] = [
           settings: `1 process of concurrency ${MULTI_CONCURRENCY}, otherwise its defaults`,
           measure: () => drainWorkload(ctx, s, 1, { concurrency: MULTI_CONCURRENCY }),
         })),
+      // The same three Leasehold rows with its queue keeping no record of succeeded jobs.
+      ...systems
+        .filter((s) => s.name === "leasehold")
+        .flatMap((s) => [
+          {
+            label: `${s.name} (record off)`,
+            system: s.name,
+            settings: `${s.settings.throughput}; its queue keeps no record of succeeded jobs`,
+            measure: () => drainWorkload(ctx, s, ctx.options.processes, {}, RECORD_OFF),
+          },
+          {
+            label: `${s.name} (record off) c=${MULTI_CONCURRENCY} x${ctx.options.processes}`,
+            system: s.name,
+            settings: `${ctx.options.processes} processes of concurrency ${MULTI_CONCURRENCY}; no record of succeeded jobs`,
+            measure: () => drainWorkload(ctx, s, ctx.options.processes, { concurrency: MULTI_CONCURRENCY }, RECORD_OFF),
+          },
+          {
+            label: `${s.name} (record off) c=${MULTI_CONCURRENCY} x1`,
+            system: s.name,
+            settings: `1 process of concurrency ${MULTI_CONCURRENCY}; no record of succeeded jobs`,
+            measure: () => drainWorkload(ctx, s, 1, { concurrency: MULTI_CONCURRENCY }, RECORD_OFF),
+          },
+        ]),
     ],
   },
   {

@@ -27,6 +27,8 @@ export type FaultKind = (typeof FAULT_KINDS)[number];
 export interface ChaosOptions {
   /** How workers learn of jobs: LISTEN/NOTIFY polling, or NATS JetStream (docs/nats.md) with NATS faults. */
   dispatch: Dispatch;
+  /** "off": the run's queues keep no record of succeeded jobs (chaos/record-off.ts). */
+  record: "on" | "off";
   jobs: number;
   workers: number;
   watchdogs: number;
@@ -55,6 +57,7 @@ export interface ChaosOptions {
 
 export const SHORT_RUN: Omit<ChaosOptions, "outDir" | "seed"> = {
   dispatch: "polling",
+  record: "on",
   jobs: 2_000,
   workers: 4,
   watchdogs: 2,

@@ -1,5 +1,6 @@
 /** The downstream side of the chaos run: what handlers write to, fenced by the attempt token or inside ctx.transaction. */
 import { RESULTS_TABLE, STEP_EFFECTS_TABLE, STEP_RUNS_TABLE, TX_EFFECTS_TABLE } from "./config.js";
+import { AUDIT_SQL } from "./record-off.js";
 
 /** The downstream table handlers write with fencedWrite, and a trigger-kept log of every write it accepted. */
 export const DOWNSTREAM_SQL = `
@@ -48,4 +49,5 @@ CREATE TABLE ${STEP_EFFECTS_TABLE} (
   attempt   integer     NOT NULL,
   worker_id text        NOT NULL,
   at        timestamptz NOT NULL DEFAULT clock_timestamp()
-);`;
+);
+${AUDIT_SQL}`;

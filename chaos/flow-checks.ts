@@ -92,13 +92,13 @@ export async function loadFlowAttempts(admin: pg.Pool, queues: string[]): Promis
     ended: string | null;
   }>(
     `WITH limited AS (
-       SELECT id, queue, payload->>'key' AS key FROM finished_jobs WHERE queue = ANY($1)
+       SELECT id, queue, payload->>'key' AS key FROM audit_finished WHERE queue = ANY($1)
        UNION ALL
        SELECT id, queue, coalesce(flow_key, payload->>'key') FROM jobs WHERE queue = ANY($1)
      )
      SELECT a.job_id::text AS job, a.attempt, a.worker_id AS worker, a.outcome, l.queue, l.key,
             ${us("a.started_at")} AS started, ${us("a.ended_at")} AS ended
-       FROM all_attempts AS a JOIN limited AS l ON l.id = a.job_id
+       FROM audit_attempts AS a JOIN limited AS l ON l.id = a.job_id
      UNION ALL
      SELECT id::text, attempt, locked_by, NULL, queue, coalesce(flow_key, payload->>'key'), ${us("started_at")}, NULL
        FROM jobs WHERE state = 'running' AND queue = ANY($1)`,

@@ -22,6 +22,7 @@ import { readLogs } from "./process-log.js";
 import { Producer } from "./producer.js";
 import { EventSender } from "./event-sender.js";
 import { TcpProxy } from "./proxy.js";
+import { recordOff } from "./record-off.js";
 import { buildReport, toMarkdown, writeReport, type ChaosReport } from "./report.js";
 import { REPO_ROOT, Supervised, type UnexpectedExit } from "./supervisor.js";
 
@@ -91,6 +92,10 @@ export async function runChaos(options: ChaosOptions): Promise<ChaosResult> {
     await admin.query(DOWNSTREAM_SQL);
     // The limits hold from the first job on; the workers read them when they start.
     for (const q of LIMITED_QUEUES) await lh.setQueueLimits(q.name, q.limits, { create: true });
+    if (options.record === "off") {
+      await recordOff(lh, admin);
+      say("the run's queues keep no record of succeeded jobs; the checker reads its own ledger");
+    }
 
     const onExit = (e: UnexpectedExit) => {
       exits.push(e);
@@ -363,7 +368,7 @@ const NO_PROGRESS_MS = 60_000;
 /** Jobs finished per second while an idle transaction was open, and the rest of the run. */
 async function idleTxnThroughput(admin: pg.Pool, faults: FaultRecord[], startedAt: number): Promise<ChaosReport["pressure"]> {
   const windows = faults.filter((f) => f.kind === "idle_txn" && !f.skipped).map((f) => [f.at, f.at + (f.durationMs ?? 0)] as const);
-  const { rows } = await admin.query<{ at: number }>("SELECT (extract(epoch FROM finished_at) * 1000)::float8 AS at FROM finished_jobs");
+  const { rows } = await admin.query<{ at: number }>("SELECT (extract(epoch FROM finished_at) * 1000)::float8 AS at FROM audit_finished");
   const end = Math.max(...rows.map((r) => r.at), startedAt + 1);
   const inside = (t: number) => windows.some(([a, b]) => t >= a && t <= b);
   let insideMs = 0;

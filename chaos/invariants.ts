@@ -43,6 +43,10 @@ export interface HistoryRow {
   tx: boolean;
   /** A graph node, batch member or callback: a failed parent may cancel it (graph-checks.ts says whether rightly). */
   graph: boolean;
+  /** false: it left no record (--record off) and the run's ledger stands for it (chaos/record-off.ts). */
+  kept: boolean;
+  /** The worker that held its last attempt. */
+  worker: string | null;
 }
 
 export interface CheckInput {
@@ -80,6 +84,8 @@ export interface CheckResult {
   violations: Violation[];
   /** The producer's jobs by end state (the flow_kill fault's probe jobs are counted in `flow`). */
   finished: Record<string, number>;
+  /** --record off: succeeded jobs that left no record, each shown completed by the run's own audit (invariant 1b). */
+  notKept: number;
   /** Finished jobs that ended inside ctx.transaction (their rows checked by invariant 4b). */
   transactional: number;
   attempts: number;
@@ -165,13 +171,13 @@ export async function loadRows(admin: pg.Pool) {
     admin.query<HistoryRow>(
       `SELECT id::text, state, attempt, spent_attempts AS spent, max_attempts AS max,
               (payload->>'seq')::int AS seq, coalesce((payload->>'write')::boolean, false) AS write,
-              coalesce((payload->>'tx')::boolean, false) AS tx, payload ? 'graph' AS graph
-         FROM finished_jobs`,
+              coalesce((payload->>'tx')::boolean, false) AS tx, payload ? 'graph' AS graph, kept, worker_id AS worker
+         FROM audit_finished`,
     ),
     admin.query<AttemptRow>(
       `SELECT job_id::text AS job, attempt, worker_id AS worker, outcome,
               (extract(epoch FROM started_at) * 1000)::float8 AS started, (extract(epoch FROM ended_at) * 1000)::float8 AS ended
-         FROM all_attempts ORDER BY job_id, attempt`,
+         FROM audit_attempts ORDER BY job_id, attempt`,
     ),
     admin.query<{ job: string; token: number; worker: string }>(`SELECT job_id::text AS job, token, worker_id AS worker FROM ${RESULTS_TABLE}`),
     admin.query<{ job: string; token: number; worker: string; at: number }>(
@@ -209,6 +215,24 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
     // The run cancels nothing itself; only a graph job's failed parent does (checked by invariant 14).
     if (!["succeeded", "dead"].includes(h.state) && !(h.state === "cancelled" && h.graph))
       add("one terminal state", `ended ${h.state}; the run cancels nothing`, h.id);
+  }
+  // 1b. --record off: a job that left no record ended by the success of the attempt that held
+  //     it (the ledger's attempt and worker): that handler settled ok (its own log), or its
+  //     ctx.transaction row committed with the completion. Anything else would be a job lost.
+  const settledOk = new Set<string>();
+  for (const line of input.logs) if (line.ev === "settled" && line.ok) settledOk.add(`${line.job}/${line.attempt}/${line.w}`);
+  const txEffect = new Set(rows.effects.map((e) => `${e.job}/${e.attempt}/${e.worker}`));
+  let notKept = 0;
+  for (const h of rows.history) {
+    if (h.kept) continue;
+    notKept++;
+    const key = `${h.id}/${h.attempt}/${h.worker}`;
+    if (!settledOk.has(key) && !txEffect.has(key))
+      add(
+        "no job lost or stuck",
+        `left jobs without a record, but attempt ${h.attempt} by ${h.worker} neither settled ok nor committed its transaction`,
+        h.id,
+      );
   }
   const missing = [...Array(input.jobs).keys()].filter((s) => !seqs.has(s));
   if (missing.length) add("no job lost or stuck", `${missing.length} enqueued jobs never finished, e.g. seq ${missing.slice(0, 10).join(", ")}`);
@@ -450,6 +474,7 @@ export async function checkInvariants(input: CheckInput): Promise<CheckResult> {
   return {
     violations,
     finished,
+    notKept,
     transactional,
     attempts: rows.attempts.length,
     duplicates,

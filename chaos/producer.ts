@@ -69,7 +69,7 @@ export class Producer {
     const capacity = (o.workers * o.concurrency * 1000) / meanJobMs;
     try {
       const { rows } = await admin.query<{ n: number }>(
-        "SELECT count(*)::int AS n FROM finished_jobs WHERE finished_at > now() - interval '5 seconds'",
+        "SELECT count(*)::int AS n FROM audit_finished WHERE finished_at > now() - interval '5 seconds'",
       );
       return Math.max(rows[0]!.n / 5, capacity);
     } catch {

@@ -14,6 +14,8 @@ export interface ChaosReport {
   options: Omit<ChaosOptions, "outDir" | "verbose">;
   jobs: number;
   finished: Record<string, number>;
+  /** Succeeded jobs that left no record (--record off), each checked through the run's own audit. */
+  notKept?: number;
   transactional: number;
   attempts: number;
   faults: Record<string, number>;
@@ -61,6 +63,7 @@ export function buildReport(p: {
     options,
     jobs: p.options.jobs,
     finished: p.check.finished,
+    notKept: p.check.notKept,
     transactional: p.check.transactional,
     attempts: p.check.attempts,
     faults,
@@ -93,13 +96,14 @@ export function toMarkdown(r: ChaosReport): string {
   const lines = [
     `## Chaos run ${r.startedAt}: ${r.passed ? "PASSED" : `FAILED (${r.violations.length} violations)`}`,
     "",
-    `${r.jobs} jobs, dispatch ${o.dispatch ?? "polling"}, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
+    `${r.jobs} jobs, dispatch ${o.dispatch ?? "polling"}, record of succeeded jobs ${o.record ?? "on"}, ${o.workers} worker processes × ${o.concurrency}, ${o.watchdogs} watchdog processes, lease ${o.leaseMs} ms, ` +
       `beat ${o.heartbeatMs} ms, watchdog every ${o.watchdogIntervalMs} ms, seed ${o.seed}. ` +
       `Run ${r.durationS} s, of which drain after the last fault ${r.drainS} s.`,
     "",
     "| measure | value |",
     "|---|---|",
     `| jobs succeeded / dead / cancelled (graph jobs after a failed parent) | ${r.finished.succeeded ?? 0} / ${r.finished.dead ?? 0} / ${r.finished.cancelled ?? 0} |`,
+    `| jobs that left no record (--record off; checked through the run's own audit) | ${r.notKept ?? 0} |`,
     `| jobs ended inside ctx.transaction (one row each if succeeded, none if dead) | ${r.transactional} |`,
     `| attempts (audit rows) | ${r.attempts} |`,
     ...faultKindsFor(o.dispatch ?? "polling").map((k) => `| faults: ${k} | ${r.faults[k]} |`),

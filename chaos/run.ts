@@ -29,6 +29,10 @@ const program = new Command("chaos")
     if (v !== "polling" && v !== "nats") throw new InvalidArgumentError(`--dispatch must be polling or nats (got ${JSON.stringify(v)})`);
     return v;
   })
+  .option("--record <on|off>", "off: the run's queues keep no record of succeeded jobs (the checker reads its own audit instead)", (v: string) => {
+    if (v !== "on" && v !== "off") throw new InvalidArgumentError(`--record must be on or off (got ${JSON.stringify(v)})`);
+    return v;
+  })
   .option("--seed <n>", "random seed, to replay a run's choices", positiveInt("--seed"))
   .option("--out <dir>", "where reports and process logs go", path.join(REPO_ROOT, "chaos", "results"))
   .option("--quiet", "print only the report")
@@ -44,6 +48,7 @@ const o = program.opts<{
   faultWindowS?: number;
   seed?: number;
   dispatch?: "polling" | "nats";
+  record?: "on" | "off";
   out: string;
   quiet?: boolean;
 }>();
@@ -59,6 +64,7 @@ if (o.leaseMs) {
 if (o.faultWindowS) partial.faultWindowMs = o.faultWindowS * 1000;
 if (o.seed) partial.seed = o.seed;
 if (o.dispatch) partial.dispatch = o.dispatch;
+if (o.record) partial.record = o.record;
 
 const options = optionsFor(partial);
 try {

@@ -10,6 +10,7 @@ import { fencedWrite } from "../packages/leasehold/src/index.js";
 import { DOWNSTREAM_SQL } from "../chaos/downstream.js";
 import { RESULTS_TABLE, TX_EFFECTS_TABLE } from "../chaos/config.js";
 import { checkInvariants } from "../chaos/invariants.js";
+import { recordOff } from "../chaos/record-off.js";
 import type { FaultRecord } from "../chaos/faults.js";
 import { WAKE_MS } from "../chaos/overlaps.js";
 import type { ProcessEnd } from "../chaos/supervisor.js";
@@ -331,5 +332,31 @@ test("a hung handler may end late by as long as a database restart held up its e
   // A reset of another worker's connections explains nothing.
   const elsewhere: FaultRecord = { kind: "reset", target: "w2", at: ended - 3_000, durationMs: 1_500, endedAt: ended - 1_500, held: [] };
   assert.deepEqual(invariantsOf(await check([elsewhere])), ["hung handlers end"]);
+  await lh.dispose();
+});
+
+test("--record off: jobs that left no record pass through the run's ledger when their attempt settled ok, and one deleted without that is a lost job", async () => {
+  const lh = await freshLeasehold();
+  await lh.pool.query(DOWNSTREAM_SQL);
+  await recordOff(lh, lh.pool);
+  await lh.enqueueMany([0, 1, 2].map((seq) => ({ task: "chaos", queue: "chaos", payload: { seq } })));
+  const jobs = await store.claimJobs(lh.pool, { queues: ["chaos"], limit: 10, workerId: "w1", leaseMs: LEASE, tasks: ["chaos"] });
+  assert.equal(jobs.length, 3);
+  const logs: LogLine[] = [];
+  for (const j of jobs) logs.push({ ev: "start", t: Date.now(), w: "w1", job: j.id, attempt: j.attempt });
+  // Two handlers settled ok; the third never did (a core that deleted its row anyway loses it).
+  for (const j of jobs.slice(0, 2)) logs.push({ ev: "settled", t: Date.now(), w: "w1", job: j.id, attempt: j.attempt, ok: true });
+  const sentAt = Date.now();
+  const done = await store.completeJobs(lh.pool, { workerId: "w1", jobs: jobs.map((j) => ({ id: j.id, attempt: j.attempt })) });
+  logs.push({ ev: "report", kind: "complete", t: Date.now(), sentAt, w: "w1", sent: jobs.map((j) => [j.id, j.attempt]), accepted: [...done.keys()] });
+  assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM finished_jobs")).rows[0].n, 0, "no record kept");
+
+  const r = await checkInvariants({ admin: lh.pool, jobs: 3, logs, faults: [], unexpectedExits: [] });
+  assert.equal(r.notKept, 3);
+  assert.equal(r.finished.succeeded, 3, "every job accounted for through the ledger");
+  assert.deepEqual(invariantsOf(r), ["no job lost or stuck"]);
+  assert.equal(r.violations.length, 1, JSON.stringify(r.violations));
+  assert.equal(r.violations[0]!.job, jobs[2]!.id);
+  assert.match(r.violations[0]!.detail, /left jobs without a record, but attempt 1 by w1 neither settled ok nor committed its transaction/);
   await lh.dispose();
 });

@@ -24,6 +24,7 @@ const invariantsOf = (r: { violations: { invariant: string }[] }) => r.violation
 
 test("limited claims through claim_flow leave an audit trail the flow checker passes; an attempt past a limit breaks it", async () => {
   const lh = await freshLeasehold();
+  await lh.pool.query(DOWNSTREAM_SQL); // the run's schema: the checker reads its audit views
   const queues: FlowQueue[] = [
     { name: "lim", share: 0, limits: { concurrency: 2 } },
     { name: "keyed", share: 0, limits: { keyConcurrency: 1 } },

@@ -1,5 +1,5 @@
 /**
- * `leasehold queues list|pause|resume|limit` and `enqueue --key` as a user runs them (the built
+ * `leasehold queues list|pause|resume|limit|history` and `enqueue --key` as a user runs them (the built
  * CLI in a real process): on the database, and through a server with --server; what they
  * store, what they print, and one-line errors with their exit codes.
  */
@@ -7,6 +7,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import type { FastifyInstance } from "fastify";
 import { createServer } from "../packages/cli/src/server/app.js";
+import * as store from "../packages/leasehold/src/store/index.js";
 import { freshLeasehold } from "./helpers/db.js";
 import { isOneLineError, runCli } from "./helpers/cli.js";
 import { TOKEN } from "./helpers/server.js";
@@ -91,9 +92,9 @@ test("on the database: enqueue --key, queues list, pause, resume and limit store
   const table = await cli("queues", "list");
   assert.equal(table.code, 0, table.stderr);
   const [header, ...lines] = table.stdout.trimEnd().split("\n");
-  assert.match(header!, /^NAME\s+PAUSED\s+CONCURRENCY\s+KEY CONC\.\s+RATE\s+KEY RATE\s+WAITING\s+RUNNING\s+HELD$/);
+  assert.match(header!, /^NAME\s+PAUSED\s+CONCURRENCY\s+KEY CONC\.\s+RATE\s+KEY RATE\s+WAITING\s+RUNNING\s+HELD\s+RECORDS$/);
   assert.ok(
-    lines.some((l) => /^tenants\s+yes\s+10\s+1\s+50\/1s\s+100\/1m\s+1\s+0\s+-$/.test(l)),
+    lines.some((l) => /^tenants\s+yes\s+10\s+1\s+50\/1s\s+100\/1m\s+1\s+0\s+-\s+all$/.test(l)),
     table.stdout,
   );
   const json = await cli("queues", "list", "--json");
@@ -162,7 +163,7 @@ test("through a server (--server, no database): the same commands, the same erro
 
   const listed = await cli("queues", "list");
   assert.ok(
-    listed.stdout.split("\n").some((l) => /^remote-q\s+yes\s+-\s+2\s+5\/500ms\s+-\s+1\s+0\s+-$/.test(l)),
+    listed.stdout.split("\n").some((l) => /^remote-q\s+yes\s+-\s+2\s+5\/500ms\s+-\s+1\s+0\s+-\s+all$/.test(l)),
     listed.stdout,
   );
   const json = JSON.parse((await cli("queues", "list", "--json")).stdout) as { name: string; pausedAt: string }[];
@@ -180,4 +181,48 @@ test("through a server (--server, no database): the same commands, the same erro
   // A slash in a name travels in the path.
   assert.equal((await cli("queues", "limit", "team/a", "--concurrency", "4", "--create")).code, 0);
   assert.equal((await queueRow("team/a")).concurrency, 4);
+});
+
+test("queues history: on the database and through a server it sets and shows a queue's record of succeeded jobs; jobs show of a job not kept says so", async () => {
+  const direct = (...args: string[]) => runCli(args, { schema: lh.schema });
+  const env = { DATABASE_URL: "postgres://nobody@127.0.0.1:1/none", LEASEHOLD_TOKEN: TOKEN };
+  const remote = (...args: string[]) => runCli(["--server", base, ...args], { schema: lh.schema, env });
+  const keeps = async (name: string) => (await lh.pool.query("SELECT keep_succeeded FROM queues WHERE name = $1", [name])).rows[0]?.keep_succeeded;
+
+  for (const [cli, queue] of [
+    [direct, "lean-db"],
+    [remote, "lean-http"],
+  ] as const) {
+    const unknown = await cli("queues", "history", queue, "--no-keep-succeeded");
+    assert.equal(unknown.code, 3, unknown.stderr);
+    assert.ok(isOneLineError(unknown.stderr), unknown.stderr);
+    const off = await cli("queues", "history", queue, "--no-keep-succeeded", "--create");
+    assert.equal(off.code, 0, off.stderr);
+    assert.match(off.stdout, new RegExp(`^queue ${queue} keeps no record of succeeded jobs`));
+    assert.equal(await keeps(queue), false);
+    const shown = await cli("queues", "history", queue, "--json");
+    assert.equal(JSON.parse(shown.stdout).keepSucceeded, false);
+    const table = await cli("queues", "list");
+    assert.ok(
+      table.stdout.split("\n").some((l) => new RegExp(`^${queue}\\s.*\\sno succeeded$`).test(l)),
+      table.stdout,
+    );
+
+    // A job of it succeeds: `jobs show` says it finished and is not kept (exit 3, one line).
+    const [enqueued] = await lh.enqueueMany([{ task: "t", queue }]);
+    const [job] = await store.claimJobs(lh.pool, { queues: [queue], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+    await store.completeJobs(lh.pool, { workerId: "w", jobs: [{ id: job!.id, attempt: job!.attempt }] });
+    const show = await cli("jobs", "show", enqueued!.id);
+    assert.equal(show.code, 3, show.stderr);
+    assert.ok(isOneLineError(show.stderr), show.stderr);
+    assert.match(show.stderr, new RegExp(`job ${enqueued!.id} has finished and its record is not kept`));
+
+    const on = await cli("queues", "history", queue, "--keep-succeeded", "--json");
+    assert.equal(on.code, 0, on.stderr);
+    assert.equal(JSON.parse(on.stdout).keepSucceeded, true);
+    assert.equal(await keeps(queue), true);
+  }
+  const nothing = await direct("queues", "history", "lean-db", "--create");
+  assert.equal(nothing.code, 2);
+  assert.match(nothing.stderr, /--create needs --keep-succeeded or --no-keep-succeeded/);
 });

@@ -371,3 +371,45 @@ test("a remote worker over the server: nothing starts while its queue is paused;
     await worker.stop();
   }
 });
+
+test("a queue's record of succeeded jobs over HTTP: PATCH /v1/queues/:name/history sets it (400 naming a bad field, 404 an unknown queue, 403 the worker token); a job not kept is 410 job_not_kept", async () => {
+  const keeps = async (name: string) => (await lh.pool.query("SELECT keep_succeeded FROM queues WHERE name = $1", [name])).rows[0]?.keep_succeeded;
+  assert.equal((await api("PATCH", "/v1/queues/lean/history", { keepSucceeded: false })).status, 404);
+  const set = await api("PATCH", "/v1/queues/lean/history?create=true", { keepSucceeded: false });
+  assert.equal(set.status, 200, set.text);
+  assert.equal(set.json.queue.keepSucceeded, false);
+  assert.equal(await keeps("lean"), false);
+  const listed = (await api("GET", "/v1/queues")).json.queues as { name: string; keepSucceeded: boolean }[];
+  assert.equal(listed.find((q) => q.name === "lean")!.keepSucceeded, false);
+  assert.equal(listed.find((q) => q.name === "mail")!.keepSucceeded, true);
+  const overview = (await api("GET", "/v1/overview")).json.flow as { name: string; keepSucceeded: boolean }[];
+  assert.equal(overview.find((q) => q.name === "lean")!.keepSucceeded, false, "the dashboard's overview carries it");
+
+  for (const [body, message] of [
+    [{}, /keepSucceeded/],
+    [{ keepSucceeded: "false" }, /keepSucceeded/],
+    [{ keepSucceeded: false, keepFailed: false }, /keepFailed/],
+  ] as const) {
+    const bad = await api("PATCH", "/v1/queues/lean/history", body);
+    assert.equal(bad.status, 400, `${JSON.stringify(body)}: ${bad.text}`);
+    assert.equal(bad.json.error.code, "invalid_input");
+    assert.match(bad.json.error.message, message);
+  }
+  assert.equal(await keeps("lean"), false, "nothing changed");
+  assert.equal((await api("PATCH", "/v1/queues/lean/history", { keepSucceeded: true }, asWorker)).status, 403);
+
+  // A job of the queue, completed: not kept, 410 on read and on wait; an id never issued stays 404.
+  const [enqueued] = await lh.enqueueMany([{ task: "t", queue: "lean" }]);
+  const [job] = await store.claimJobs(lh.pool, { queues: ["lean"], limit: 1, workerId: "w", leaseMs: 30_000, tasks: ["t"] });
+  await store.completeJobs(lh.pool, { workerId: "w", jobs: [{ id: job!.id, attempt: job!.attempt }] });
+  for (const path of [`/v1/jobs/${enqueued!.id}`, `/v1/jobs/${enqueued!.id}/wait?timeoutMs=5000`]) {
+    const gone = await api("GET", path);
+    assert.deepEqual([gone.status, gone.json.error.code], [410, "job_not_kept"], `${path}: ${gone.text}`);
+    assert.match(gone.json.error.message, new RegExp(`job ${enqueued!.id} has finished and its record is not kept`));
+  }
+  const never = await api("GET", "/v1/jobs/987654321");
+  assert.deepEqual([never.status, never.json.error.code], [404, "job_not_found"]);
+
+  const back = await api("PATCH", "/v1/queues/lean/history", { keepSucceeded: true });
+  assert.equal(back.json.queue.keepSucceeded, true);
+});

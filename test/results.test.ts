@@ -9,7 +9,7 @@ import assert from "node:assert/strict";
 import type { FastifyInstance } from "fastify";
 import pg from "pg";
 import { createServer } from "../packages/cli/src/server/app.js";
-import { JobNotFoundError, ValidationError, WaitTimeoutError } from "../packages/leasehold/src/errors.js";
+import { JobNotFoundError, JobNotKeptError, ValidationError, WaitTimeoutError } from "../packages/leasehold/src/errors.js";
 import type { JobContext } from "../packages/leasehold/src/worker/context.js";
 import * as store from "../packages/leasehold/src/store/index.js";
 import { databaseUrl, eventually, freshLeasehold } from "./helpers/db.js";
@@ -377,8 +377,9 @@ test("retention forgets results with their jobs", async (t) => {
   await new Promise((r) => setTimeout(r, 2_100));
   assert.equal(await retention.runOnce(), 2);
   assert.equal((await lh.pool.query("SELECT count(*)::int AS n FROM job_history WHERE result IS NOT NULL")).rows[0].n, 0);
-  await assert.rejects(lh.getJob(jobs[0]!.id), JobNotFoundError);
-  await assert.rejects(lh.waitFor(jobs[1]!.id), JobNotFoundError);
+  // Not "never existed": the ids were issued, so the jobs finished and their records are gone.
+  await assert.rejects(lh.getJob(jobs[0]!.id), JobNotKeptError);
+  await assert.rejects(lh.waitFor(jobs[1]!.id), { code: "job_not_kept", name: "JobNotKeptError" });
 });
 
 test("remote workers send their results; the server checks them against its own cap and ends a refused one dead", async (t) => {

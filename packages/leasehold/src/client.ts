@@ -10,12 +10,13 @@ import type pg from "pg";
 import { silentLogger, type Logger } from "./logger.js";
 import type { MetricsRegistry } from "./metric-shapes.js";
 import { embeddedServer, type EmbeddedPostgresOptions, type EmbeddedServer } from "./embedded-options.js";
-import { ConfigError, JobNotFoundError, JobStateError, UnknownQueueError, ValidationError } from "./errors.js";
+import { ConfigError, JobStateError, UnknownQueueError, ValidationError } from "./errors.js";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, EnqueueWarning, JobRecord, ListedJob, NewJob } from "./jobs/types.js";
 import { JOB_STATES } from "./jobs/types.js";
 import { checkJobId } from "./jobs/ids.js";
 import { checkBatchKeyScopes, checkName, closestName, integerIn, normalizeJob } from "./jobs/validate.js";
-import { normalizeQueueLimits } from "./jobs/flow-limits.js";
+import { missingJobError } from "./jobs/missing.js";
+import { normalizeQueueHistory, normalizeQueueLimits } from "./jobs/flow-limits.js";
 import { attachWarnings, KnownTasks, unknownTasksMode, type UnknownTasksMode } from "./jobs/known-tasks.js";
 import { handlerGaps, type HandlerGap } from "./maintenance/handler-gaps.js";
 import { metricsFor, type Metrics } from "./metrics.js";
@@ -470,7 +471,7 @@ export class Leasehold {
           await getJobSteps(client, id),
         ] as const,
     );
-    if (!job) throw new JobNotFoundError(id);
+    if (!job) throw await missingJobError(this.pool, id);
     return { job, attempts, ...relations, reruns, ...steps };
   }
 
@@ -480,7 +481,8 @@ export class Leasehold {
   /**
    * Resolves with the job's record once it has finished: succeeded (with its `result`), dead
    * or cancelled. Woken by the database's notification, on one connection this client shares
-   * between all its waits (none per wait, no polling). JobNotFoundError for an unknown id,
+   * between all its waits (none per wait, no polling). JobNotFoundError for an unknown id
+   * (JobNotKeptError, one of them, for a job that finished without a record kept),
    * WaitTimeoutError after `timeoutMs`, the signal's reason when `signal` aborts.
    */
   waitFor(id: string, options: WaitOptions = {}): Promise<JobRecord> {
@@ -531,7 +533,7 @@ export class Leasehold {
   async cancel(id: string): Promise<"cancelled" | "cancel_requested"> {
     checkJobId(id);
     const result = await store.cancelJob(this.pool, id);
-    if (result === "not_found") throw new JobNotFoundError(id);
+    if (result === "not_found") throw await missingJobError(this.pool, id);
     if (typeof result === "object") throw new JobStateError(`job ${id} already finished (${result.finished}); nothing to cancel`);
     return result;
   }
@@ -574,7 +576,7 @@ export class Leasehold {
       }
       throw err;
     }
-    if (result === "not_found") throw new JobNotFoundError(id);
+    if (result === "not_found") throw await missingJobError(this.pool, id);
     if (typeof result === "object") {
       throw new JobStateError(`job ${id} is ${result.notRetryable}; only dead or cancelled jobs can be retried`);
     }
@@ -627,6 +629,20 @@ export class Leasehold {
     const checked = normalizeQueueLimits(limits);
     await this.checkQueue(name, options);
     return store.setQueueLimits(this.pool, name, checked);
+  }
+
+  /**
+   * Sets what a queue keeps of its finished jobs. `keepSucceeded: false`: a job that succeeds
+   * leaves no record (no result, no `getJob`, not listed; JobNotKeptError instead), which saves
+   * the record's write. Failed, dead and cancelled jobs keep theirs, and so does a succeeded job
+   * whose result someone needs: with dependents, a waiter (`waitFor`), or a durable parent
+   * awaiting it (docs/flow-control.md#records-of-succeeded-jobs). Takes effect for the
+   * completions that start after it returns.
+   */
+  async setQueueHistory(name: string, history: store.QueueHistory, options: { create?: boolean } = {}): Promise<store.QueueSettings> {
+    const checked = normalizeQueueHistory(history);
+    await this.checkQueue(name, options);
+    return store.setQueueHistory(this.pool, name, checked);
   }
 
   private async checkQueue(name: string, options: { create?: boolean }): Promise<void> {

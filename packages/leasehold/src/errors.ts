@@ -60,6 +60,19 @@ export class JobNotFoundError extends LeaseholdError {
   }
 }
 
+/**
+ * The id names a job that existed and has finished, but no record of it is kept: its queue keeps
+ * no record of succeeded jobs (setQueueHistory), or retention forgot it. A JobNotFoundError, so
+ * code that catches "not found" still does; `code` tells the two apart.
+ */
+export class JobNotKeptError extends JobNotFoundError {
+  override readonly code: string = "job_not_kept";
+  constructor(jobId: string) {
+    super(jobId);
+    this.message = `job ${jobId} has finished and its record is not kept (its queue keeps no record of succeeded jobs, or retention forgot it)`;
+  }
+}
+
 /** `waitFor` gave up: the job had not finished within the time given. Nothing was changed. */
 export class WaitTimeoutError extends LeaseholdError {
   constructor(

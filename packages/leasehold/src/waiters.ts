@@ -13,8 +13,9 @@
  * statement for all of them.
  */
 import type pg from "pg";
-import { JobNotFoundError, LeaseholdError, ValidationError, WaitTimeoutError } from "./errors.js";
+import { LeaseholdError, ValidationError, WaitTimeoutError } from "./errors.js";
 import { checkJobId } from "./jobs/ids.js";
+import { missingJobError } from "./jobs/missing.js";
 import type { JobRecord } from "./jobs/types.js";
 import type { Logger } from "./logger.js";
 import * as store from "./store/index.js";
@@ -96,19 +97,23 @@ export class JobWaiters {
     // Listening first: a notification after the mark must find the session there.
     this.start()
       .then(() => store.watchJob(this.pool, id))
-      .then(() => this.check(id, true))
+      .then(() => this.check(id))
       .catch((err: unknown) => waiter.reject(err));
     return done;
   }
 
-  /** Reads a job and settles its waiters if it has finished; `first`: a missing job is refused, not awaited. */
-  private async check(id: string, first = false): Promise<void> {
+  /** Reads a job and settles its waiters if it has finished; a missing job is refused, not awaited. */
+  private async check(id: string): Promise<void> {
     if (!this.waiters.has(id)) return;
     const job = await store.getJob(this.pool, id);
     const set = this.waiters.get(id);
     if (!set) return;
     if (!job) {
-      if (first) for (const w of set) w.reject(new JobNotFoundError(id));
+      // Never waited for: an unknown id, or a job that ended before the waiter marked it and
+      // kept no record (its queue keeps none of succeeded jobs, or retention forgot it). Not
+      // only on the first read: a job gone at a later read has ended too.
+      const error = await missingJobError(this.pool, id);
+      for (const w of set) w.reject(error);
       return;
     }
     if (UNFINISHED.has(job.state)) return;

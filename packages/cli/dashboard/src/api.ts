@@ -147,6 +147,8 @@ export interface QueueSettings extends QueueLimits {
   maxHoldMs: number | null;
   allowQueueHold: boolean;
   flow: boolean;
+  /** false: the queue keeps no record of its succeeded jobs (PATCH /v1/queues/NAME/history); absent from an earlier release's server. */
+  keepSucceeded?: boolean;
   updatedAt: string | null;
 }
 

@@ -6,7 +6,7 @@
  * flow (links, with their states); a durable job's steps and what it waits for. Retry, cancel
  * and re-run from a step, each after a confirmation, and the job's re-runs.
  */
-import type { AttemptRecord, JobDetail, JobLink } from "./api.js";
+import { ApiError, type AttemptRecord, type JobDetail, type JobLink } from "./api.js";
 import { badge, button, h, jobLink, jsonBlock, progressBar, replace, table } from "./dom.js";
 import { duration, time } from "./format.js";
 import { confirmChange, type View, type ViewContext } from "./view.js";
@@ -32,7 +32,16 @@ export function jobView(ctx: ViewContext): View {
   let shown = "";
   return {
     async refresh() {
-      const detail = await ctx.api.get<JobDetail>(`/v1/jobs/${id}`);
+      let detail: JobDetail;
+      try {
+        detail = await ctx.api.get<JobDetail>(`/v1/jobs/${id}`);
+      } catch (err) {
+        // Not a failure to read: the job finished and its queue keeps no record of it (or retention forgot it).
+        if (!(err instanceof ApiError && err.status === 410)) throw err;
+        if (shown !== "not kept") replace(ctx.root, h("h1", {}, `Job ${id}`), h("p", { class: "empty", "data-job": "not-kept" }, `${err.message}.`));
+        shown = "not kept";
+        return;
+      }
       if (stopping.has(id) && detail.job.state !== "running") {
         stopping.delete(id);
         ctx.flash(`Job ${id} stopped: it is ${detail.job.state} now.`);

@@ -1,9 +1,10 @@
 /**
- * Flow control on the overview: each queue's paused state, limits and a handler's hold of the
- * whole queue, and (unless the server is read-only) pause / resume, lifting the hold and a small
- * limits form, each change after a confirmation. The changes go through the operators' routes
- * (POST /v1/queues/NAME/pause|resume, DELETE /v1/queues/NAME/hold, PATCH /v1/queues/NAME/limits),
- * whose checks and messages are the library's.
+ * Flow control on the overview: each queue's paused state, limits, a handler's hold of the
+ * whole queue and whether it keeps records of succeeded jobs, and (unless the server is
+ * read-only) pause / resume, lifting the hold, a small limits form and switching the records,
+ * each change after a confirmation. The changes go through the operators' routes
+ * (POST /v1/queues/NAME/pause|resume, DELETE /v1/queues/NAME/hold, PATCH /v1/queues/NAME/limits
+ * and /history), whose checks and messages are the library's.
  */
 import type { QueueLimits, QueueSettings, Rate } from "./api.js";
 import { badge, button, h, jobLink } from "./dom.js";
@@ -56,13 +57,16 @@ export function flowCell(q: QueueSettings | undefined): HTMLElement {
   if (!q) return h("span", { "data-flow": "none" }, "–");
   const limits = limitsText(q);
   const held = isHeld(q);
+  const noRecords = q.keepSucceeded === false;
   return h(
     "span",
-    { "data-flow": q.paused ? "paused" : "active" },
+    { "data-flow": q.paused ? "paused" : "active", "data-records": noRecords ? "not-kept" : "kept" },
     q.paused && badge("paused", "paused"),
     held && badge("held", "held"),
-    (q.paused || held) && " ",
-    limits || (q.paused || held ? "" : "–"),
+    noRecords &&
+      h("span", { title: "succeeded jobs keep no record (no result, not listed), unless their result is needed" }, badge("no records", "no-records")),
+    (q.paused || held || noRecords) && " ",
+    limits || (q.paused || held || noRecords ? "" : "–"),
     q.paused && q.pausedAt && h("span", { class: "sub" }, ` since ${time(q.pausedAt)}`),
     held &&
       h(
@@ -88,7 +92,35 @@ export function queueActions(ctx: ViewContext, name: string, q: QueueSettings | 
       : button("Pause", () => void setPaused(ctx, name, true, onChange), { class: "secondary", "data-action": "pause-queue", "data-queue": name }),
     isHeld(q) && button("Clear hold", () => void clearHold(ctx, name), { class: "secondary", "data-action": "clear-hold", "data-queue": name }),
     button("Limits…", () => void editLimits(ctx, name, q, onChange), { class: "secondary", "data-action": "edit-limits", "data-queue": name }),
+    button(q?.keepSucceeded === false ? "Keep records" : "Keep no records", () => void setHistory(ctx, name, q?.keepSucceeded === false, onChange), {
+      class: "secondary",
+      "data-action": "queue-history",
+      "data-queue": name,
+    }),
   );
+}
+
+async function setHistory(ctx: ViewContext, name: string, keepSucceeded: boolean, onChange: OnQueueChange): Promise<void> {
+  const confirmed = keepSucceeded
+    ? await confirmChange(
+        `Keep records of succeeded jobs in queue “${name}”?`,
+        "Jobs that succeed from now on keep their record: result, last attempt, times.",
+        "Keep records",
+      )
+    : await confirmChange(
+        `Keep no record of succeeded jobs in queue “${name}”?`,
+        "Jobs that succeed from now on leave no record: no result, no details page, not listed. Failed, dead and cancelled jobs keep theirs, and so do jobs whose result is needed (dependents, a waiter, a durable parent).",
+        "Keep no records",
+      );
+  if (!confirmed) return;
+  try {
+    const { queue } = await ctx.api.patch<{ queue: QueueSettings }>(`/v1/queues/${encodeURIComponent(name)}/history?create=true`, { keepSucceeded });
+    onChange(queue);
+    ctx.flash(queue.keepSucceeded ? `Queue ${name} keeps records of succeeded jobs.` : `Queue ${name} keeps no record of succeeded jobs.`);
+  } catch (err) {
+    ctx.flash(err instanceof Error ? err.message : String(err), "error");
+  }
+  ctx.refresh();
 }
 
 async function clearHold(ctx: ViewContext, name: string): Promise<void> {

@@ -2,7 +2,7 @@
  * Exit codes and the one-line error every command failure becomes. No stack traces: the
  * user gets what went wrong and, where we know it, what to do.
  *
- *   0 success · 1 unexpected error · 2 bad usage or input · 3 job (or queue) not found
+ *   0 success · 1 unexpected error · 2 bad usage or input · 3 job (or queue) not found, or a job's record not kept
  *   4 the job's state does not allow it · 5 database or server unreachable
  *   `jobs wait` also: 6 the job ended dead or cancelled · 7 it did not finish within --timeout
  */
@@ -27,6 +27,7 @@ const EXIT_BY_CODE: Record<string, number> = {
   unknown_task: EXIT.usage,
   no_worker_for_task: EXIT.usage,
   job_not_found: EXIT.notFound,
+  job_not_kept: EXIT.notFound,
   callback_not_found: EXIT.notFound,
   callback_gone: EXIT.invalidState,
   unknown_queue: EXIT.notFound,

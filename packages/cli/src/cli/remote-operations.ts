@@ -5,7 +5,7 @@
  */
 import type { Leasehold, ListJobsOptions, Stats } from "leasehold/internal/client";
 import { checkJobId } from "leasehold/internal/jobs/ids";
-import { JobNotFoundError, JobStateError, ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
+import { JobNotFoundError, JobNotKeptError, JobStateError, ValidationError, WaitTimeoutError } from "leasehold/internal/errors";
 import type { JobRelations } from "leasehold/internal/store/admin";
 import type { JobRerun } from "leasehold/internal/store/reruns";
 import type { Rerun, RerunOptions } from "leasehold/internal/durable-admin";
@@ -14,7 +14,7 @@ import type { JobStep, JobSteps, JobWait } from "leasehold/internal/store/step-v
 import type { WaitOptions } from "leasehold/internal/waiters";
 import type { AttemptRecord, EnqueueOptions, EnqueuedJob, JobRecord, ListedJob, NewJob } from "leasehold/internal/jobs/types";
 import type { BatchInput, FlowNode } from "leasehold/internal/jobs/flow-graph";
-import type { ClearedHolds, QueueDepth, QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
+import type { ClearedHolds, QueueDepth, QueueHistory, QueueInfo, QueueLimits, QueueSettings } from "leasehold/internal/store/index";
 import { ServerError, ServerUnavailableError } from "leasehold/internal/worker/remote-transport";
 
 /** What the job and queue commands need: the `Leasehold` client has it, and so does this API client. */
@@ -37,6 +37,7 @@ export type JobOperations = Pick<
   | "pauseQueue"
   | "resumeQueue"
   | "setQueueLimits"
+  | "setQueueHistory"
   | "clearQueueHolds"
   | "sendEvent"
 >;
@@ -199,6 +200,10 @@ export class RemoteOperations implements JobOperations {
     return this.queueCall("PATCH", name, "limits", options, limits);
   }
 
+  async setQueueHistory(name: string, history: QueueHistory, options: { create?: boolean } = {}): Promise<QueueSettings> {
+    return this.queueCall("PATCH", name, "history", options, history);
+  }
+
   async clearQueueHolds(name: string): Promise<ClearedHolds> {
     return (await this.call<{ cleared: ClearedHolds }>("DELETE", `/v1/queues/${encodeURIComponent(name)}/hold`)).cleared;
   }
@@ -250,6 +255,7 @@ export class RemoteOperations implements JobOperations {
     const code = parsed.error?.code ?? "server_error";
     const message = parsed.error?.message ?? `server answered ${response.status}`;
     if (code === "job_not_found" && jobId) throw new JobNotFoundError(jobId);
+    if (code === "job_not_kept" && jobId) throw new JobNotKeptError(jobId);
     if (code === "invalid_state") throw new JobStateError(message);
     // The library's own message (did you mean, how to create it), with its code for the exit status.
     if (code === "unknown_queue") throw new ServerError(code, message, response.status);

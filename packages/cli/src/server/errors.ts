@@ -13,6 +13,8 @@ const STATUS_BY_CODE: Record<string, number> = {
   unknown_task: 400,
   no_worker_for_task: 400,
   job_not_found: 404,
+  // the job existed and finished, and no record of it is kept (its queue's setting, or retention)
+  job_not_kept: 410,
   unknown_queue: 404,
   invalid_state: 409,
   stale_lease: 409,

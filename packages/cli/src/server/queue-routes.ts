@@ -1,6 +1,6 @@
 /**
  * Flow control for operators (docs/flow-control.md): list the queues with their settings,
- * pause and resume one, change its limits, lift its handlers' holds. Each goes through the library's method, so the
+ * pause and resume one, change its limits, lift its handlers' holds, set what it keeps of its finished jobs. Each goes through the library's method, so the
  * checks (a value out of range, an unknown queue) and their messages are the same as for
  * `lh.pauseQueue` and the CLI. A queue nobody has named yet is refused (404 unknown_queue)
  * unless `create=true` says to configure it before its first job. And every queue's depth,
@@ -8,7 +8,7 @@
  */
 import type { FastifyInstance } from "fastify";
 import type { Leasehold } from "leasehold/internal/client";
-import type { QueueLimits } from "leasehold/internal/store/index";
+import type { QueueHistory, QueueLimits } from "leasehold/internal/store/index";
 import { routes } from "./schemas.js";
 
 interface QueueRequest {
@@ -39,6 +39,15 @@ export function registerQueueRoutes(app: FastifyInstance, lh: Leasehold): void {
     async (request) => {
       const { create, ...limits } = request.body;
       return { queue: await lh.setQueueLimits(request.params.name, limits, { create: create === true || request.query.create === "true" }) };
+    },
+  );
+
+  app.patch<QueueRequest & { Body: QueueHistory & { create?: boolean } }>(
+    "/v1/queues/:name/history",
+    { schema: routes.setQueueHistory },
+    async (request) => {
+      const { create, ...history } = request.body;
+      return { queue: await lh.setQueueHistory(request.params.name, history, { create: create === true || request.query.create === "true" }) };
     },
   );
 }

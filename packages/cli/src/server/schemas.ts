@@ -88,7 +88,7 @@ export const errorSchema = {
         code: {
           type: "string",
           description:
-            "stable code: invalid_input, unauthorized, forbidden, job_not_found, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, unique_key_conflict, callback_not_found, callback_gone, payload_too_large, answer_too_large, server_unavailable, internal_error, not_found",
+            "stable code: invalid_input, unauthorized, forbidden, job_not_found, job_not_kept, unknown_queue, invalid_state, stale_lease, name_in_use, worker_id_in_use, invalid_identity, unique_key_conflict, callback_not_found, callback_gone, payload_too_large, answer_too_large, server_unavailable, internal_error, not_found",
         },
         message: { type: "string" },
         jobs: { type: "array", description: "stale_lease only: the refused attempts and why", items: { type: "object", additionalProperties: true } },
@@ -109,7 +109,7 @@ const ERROR_TEXT: Record<number, string> = {
     "invalid_identity: the worker identity proof is missing or not the one attach returned to this worker",
   404: "no such job",
   409: "the operation does not apply: stale lease (nothing changed), wrong job state, or a worker name or id already in use",
-  410: "callback_gone: the callback was completed already, its wait timed out, or its job finished",
+  410: "callback_gone: the callback was completed already, its wait timed out, or its job finished; job_not_kept: the job finished and no record of it is kept",
   413: "request body too large",
   503: "the server cannot reach its database",
 };
@@ -409,6 +409,11 @@ export const queueSettingsSchema = {
     heldUntil: { ...TIME, description: "a handler asked the whole queue to hold back until then (RateLimitedError); in force while in the future" },
     heldByJob: { type: ["string", "null"], description: "the job whose RateLimitedError set that hold" },
     flow: { type: "boolean", description: "claimed under flow control (paused, limited, keyed or held)" },
+    keepSucceeded: {
+      type: "boolean",
+      description:
+        "succeeded jobs keep their record (result, last attempt, times); false: the queue keeps none, except of jobs whose result is needed",
+    },
     updatedAt: TIME,
   },
 };
@@ -926,6 +931,24 @@ export const routes = {
     },
     response: { 200: queueAnswer, ...QUEUE_ERRORS },
   },
+  setQueueHistory: {
+    ...secured,
+    tags: ["queues"],
+    summary: "Set what a queue keeps of its finished jobs, at run time: keepSucceeded false keeps no record of succeeded jobs",
+    description:
+      "Binds the completions that start after it. Failed, dead and cancelled jobs keep their records, and so does a succeeded job whose " +
+      "result is needed (dependents, a waiter, a durable parent); a job whose record is not kept answers 410 job_not_kept.",
+    params: queueParams,
+    querystring: CREATE_QUERY,
+    body: object(
+      {
+        keepSucceeded: { type: "boolean", description: "false: keep no record of succeeded jobs; true (the default): keep them" },
+        create: { type: "boolean", description: "as the create query parameter" },
+      },
+      ["keepSucceeded"],
+    ),
+    response: { 200: queueAnswer, ...QUEUE_ERRORS },
+  },
   enqueue: {
     ...secured,
     tags: ["jobs"],
@@ -998,7 +1021,7 @@ export const routes = {
           wait: JOB_WAIT,
         },
       },
-      ...errors(400, 401, 403, 404, 503),
+      ...errors(400, 401, 403, 404, 410, 503),
     },
   },
   waitJob: {
@@ -1013,7 +1036,7 @@ export const routes = {
     querystring: object({ timeoutMs: { type: "string", pattern: "^[0-9]{1,9}$", description: `ms to wait, at most ${MAX_WAIT_MS}` } }),
     response: {
       200: { type: "object", properties: { finished: { type: "boolean" }, job: jobRecordSchema } },
-      ...errors(400, 401, 403, 404, 503),
+      ...errors(400, 401, 403, 404, 410, 503),
     },
   },
   cancel: {
@@ -1023,7 +1046,7 @@ export const routes = {
     params: idParams,
     response: {
       200: { type: "object", properties: { result: { type: "string", enum: ["cancelled", "cancel_requested"] } } },
-      ...errors(400, 401, 403, 404, 409, 503),
+      ...errors(400, 401, 403, 404, 410, 409, 503),
     },
   },
   retry: {
@@ -1031,7 +1054,10 @@ export const routes = {
     tags: ["jobs"],
     summary: "Move a dead or cancelled job back to waiting with a fresh retry budget",
     params: idParams,
-    response: { 200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } }, ...errors(400, 401, 403, 404, 409, 503) },
+    response: {
+      200: { type: "object", properties: { result: { type: "string", enum: ["retried"] } } },
+      ...errors(400, 401, 403, 404, 410, 409, 503),
+    },
   },
   rerun: {
     ...secured,

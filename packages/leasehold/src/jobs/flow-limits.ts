@@ -4,7 +4,7 @@
  * it and never reaches the database (whose CHECKs would say less).
  */
 import { ValidationError } from "../errors.js";
-import type { QueueLimits, RateLimit } from "../store/flow.js";
+import type { QueueHistory, QueueLimits, RateLimit } from "../store/flow.js";
 import { checkText, describeValue, integerIn, MAX_FLOW_KEY_LENGTH } from "./validate.js";
 
 export const MAX_CONCURRENCY_LIMIT = 100_000;
@@ -89,4 +89,16 @@ export function checkRetryIn(ms: unknown, scope: unknown): void {
   if (scope !== "key" && scope !== "queue" && scope !== "job") {
     throw new ValidationError(`RateLimitedError: scope must be "key", "queue" or "job" (got ${describeValue(scope)})`);
   }
+}
+
+/** Checks what a queue keeps of its finished jobs (setQueueHistory): `{ keepSucceeded: boolean }`. */
+export function normalizeQueueHistory(history: unknown): QueueHistory {
+  if (history === null || typeof history !== "object" || Array.isArray(history)) {
+    throw new ValidationError(`queue history must be an object { keepSucceeded } (got ${describeValue(history)})`);
+  }
+  const { keepSucceeded, ...rest } = history as Record<string, unknown>;
+  const extra = Object.keys(rest)[0];
+  if (extra !== undefined) throw new ValidationError(`unknown queue history setting "${extra}" (known: keepSucceeded)`);
+  if (typeof keepSucceeded !== "boolean") throw new ValidationError(`keepSucceeded must be true or false (got ${describeValue(keepSucceeded)})`);
+  return { keepSucceeded };
 }

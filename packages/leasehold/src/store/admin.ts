@@ -93,6 +93,28 @@ export async function getJob(db: Queryable, id: string): Promise<JobRecord | und
   return rows[0] ? toRecord(rows[0]) : undefined;
 }
 
+/**
+ * Whether an id was handed out by the jobs' id sequence: a job no table holds but whose id was
+ * issued has finished and its record is not kept (or retention forgot it), rather than never
+ * existed. The sequence's last value, not a scan. A role that may not read the sequence gets no
+ * answer (null): "not found" then, as before.
+ */
+const JOB_ID_ISSUED = statement(
+  "jobIdIssued",
+  `SELECT $1::bigint <= coalesce(pg_sequence_last_value(pg_get_serial_sequence(quote_ident(current_schema()) || '.jobs', 'id')::regclass), 0)
+          AS issued`,
+  { issued: "bool" },
+);
+
+export async function jobIdIssued(db: Queryable, id: string): Promise<boolean | null> {
+  try {
+    return (await run(db, JOB_ID_ISSUED, [id]))[0]!.issued;
+  } catch (err) {
+    if ((err as { code?: string }).code === "42501") return null;
+    throw err;
+  }
+}
+
 export async function getAttempts(db: Queryable, jobId: string): Promise<AttemptRecord[]> {
   const rows = await run(db, GET_ATTEMPTS, [jobId]);
   return rows.map((r) => ({

@@ -2,6 +2,29 @@ import { quoteIdent, type Queryable } from "./db.js";
 import { run, statement } from "./sql.js";
 
 /**
+ * Whether a succeeded row of `done` keeps its job_history record. Every queue does unless it
+ * opted out (queues.keep_succeeded, migration 032); even then a job keeps it when someone needs
+ * its result (dependents, a waiter, a durable parent awaiting it) or when retention forgets its
+ * other rows with the record (its edges in a flow, earlier attempts' audit, durable steps):
+ * without the record those rows would never be forgotten. The queue test comes first: the
+ * opted-out queues are read once per statement (a hashed subplan, a hash probe per row), so a
+ * queue that keeps its records pays nothing more; the job_steps probe runs only for jobs of an
+ * opted-out queue.
+ */
+const keepsRecord = (s = "") => `(queue NOT IN (SELECT name FROM ${s}queues WHERE NOT keep_succeeded)
+          OR has_dependents OR watched OR awaited_by IS NOT NULL OR parents_pending IS NOT NULL OR attempt > 1
+          OR EXISTS (SELECT 1 FROM ${s}job_steps AS st WHERE st.job_id = done.id))`;
+
+/**
+ * What an ending statement carries from the deleted row to its record, and what tells
+ * whether the record is kept (keepsRecord): not `j.*`, whose other columns
+ * (leases, flow state, waits) the statement would copy for every job and never read.
+ */
+const RECORDED = `j.id, j.queue, j.task, j.payload, j.priority, j.attempt, j.spent_attempts, j.max_attempts, j.lease_ms,
+            j.progress, j.checkpoint, j.last_error, j.unique_key, j.created_at, j.started_at, j.locked_by, j.fence,
+            j.progress_timeout_ms, j.max_run_ms, j.max_run_unlimited, j.has_dependents, j.watched, j.awaited_by, j.parents_pending`;
+
+/**
  * Success for a batch of attempts, fenced like a heartbeat by (id, attempt, worker).
  * In one statement the job leaves the hot table for job_history (the generation of this
  * moment: retention empties old generations whole), and its final attempt's audit fields
@@ -18,15 +41,6 @@ import { run, statement } from "./sql.js";
  * ($4 -> id, a lookup per row), null when no job in the batch has one, so a plain
  * completion pays nothing. A cancel that won keeps no result: the success was refused.
  */
-/**
- * What an ending statement carries from the deleted row to its record, and whether someone
- * needs the record (dependents, a waiter, an awaiting job): not `j.*`, whose other columns
- * (leases, flow state, waits) the statement would copy for every job and never read.
- */
-const RECORDED = `j.id, j.queue, j.task, j.payload, j.priority, j.attempt, j.spent_attempts, j.max_attempts, j.lease_ms,
-            j.progress, j.checkpoint, j.last_error, j.unique_key, j.created_at, j.started_at, j.locked_by, j.fence,
-            j.progress_timeout_ms, j.max_run_ms, j.max_run_unlimited, j.has_dependents, j.watched, j.awaited_by`;
-
 const COMPLETE_JOBS = statement(
   "completeJobs",
   `
@@ -45,6 +59,7 @@ WITH done AS (
          locked_by, final_state, fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT history_generation(now())),
          CASE WHEN final_state = 'succeeded' THEN $4::jsonb -> id::text END
     FROM done
+   WHERE final_state <> 'succeeded' OR ${keepsRecord()}
 )
 SELECT id, final_state AS state FROM done`,
   { id: "int8", state: "text" },
@@ -152,6 +167,7 @@ WITH done AS (
          locked_by, 'succeeded', fence, progress_timeout_ms, max_run_ms, max_run_unlimited, (SELECT ${s}history_generation(now())),
          $4::jsonb
     FROM done
+   WHERE ${keepsRecord(s)}
 )
 SELECT (SELECT count(*) FROM done)::int AS completed,
        coalesce(current_setting('${TRANSACTION_MARKER}', true) = $5::text, false) AS ours`;

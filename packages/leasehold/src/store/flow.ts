@@ -52,6 +52,11 @@ export interface QueueSettings extends QueueLimits {
   heldByJob: string | null;
   /** Claimed through claim_flow() (paused, limited, keyed or held). */
   flow: boolean;
+  /**
+   * Succeeded jobs keep their record (job_history: result, last attempt, times). false: the
+   * queue opted out (setQueueHistory); a job whose result someone needs keeps it anyway.
+   */
+  keepSucceeded: boolean;
   updatedAt: Date | null;
 }
 
@@ -70,7 +75,7 @@ export const MAX_LISTED_HOLDS = 10;
 
 const SETTINGS_COLUMNS = `name, paused, paused_at, concurrency, key_concurrency, rate_limit, rate_window_ms, key_rate_limit,
        key_rate_window_ms, key_weights, max_hold_ms, allow_queue_hold, keyed, held_until, held_by_job,
-       flow OR coalesce(held_until > now(), false) AS flow, updated_at`;
+       flow OR coalesce(held_until > now(), false) AS flow, keep_succeeded, updated_at`;
 
 const SETTINGS = {
   name: "text",
@@ -89,6 +94,7 @@ const SETTINGS = {
   held_until: "timestamptz?",
   held_by_job: "int8?",
   flow: "bool",
+  keep_succeeded: "bool",
   updated_at: "timestamptz?",
 } as const;
 
@@ -109,6 +115,7 @@ function toSettings(r: RowOf<typeof SETTINGS>): QueueSettings {
     heldUntil: r.held_until,
     heldByJob: r.held_by_job,
     flow: r.flow,
+    keepSucceeded: r.keep_succeeded,
     updatedAt: r.updated_at,
   };
 }
@@ -142,7 +149,8 @@ const LIST_QUEUES = statement(
 SELECT n.name, coalesce(q.paused, false) AS paused, q.paused_at, q.concurrency, q.key_concurrency, q.rate_limit,
        q.rate_window_ms, q.key_rate_limit, q.key_rate_window_ms, q.key_weights, q.max_hold_ms,
        coalesce(q.allow_queue_hold, false) AS allow_queue_hold, coalesce(q.keyed, false) AS keyed,
-       q.held_until, q.held_by_job, coalesce(q.flow OR q.held_until > now(), q.flow, false) AS flow, q.updated_at,
+       q.held_until, q.held_by_job, coalesce(q.flow OR q.held_until > now(), q.flow, false) AS flow,
+       coalesce(q.keep_succeeded, true) AS keep_succeeded, q.updated_at,
        coalesce(c.waiting, 0) AS waiting, coalesce(c.running, 0) AS running,
        to_jsonb(CASE WHEN q.held_until > now()
                      THEN ARRAY[jsonb_build_object('key', NULL, 'until', q.held_until, 'jobId', q.held_by_job::text)]
@@ -193,6 +201,25 @@ const SET_PAUSED = statement(
 
 export async function setQueuePaused(db: Queryable, name: string, paused: boolean): Promise<QueueSettings> {
   return toSettings((await run(db, SET_PAUSED, [name, paused]))[0]!);
+}
+
+/** What a queue keeps of its finished jobs (migration 032). */
+export interface QueueHistory {
+  /** false: a succeeded job leaves no record, unless someone needs its result (store/finish.ts). */
+  keepSucceeded: boolean;
+}
+
+/** Takes effect for the completions that start after it commits; nothing already recorded changes. */
+const SET_HISTORY = statement(
+  "setQueueHistory",
+  `INSERT INTO queues AS q (name, keep_succeeded) VALUES ($1, $2)
+   ON CONFLICT (name) DO UPDATE SET keep_succeeded = EXCLUDED.keep_succeeded, updated_at = now()
+   RETURNING ${SETTINGS_COLUMNS}`,
+  SETTINGS,
+);
+
+export async function setQueueHistory(db: Queryable, name: string, history: QueueHistory): Promise<QueueSettings> {
+  return toSettings((await run(db, SET_HISTORY, [name, history.keepSucceeded]))[0]!);
 }
 
 /**

@@ -44,13 +44,14 @@ export {
   queueKnown,
   setQueuePaused,
   setQueueLimits,
+  setQueueHistory,
   clearQueueHolds,
   pruneFlowKeyState,
   pruneFlowStarts,
   DEFAULT_MAX_HOLD_MS,
   MAX_LISTED_HOLDS,
 } from "./flow.js";
-export type { QueueSettings, QueueInfo, QueueLimits, QueueHold, ClearedHolds, RateLimit } from "./flow.js";
+export type { QueueSettings, QueueInfo, QueueLimits, QueueHistory, QueueHold, ClearedHolds, RateLimit } from "./flow.js";
 export {
   lockLiveness,
   announceWorker,

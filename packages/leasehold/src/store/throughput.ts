@@ -12,7 +12,9 @@ import { run, statement } from "./sql.js";
 
 /**
  * One sample per slot of `$1` ms, whoever takes it first: several servers sampling at once
- * store one row. job_history's counters are its generations' (partitions') sums.
+ * store one row. job_history's counters are its generations' (partitions') sums: "finished"
+ * counts the records written, so the succeeded jobs of a queue that keeps no record of them
+ * (queues.keep_succeeded, migration 032) are not in it; dead jobs always are.
  */
 const SAMPLE_THROUGHPUT = statement(
   "sampleThroughput",

@@ -1,6 +1,6 @@
 /**
- * `leasehold queues list|depth|pause|resume|limit|clear-hold`: flow control at run time, for the whole fleet
- * (docs/flow-control.md), and the queues' depth (docs/deployment.md#autoscaling). On the
+ * `leasehold queues list|depth|pause|resume|limit|clear-hold|history`: flow control at run time, for the whole fleet
+ * (docs/flow-control.md), what a queue keeps of its finished jobs, and the queues' depth (docs/deployment.md#autoscaling). On the
  * database, or through a server with --server.
  */
 import type { Command } from "commander";
@@ -21,7 +21,7 @@ import {
   type RateLimit,
 } from "leasehold/internal/store/index";
 import type { Run } from "../context.js";
-import { CliError } from "../errors.js";
+import { CliError, EXIT } from "../errors.js";
 import { table } from "../format.js";
 import { duration, int } from "../parse.js";
 
@@ -149,6 +149,35 @@ export function registerQueueCommands(program: Command, run: Run): void {
         cli.result(q, () => `queue ${name}: ${describeLimits(q)}`);
       }),
     );
+
+  queues
+    .command("history <name>")
+    .description("set what a queue keeps of its finished jobs, for the completions from now on (without a flag: show it)")
+    // --keep-succeeded first: declared after it, --no-keep-succeeded leaves the value unset unless given
+    .option("--keep-succeeded", "keep a record of every finished job (the default)")
+    .option("--no-keep-succeeded", "keep no record of succeeded jobs (no result, no `jobs show`); a job whose result is needed keeps it")
+    .option("--create", CREATE_HELP)
+    .action(
+      run(async (cli, name: string, flags: { keepSucceeded?: boolean; create?: boolean }) => {
+        const lh = await cli.operations();
+        if (flags.keepSucceeded === undefined) {
+          if (flags.create) throw new CliError("--create needs --keep-succeeded or --no-keep-succeeded: there is nothing to set without one");
+          const q = (await lh.listQueues()).find((x) => x.name === name);
+          if (!q) throw new CliError(`queue ${JSON.stringify(name)} is unknown: no job, worker or setting names it`, EXIT.notFound);
+          cli.result(q, () => historyText(q));
+          return;
+        }
+        const q = await lh.setQueueHistory(name, { keepSucceeded: flags.keepSucceeded }, { create: flags.create });
+        cli.result(q, () => historyText(q));
+      }),
+    );
+}
+
+/** The queue's setting, said as what it means for the jobs. */
+function historyText(q: QueueSettings): string {
+  return q.keepSucceeded
+    ? `queue ${q.name} keeps a record of every finished job`
+    : `queue ${q.name} keeps no record of succeeded jobs (failed, dead and cancelled ones, and those whose result is needed, keep theirs)`;
 }
 
 /** Commander turns a parser's null into "", so "none" travels as itself until here. */
@@ -273,7 +302,7 @@ function holdsText(q: QueueInfo): string {
 function queuesTable(list: QueueInfo[]): string {
   if (list.length === 0) return "no queues";
   return table(
-    ["NAME", "PAUSED", "CONCURRENCY", "KEY CONC.", "RATE", "KEY RATE", "WAITING", "RUNNING", "HELD"],
+    ["NAME", "PAUSED", "CONCURRENCY", "KEY CONC.", "RATE", "KEY RATE", "WAITING", "RUNNING", "HELD", "RECORDS"],
     list.map((q) => [
       q.name,
       q.paused ? "yes" : "no",
@@ -284,6 +313,8 @@ function queuesTable(list: QueueInfo[]): string {
       String(q.waiting),
       String(q.running),
       holdsText(q),
+      // A server of an earlier release does not say.
+      q.keepSucceeded === false ? "no succeeded" : q.keepSucceeded === undefined ? "-" : "all",
     ]),
   );
 }
