@@ -130,3 +130,38 @@ test("connectRetry ends by name when its time runs out, and is checked at connec
     /connectRetry\.onRetry must be a function/,
   );
 });
+
+test("with connectRetry, a server ending the connection between connect's first statement and its schema check is waited for too", async (t) => {
+  const lh = await freshLeasehold(t);
+  // The schema check reads schema_migrations: held here, it waits, and is then ended as a
+  // restarting server ends its sessions (57P01, "terminating connection due to administrator command").
+  const holder = await lh.pool.connect();
+  await holder.query("BEGIN");
+  await holder.query(`LOCK TABLE ${lh.schema}.schema_migrations IN ACCESS EXCLUSIVE MODE`);
+  const retries: ConnectRetry[] = [];
+  const connecting = Leasehold.connect({
+    databaseUrl: databaseUrl(),
+    schema: lh.schema,
+    migrate: false,
+    logger: silent,
+    metricsRegistry: new Registry(),
+    connectRetry: { timeoutMs: 30_000, onRetry: (r) => retries.push(r) },
+  });
+  connecting.catch(() => {});
+  let ended = 0;
+  for (let i = 0; i < 500 && ended === 0; i++) {
+    const { rows } = await lh.pool.query<{ n: number }>(
+      `SELECT count(pg_terminate_backend(pid))::int AS n FROM pg_stat_activity
+        WHERE wait_event_type = 'Lock' AND query LIKE '%schema_migrations%' AND pid <> pg_backend_pid()`,
+    );
+    ended = rows[0]!.n;
+    if (ended === 0) await new Promise((r) => setTimeout(r, 10));
+  }
+  assert.equal(ended, 1, "the schema check was waiting on the lock");
+  await holder.query("ROLLBACK");
+  holder.release();
+  const client = await connecting;
+  assert.ok(retries.length >= 1, "the ended session was waited for as a database coming back");
+  assert.equal((retries[0]!.error.cause as { code?: string }).code, "57P01");
+  await client.close();
+});

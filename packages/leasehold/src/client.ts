@@ -236,14 +236,16 @@ export class Leasehold {
     try {
       // The first statement connects: a database that cannot be reached fails here, by name
       // (or is waited for, with connectRetry). Migrations run in one transaction (with a
-      // transaction-scoped lock): through a transaction pooler too.
-      const applied = await reachingDatabase(url, connectRetry, logger, () =>
-        options.migrate === false ? pool.query("SELECT 1").then((): string[] => []) : store.migrate(pool, schema),
-      );
+      // transaction-scoped lock): through a transaction pooler too. The checks after it are
+      // waited for the same way: a server restarting between two of them (its connections
+      // ended, 57P01) is a database coming up again, not a refusal.
+      const { applied, ahead } = await reachingDatabase(url, connectRetry, logger, async () => {
+        const applied = options.migrate === false ? (await pool.query("SELECT 1"), []) : await store.migrate(pool, schema);
+        if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
+        // Refuses a schema this code cannot run against; one ahead of it is a rolling upgrade (docs/upgrading.md).
+        return { applied, ahead: (await store.checkSchemaVersion(pool, schema)).ahead };
+      });
       if (applied.length > 0) logger.info({ schema, migrations: applied }, "applied migrations");
-      if (pooling === "transaction") await store.checkPooledSchema(pool, schema);
-      // Refuses a schema this code cannot run against; one ahead of it is a rolling upgrade (docs/upgrading.md).
-      const { ahead } = await store.checkSchemaVersion(pool, schema);
       if (ahead.length > 0) {
         logger.info(
           { schema, migrations: ahead.map((m) => m.name) },
