@@ -24,7 +24,7 @@ import { createJobContext } from "./job-context.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Outage } from "./outage.js";
-import { reportEnd, type JobOutcome } from "./report-end.js";
+import { reportEnd, reportPlainSuccess, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
@@ -107,7 +107,8 @@ export class Worker extends WorkerEmitter {
   private readonly limitReached = (entry: InFlight, outcome: LimitOutcome) => this.endAtLimit(entry, outcome);
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
-  private readonly endings = new Map<string, CounterChild>();
+  /** By queue, then outcome: no key string made per job. */
+  private readonly endings = new Map<string, Map<string, CounterChild>>();
   /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
   private readonly hooks: ComposedHooks;
 
@@ -414,8 +415,10 @@ export class Worker extends WorkerEmitter {
     const perQueue = new Map<string, number>();
     for (const job of jobs) {
       const task = this.settings.tasks.get(job.task);
+      const key = attemptKey(job);
       const entry: InFlight = {
         job,
+        key,
         renewedAt: sentAt,
         claimedAt: sentAt,
         phase: "buffered",
@@ -427,7 +430,7 @@ export class Worker extends WorkerEmitter {
       // This worker lost the older attempt's lease (it was too slow to beat) and has now
       // claimed the job again: the older attempt can only be refused, so stop it.
       if (older) this.leaseLost(older, "reclaimed");
-      this.inFlight.set(attemptKey(job), entry);
+      this.inFlight.set(key, entry);
       this.newestAttempt.set(job.id, entry);
       // Claimed before this worker gave up on its liveness: the watchdog may recover it.
       if (sentAt <= this.liveness.gaveUpAt) stale.push(entry);
@@ -545,13 +548,18 @@ export class Worker extends WorkerEmitter {
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const around = this.hooks.aroundHandler;
-    const run = async () => {
+    // Called here rather than in an async wrapper (a closure and a promise per job); a handler
+    // that throws before returning its promise ends the same way as one whose promise rejects.
+    let running: unknown;
+    try {
       if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
       const ctx = createJobContext(entry, this);
       // Without middleware, no closure is made for `next`.
-      return around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
-    };
-    run().then(
+      running = around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
+    } catch (err) {
+      running = Promise.reject(err);
+    }
+    Promise.resolve(running).then(
       (value) => {
         entry.returned = value;
         this.handlerEnded(entry, undefined);
@@ -568,9 +576,10 @@ export class Worker extends WorkerEmitter {
 
   /** @internal Counts an attempt's end by queue and outcome. */
   countEnded(queue: string, outcome: string): void {
-    const key = `${queue}\u0000${outcome}`;
-    let child = this.endings.get(key);
-    if (!child) this.endings.set(key, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
+    let ofQueue = this.endings.get(queue);
+    if (!ofQueue) this.endings.set(queue, (ofQueue = new Map()));
+    let child = ofQueue.get(outcome);
+    if (!child) ofQueue.set(outcome, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
     child.inc();
   }
 
@@ -651,6 +660,11 @@ export class Worker extends WorkerEmitter {
       this.ended(entry, { state: "lost", reason: entry.lostReason }, err);
       return;
     }
+    if (err === undefined) {
+      this.reporting++;
+      if (reportPlainSuccess(this, entry, (result) => this.reported(entry, result, undefined))) return;
+      this.reporting--;
+    }
     void this.report(entry, err);
   }
 
@@ -667,16 +681,31 @@ export class Worker extends WorkerEmitter {
 
   private async report(entry: InFlight, err: unknown, outcome?: LimitOutcome, message?: string): Promise<void> {
     this.reporting++;
+    let result: JobOutcome;
     try {
       if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
-      const result = await reportEnd(this, entry, err, outcome, message);
+      result = await reportEnd(this, entry, err, outcome, message);
+    } catch (e) {
+      this.reportDone(entry);
+      throw e;
+    }
+    this.reported(entry, result, err);
+  }
+
+  /** An attempt's end is reported (see report, and reportPlainSuccess for the common success). */
+  private reported(entry: InFlight, result: JobOutcome, err: unknown): void {
+    try {
       // A handler that returned a result the worker refused threw nothing: the refusal is the error.
       this.ended(entry, result, err ?? (result.state === "dead" ? result.error : undefined));
     } finally {
-      this.reporting--;
-      this.forget(entry);
-      this.claimer.reportLanded(); // may let claims resume (see Claimer), or free a limited queue's slot
+      this.reportDone(entry);
     }
+  }
+
+  private reportDone(entry: InFlight): void {
+    this.reporting--;
+    this.forget(entry);
+    this.claimer.reportLanded(); // may let claims resume (see Claimer), or free a limited queue's slot
   }
 
   /** An attempt whose handler started has ended: the job:end event, and the afterAttempt hooks. */
@@ -688,7 +717,7 @@ export class Worker extends WorkerEmitter {
 
   private forget(entry: InFlight): void {
     clearTimeout(entry.limitTimer);
-    this.inFlight.delete(attemptKey(entry.job));
+    this.inFlight.delete(entry.key ?? attemptKey(entry.job));
     if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
   }
 
