@@ -15,6 +15,7 @@
  *   recommendation.
  */
 import type { AttemptSteps } from "./steps.js";
+import type { MaxRunList } from "./limits.js";
 import type { Logger } from "../logger.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
@@ -53,7 +54,9 @@ export interface InFlight {
   /** The limits this attempt runs under (the job's own, else its task's). */
   progressTimeoutMs: number | null;
   maxRunMs: number | null;
+  /** The timer of an attempt with a progress timeout; one under a maximum run time only waits in a shared list instead. */
   limitTimer?: NodeJS.Timeout;
+  limitList?: MaxRunList;
   /** Set once the lease is known to be gone: the handler's end is not reported. */
   lostReason?: AbortReason;
   progressJson?: string;

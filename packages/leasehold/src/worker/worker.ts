@@ -31,7 +31,7 @@ import { isConnectionError, type Attachment, type WorkerTransport } from "./tran
 import { TransactionRunner } from "./transaction.js";
 import { StepHost } from "./step-host.js";
 import { LivenessWatch } from "./liveness.js";
-import { armLimits, limitPassed, type LimitOutcome } from "./limits.js";
+import { LimitTimers, disarmLimits, limitPassed, type LimitOutcome } from "./limits.js";
 import { releaseAttempts, type ReleaseWhy } from "./release.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
@@ -103,8 +103,8 @@ export class Worker extends WorkerEmitter {
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
   private readonly liveness: LivenessWatch;
-  /** Bound once: arming an attempt's limits makes no closure per job. */
-  private readonly limitReached = (entry: InFlight, outcome: LimitOutcome) => this.endAtLimit(entry, outcome);
+  /** Running attempts' time limits: one timer per maximum run time, not one per job (./limits.ts). */
+  private readonly limits = new LimitTimers((entry, outcome) => this.endAtLimit(entry, outcome));
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
   /** By queue, then outcome: no key string made per job. */
@@ -544,7 +544,7 @@ export class Worker extends WorkerEmitter {
     entry.phase = "running";
     entry.startedAt = entry.lastProgressAt = performance.now();
     this.running++;
-    armLimits(entry, this.limitReached);
+    this.limits.arm(entry);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const around = this.hooks.aroundHandler;
@@ -669,7 +669,7 @@ export class Worker extends WorkerEmitter {
   }
 
   private slotFreed(entry: InFlight): void {
-    clearTimeout(entry.limitTimer);
+    disarmLimits(entry);
     if (entry.startedAt !== undefined) this.durationOf(entry.job.task).observe((performance.now() - entry.startedAt) / 1000);
     entry.phase = "reporting";
     this.running--;
@@ -716,7 +716,7 @@ export class Worker extends WorkerEmitter {
   }
 
   private forget(entry: InFlight): void {
-    clearTimeout(entry.limitTimer);
+    disarmLimits(entry);
     this.inFlight.delete(entry.key ?? attemptKey(entry.job));
     if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
   }
