@@ -109,6 +109,8 @@ export class Worker extends WorkerEmitter {
   private readonly durations = new Map<string, HistogramChild>();
   /** By queue, then outcome: no key string made per job. */
   private readonly endings = new Map<string, Map<string, CounterChild>>();
+  /** Ends counted and not yet added to their counter (see addEnded). */
+  private readonly endedDue = new Map<CounterChild, number>();
   /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
   private readonly hooks: ComposedHooks;
 
@@ -580,8 +582,16 @@ export class Worker extends WorkerEmitter {
     if (!ofQueue) this.endings.set(queue, (ofQueue = new Map()));
     let child = ofQueue.get(outcome);
     if (!child) ofQueue.set(outcome, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
-    child.inc();
+    const due = this.endedDue.get(child);
+    if (due === undefined && this.endedDue.size === 0) queueMicrotask(this.addEnded);
+    this.endedDue.set(child, (due ?? 0) + 1);
   }
+
+  /** Adds the ends counted this turn: once per label set, not per job (prom-client hashes the labels at every inc). */
+  private readonly addEnded = () => {
+    for (const [child, n] of this.endedDue) child.inc(n);
+    this.endedDue.clear();
+  };
 
   /** @internal The handler made progress (ctx.progress or ctx.checkpoint). */
   progressed(entry: InFlight): void {
