@@ -199,3 +199,27 @@ test("a fleet's watchdogs read the queue-depth gauges in turns: about once per i
     `each watchdog keeps its own gauges fresh: ${reads.join(", ")}`,
   );
 });
+
+test("jobs ended are counted exactly, added to the counter once per label set per turn rather than once per job", async (t) => {
+  const lh = await freshLeasehold(t);
+  // Every increment the worker makes, by label set: prom-client hashes the labels at each one.
+  let increments = 0;
+  const labels = lh.metrics.jobsEnded.labels.bind(lh.metrics.jobsEnded);
+  lh.metrics.jobsEnded.labels = (l) => {
+    const child = labels(l);
+    return { inc: (n?: number) => (increments++, child.inc(n)) };
+  };
+  const worker = lh.worker({ watchdog: false, concurrency: 50, handlers: { noop: () => undefined, broken: () => Promise.reject(new Error("no")) } });
+  const ok = await lh.enqueueMany(Array.from({ length: 150 }, () => ({ task: "noop", payload: {} })));
+  const bad = await lh.enqueueMany(Array.from({ length: 50 }, () => ({ task: "broken", payload: {}, maxAttempts: 1 })));
+  let ended = 0;
+  worker.on("job:end", () => ended++);
+  await worker.start();
+  t.after(() => worker.stop(0));
+  await eventually(async () => ended === ok.length + bad.length, "every job ended");
+  await new Promise((r) => setImmediate(r));
+  const values = (await lh.metrics.jobsEnded.get()).values;
+  assert.equal(values.find((v) => v.labels.outcome === "succeeded")?.value, ok.length);
+  assert.equal(values.find((v) => v.labels.outcome === "dead")?.value, bad.length);
+  assert.ok(increments < (ok.length + bad.length) / 4, `${increments} increments for ${ok.length + bad.length} ends`);
+});

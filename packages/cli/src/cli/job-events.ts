@@ -1,11 +1,13 @@
 /**
  * One line per job start and end, for `leasehold worker` and `leasehold dev`: readable text,
- * or with --json one JSON object per line ({"event":"job:end","id":"42",...}).
+ * or with --json one JSON object per line ({"event":"job:end","id":"42",...}). `print` may
+ * hold lines back a moment (`leasehold worker` writes them once per turn of the event loop);
+ * the end of a job that failed or was lost goes to `printNow`, written at once.
  */
 import type { ClaimedJob } from "leasehold/internal/jobs/types";
 import type { Worker, JobOutcome } from "leasehold/internal/worker/worker";
 
-export function printJobEvents(worker: Worker, print: (line: string) => void, json = false): void {
+export function printJobEvents(worker: Worker, print: (line: string) => void, json = false, printNow: (line: string) => void = print): void {
   const started = new Map<string, number>();
   worker.on("job:start", (job: ClaimedJob) => {
     started.set(job.id, performance.now());
@@ -13,11 +15,12 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
     print(`▶ job ${job.id} ${job.task} started (attempt ${job.spentAttempts + 1} of ${job.maxAttempts})`);
   });
   worker.on("job:end", (job: ClaimedJob, outcome: JobOutcome) => {
+    const out = FINE.has(outcome.state) ? print : printNow;
     const seconds = (performance.now() - (started.get(job.id) ?? performance.now())) / 1000;
     started.delete(job.id);
     if (json) {
       const detail = outcome.state === "stale" ? { reason: outcome.error.reason } : outcome.state === "lost" ? { reason: outcome.reason } : {};
-      return print(
+      return out(
         JSON.stringify({
           event: "job:end",
           id: job.id,
@@ -33,24 +36,27 @@ export function printJobEvents(worker: Worker, print: (line: string) => void, js
     const name = `job ${job.id} ${job.task}`;
     switch (outcome.state) {
       case "succeeded":
-        return print(`✔ ${name} succeeded in ${took}s`);
+        return out(`✔ ${name} succeeded in ${took}s`);
       case "waiting":
-        return print(`↻ ${name} failed after ${took}s; it will be retried after a backoff`);
+        return out(`↻ ${name} failed after ${took}s; it will be retried after a backoff`);
       case "dead":
-        return print(`✖ ${name} ${whyDead(job, outcome.error)}; \`leasehold jobs retry ${job.id}\` runs it again`);
+        return out(`✖ ${name} ${whyDead(job, outcome.error)}; \`leasehold jobs retry ${job.id}\` runs it again`);
       case "cancelled":
-        return print(`■ ${name} cancelled`);
+        return out(`■ ${name} cancelled`);
       case "superseded":
-        return print(`⤼ ${name} superseded after ${took}s: a newer job wrote first; finished without a retry`);
+        return out(`⤼ ${name} superseded after ${took}s: a newer job wrote first; finished without a retry`);
       case "stale":
-        return print(`! ${name}: report refused, the lease was lost (${outcome.error.reason})`);
+        return out(`! ${name}: report refused, the lease was lost (${outcome.error.reason})`);
       case "lost":
-        return print(`! ${name} stopped: ${outcome.reason}`);
+        return out(`! ${name} stopped: ${outcome.reason}`);
       case "report_failed":
-        return print(`! ${name}: could not report its end; the watchdog will recover it`);
+        return out(`! ${name}: could not report its end; the watchdog will recover it`);
     }
   });
 }
+
+/** Ends printed with the rest; any other (a failure, a lost lease, a report that failed) at once. */
+const FINE: ReadonlySet<JobOutcome["state"]> = new Set(["succeeded", "superseded", "cancelled", "suspended"]);
 
 /**
  * Whether the job ran out of attempts, or was ended for good with attempts left (a

@@ -15,6 +15,7 @@
  *   recommendation.
  */
 import type { AttemptSteps } from "./steps.js";
+import type { MaxRunList } from "./limits.js";
 import type { Logger } from "../logger.js";
 import type { ClaimedJob } from "../jobs/types.js";
 import type { LostLeaseReason } from "../errors.js";
@@ -33,6 +34,8 @@ export type AttemptSuspension = "suspending" | "suspended" | "cancelled";
 
 export interface InFlight {
   job: ClaimedJob;
+  /** attemptKey(job), made once at the claim: the worker's maps are keyed by it. */
+  key?: string;
   /**
    * The handler's abort signal, made when a handler first reads `ctx.signal` (most no-op and
    * short handlers never do; one per job measured ~4% of a worker's CPU at 40,000 jobs/s).
@@ -51,7 +54,9 @@ export interface InFlight {
   /** The limits this attempt runs under (the job's own, else its task's). */
   progressTimeoutMs: number | null;
   maxRunMs: number | null;
+  /** The timer of an attempt with a progress timeout; one under a maximum run time only waits in a shared list instead. */
   limitTimer?: NodeJS.Timeout;
+  limitList?: MaxRunList;
   /** Set once the lease is known to be gone: the handler's end is not reported. */
   lostReason?: AbortReason;
   progressJson?: string;
@@ -285,7 +290,7 @@ export class Heartbeater {
     for (const e of entries) {
       // The handler may have finished and its completion committed while the beat was in
       // flight: then the reporter owns the outcome.
-      if (this.inFlight.get(attemptKey(e.job)) !== e || e.phase === "reporting" || e.lostReason || e.within) continue;
+      if (this.inFlight.get(e.key ?? attemptKey(e.job)) !== e || e.phase === "reporting" || e.lostReason || e.within) continue;
       const reason: LostLeaseReason = reasons.get(e.job.id)?.reason ?? "missing";
       this.metrics.heartbeatLeases.inc({ outcome: "lost" });
       this.metrics.fencingRejections.inc({ kind: "heartbeat", reason });

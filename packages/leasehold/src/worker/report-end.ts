@@ -4,7 +4,7 @@ import { sanitizeText, serializeResult } from "../jobs/validate.js";
 import type { Failure } from "../store/index.js";
 import { JobAbortedError, PermanentJobError, RateLimitedError, RetrySupersededError, type AbortReason } from "./context.js";
 import { checkRetryIn } from "../jobs/flow-limits.js";
-import type { InFlight } from "./heartbeat.js";
+import { hasUnsentValues, type InFlight } from "./heartbeat.js";
 import type { ReportOutcome } from "./reporter.js";
 import { recordRefusals } from "./transport.js";
 import type { Worker } from "./worker.js";
@@ -91,6 +91,32 @@ export async function reportEnd(
   }
   const ended = answered(worker, entry, outcome, err === undefined && badResult === undefined ? "complete" : "fail");
   return badResult !== undefined && ended.state === "dead" ? { state: "dead", error: new ValidationError(badResult) } : ended;
+}
+
+/**
+ * The common end, reported without reportEnd's promises: a handler that returned a result
+ * that can be stored (or none), with nothing else to settle first (no unsent progress, no
+ * durable steps, no refused write or progress, no transaction misuse). `done` gets the
+ * outcome. False (nothing reported): the attempt needs reportEnd.
+ */
+export function reportPlainSuccess(worker: Worker, entry: InFlight, done: (outcome: JobOutcome) => void): boolean {
+  if (
+    hasUnsentValues(entry) ||
+    entry.steps !== undefined ||
+    entry.superseded !== undefined ||
+    entry.refusedValue !== undefined ||
+    entry.transactionMisuse !== undefined
+  ) {
+    return false;
+  }
+  const resultJson = serializeResult(entry.returned, worker.settings.maxResultBytes);
+  if (typeof resultJson === "object") return false; // reportEnd fails it, naming the problem
+  const { job } = entry;
+  worker.reporter.succeedThen(
+    resultJson === undefined ? { id: job.id, attempt: job.attempt } : { id: job.id, attempt: job.attempt, resultJson },
+    (o) => done(answered(worker, entry, o, "complete")),
+  );
+  return true;
 }
 
 /** Turns the reporter's answer into the attempt's outcome: counted, and a refusal recorded. */

@@ -55,10 +55,17 @@ export class Reporter {
 
   /** A success, with the handler's result (validated JSON) if it has one. */
   succeed(ref: Completion): Promise<ReportOutcome> {
-    return new Promise((resolve) => {
-      this.successes.push({ item: ref, resolve });
-      this.kick();
-    });
+    return new Promise((resolve) => this.succeedThen(ref, resolve));
+  }
+
+  /**
+   * succeed() without a promise: `done` is called with the outcome once it is known (the
+   * worker's plain success, where a promise and the async frames awaiting it were garbage
+   * made per job).
+   */
+  succeedThen(ref: Completion, done: (o: ReportOutcome) => void): void {
+    this.successes.push({ item: ref, resolve: done });
+    this.kick();
   }
 
   fail(failure: Failure): Promise<ReportOutcome> {
@@ -164,7 +171,7 @@ export class Reporter {
       } catch (err) {
         this.outage?.failed("report", err);
         if (!isConnectionError(err) || Date.now() > this.giveUpAfter) {
-          for (const p of batch) p.resolve({ applied: false, error: err });
+          for (const p of batch) settle(p, { applied: false, error: err });
           return;
         }
         ambiguous = true;
@@ -179,7 +186,7 @@ export class Reporter {
     for (const p of batch) {
       const state = applied.get(p.item.id);
       if (state) {
-        p.resolve({ applied: true, state });
+        settle(p, { applied: true, state });
         continue;
       }
       const l = lost.get(p.item.id);
@@ -189,9 +196,9 @@ export class Reporter {
           l.endedAs === "succeeded" || l.endedAs === "superseded" || l.endedAs === "cancelled"
             ? l.endedAs
             : ((l.finishedState as EndState | null | undefined) ?? "waiting");
-        p.resolve({ applied: true, state });
+        settle(p, { applied: true, state });
       } else {
-        p.resolve({ applied: false, reason: l?.reason ?? "missing" });
+        settle(p, { applied: false, reason: l?.reason ?? "missing" });
       }
     }
   }
@@ -203,17 +210,33 @@ export class Reporter {
  * (an older attempt of a job this worker claimed again) waits for the next batch.
  */
 function takeOnePerJob<T extends AttemptRef>(pending: Pending<T>[]): Pending<T>[] {
+  // Most flushes have no report of some kinds, and no job twice: nothing to sort out then.
+  if (pending.length === 0) return NONE;
   const seen = new Set<string>();
-  const now: Pending<T>[] = [];
-  const later: Pending<T>[] = [];
+  let later: Pending<T>[] | undefined;
   for (const p of pending) {
-    if (seen.has(p.item.id)) {
-      later.push(p);
-    } else {
-      seen.add(p.item.id);
-      now.push(p);
-    }
+    if (seen.has(p.item.id)) (later ??= []).push(p);
+    else seen.add(p.item.id);
   }
-  pending.splice(0, pending.length, ...later);
+  if (!later) return pending.splice(0);
+  const rest = later;
+  const now = pending.filter((p) => !rest.includes(p));
+  pending.splice(0, pending.length, ...rest);
   return now;
+}
+
+const NONE: never[] = [];
+
+/**
+ * Hands a report its outcome. A callback (succeedThen) that throws does so on its own turn, as
+ * an awaited promise's rejection would, and the rest of the batch still gets its outcomes.
+ */
+function settle<T>(p: Pending<T>, outcome: ReportOutcome): void {
+  try {
+    p.resolve(outcome);
+  } catch (err) {
+    queueMicrotask(() => {
+      throw err;
+    });
+  }
 }

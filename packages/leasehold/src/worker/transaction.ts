@@ -13,6 +13,7 @@ import type { Metrics } from "../metrics.js";
 import { PermanentJobError, type AbortReason, type TransactionResult } from "./context.js";
 import { hasUnsentValues, type Heartbeater, type InFlight } from "./heartbeat.js";
 import { recordRefusals, type CompleteWithinResult, type WorkerTransport } from "./transport.js";
+import { disarmLimits } from "./limits.js";
 
 /** What a transaction's end does to the worker's attempt. */
 export interface TransactionHost {
@@ -85,7 +86,7 @@ export class TransactionRunner {
       throw stale;
     }
     entry.within = "committed";
-    clearTimeout(entry.limitTimer);
+    disarmLimits(entry);
     this.host.forget(entry);
     return result.value;
   }

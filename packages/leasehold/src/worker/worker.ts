@@ -24,14 +24,14 @@ import { createJobContext } from "./job-context.js";
 import type { DependencyCounts, ParentRecord } from "../store/dependencies.js";
 import { resolveWorkerSettings, type WorkerSettings, type WorkerSettingsInput } from "./options.js";
 import { Outage } from "./outage.js";
-import { reportEnd, type JobOutcome } from "./report-end.js";
+import { reportEnd, reportPlainSuccess, type JobOutcome } from "./report-end.js";
 import { Reporter } from "./reporter.js";
 import { stopOnSignals, type StopOnSignalsOptions } from "./signals.js";
 import { isConnectionError, type Attachment, type WorkerTransport } from "./transport.js";
 import { TransactionRunner } from "./transaction.js";
 import { StepHost } from "./step-host.js";
 import { LivenessWatch } from "./liveness.js";
-import { armLimits, limitPassed, type LimitOutcome } from "./limits.js";
+import { LimitTimers, disarmLimits, limitPassed, type LimitOutcome } from "./limits.js";
 import { releaseAttempts, type ReleaseWhy } from "./release.js";
 import type { MaintenanceService } from "../maintenance/service.js";
 import type { DispatchFactory, WorkerDispatch } from "./dispatch.js";
@@ -103,11 +103,14 @@ export class Worker extends WorkerEmitter {
   private readonly tasks: string[];
   private readonly heldLeases = () => this.inFlight.size;
   private readonly liveness: LivenessWatch;
-  /** Bound once: arming an attempt's limits makes no closure per job. */
-  private readonly limitReached = (entry: InFlight, outcome: LimitOutcome) => this.endAtLimit(entry, outcome);
+  /** Running attempts' time limits: one timer per maximum run time, not one per job (./limits.ts). */
+  private readonly limits = new LimitTimers((entry, outcome) => this.endAtLimit(entry, outcome));
   /** Labelled metric children, looked up once: labels are hashed on every call otherwise. */
   private readonly durations = new Map<string, HistogramChild>();
-  private readonly endings = new Map<string, CounterChild>();
+  /** By queue, then outcome: no key string made per job. */
+  private readonly endings = new Map<string, Map<string, CounterChild>>();
+  /** Ends counted and not yet added to their counter (see addEnded). */
+  private readonly endedDue = new Map<CounterChild, number>();
   /** The registered hooks, composed once; each is undefined when none is registered (the per-job path then skips it). */
   private readonly hooks: ComposedHooks;
 
@@ -414,8 +417,10 @@ export class Worker extends WorkerEmitter {
     const perQueue = new Map<string, number>();
     for (const job of jobs) {
       const task = this.settings.tasks.get(job.task);
+      const key = attemptKey(job);
       const entry: InFlight = {
         job,
+        key,
         renewedAt: sentAt,
         claimedAt: sentAt,
         phase: "buffered",
@@ -427,7 +432,7 @@ export class Worker extends WorkerEmitter {
       // This worker lost the older attempt's lease (it was too slow to beat) and has now
       // claimed the job again: the older attempt can only be refused, so stop it.
       if (older) this.leaseLost(older, "reclaimed");
-      this.inFlight.set(attemptKey(job), entry);
+      this.inFlight.set(key, entry);
       this.newestAttempt.set(job.id, entry);
       // Claimed before this worker gave up on its liveness: the watchdog may recover it.
       if (sentAt <= this.liveness.gaveUpAt) stale.push(entry);
@@ -541,17 +546,22 @@ export class Worker extends WorkerEmitter {
     entry.phase = "running";
     entry.startedAt = entry.lastProgressAt = performance.now();
     this.running++;
-    armLimits(entry, this.limitReached);
+    this.limits.arm(entry);
     this.emit("job:start", job);
     const task = this.settings.tasks.get(job.task);
     const around = this.hooks.aroundHandler;
-    const run = async () => {
+    // Called here rather than in an async wrapper (a closure and a promise per job); a handler
+    // that throws before returning its promise ends the same way as one whose promise rejects.
+    let running: unknown;
+    try {
       if (!task) throw new UnknownTaskError(job.task, [...this.settings.tasks.keys()]);
       const ctx = createJobContext(entry, this);
       // Without middleware, no closure is made for `next`.
-      return around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
-    };
-    run().then(
+      running = around ? around(job, ctx, async () => task.handler(job.payload, ctx)) : task.handler(job.payload, ctx);
+    } catch (err) {
+      running = Promise.reject(err);
+    }
+    Promise.resolve(running).then(
       (value) => {
         entry.returned = value;
         this.handlerEnded(entry, undefined);
@@ -568,11 +578,20 @@ export class Worker extends WorkerEmitter {
 
   /** @internal Counts an attempt's end by queue and outcome. */
   countEnded(queue: string, outcome: string): void {
-    const key = `${queue}\u0000${outcome}`;
-    let child = this.endings.get(key);
-    if (!child) this.endings.set(key, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
-    child.inc();
+    let ofQueue = this.endings.get(queue);
+    if (!ofQueue) this.endings.set(queue, (ofQueue = new Map()));
+    let child = ofQueue.get(outcome);
+    if (!child) ofQueue.set(outcome, (child = this.metrics.jobsEnded.labels({ queue: this.metrics.queueLabel(queue), outcome })));
+    const due = this.endedDue.get(child);
+    if (due === undefined && this.endedDue.size === 0) queueMicrotask(this.addEnded);
+    this.endedDue.set(child, (due ?? 0) + 1);
   }
+
+  /** Adds the ends counted this turn: once per label set, not per job (prom-client hashes the labels at every inc). */
+  private readonly addEnded = () => {
+    for (const [child, n] of this.endedDue) child.inc(n);
+    this.endedDue.clear();
+  };
 
   /** @internal The handler made progress (ctx.progress or ctx.checkpoint). */
   progressed(entry: InFlight): void {
@@ -651,11 +670,16 @@ export class Worker extends WorkerEmitter {
       this.ended(entry, { state: "lost", reason: entry.lostReason }, err);
       return;
     }
+    if (err === undefined) {
+      this.reporting++;
+      if (reportPlainSuccess(this, entry, (result) => this.reported(entry, result, undefined))) return;
+      this.reporting--;
+    }
     void this.report(entry, err);
   }
 
   private slotFreed(entry: InFlight): void {
-    clearTimeout(entry.limitTimer);
+    disarmLimits(entry);
     if (entry.startedAt !== undefined) this.durationOf(entry.job.task).observe((performance.now() - entry.startedAt) / 1000);
     entry.phase = "reporting";
     this.running--;
@@ -667,16 +691,31 @@ export class Worker extends WorkerEmitter {
 
   private async report(entry: InFlight, err: unknown, outcome?: LimitOutcome, message?: string): Promise<void> {
     this.reporting++;
+    let result: JobOutcome;
     try {
       if (hasUnsentValues(entry)) await this.heartbeater.sendPending(entry);
-      const result = await reportEnd(this, entry, err, outcome, message);
+      result = await reportEnd(this, entry, err, outcome, message);
+    } catch (e) {
+      this.reportDone(entry);
+      throw e;
+    }
+    this.reported(entry, result, err);
+  }
+
+  /** An attempt's end is reported (see report, and reportPlainSuccess for the common success). */
+  private reported(entry: InFlight, result: JobOutcome, err: unknown): void {
+    try {
       // A handler that returned a result the worker refused threw nothing: the refusal is the error.
       this.ended(entry, result, err ?? (result.state === "dead" ? result.error : undefined));
     } finally {
-      this.reporting--;
-      this.forget(entry);
-      this.claimer.reportLanded(); // may let claims resume (see Claimer), or free a limited queue's slot
+      this.reportDone(entry);
     }
+  }
+
+  private reportDone(entry: InFlight): void {
+    this.reporting--;
+    this.forget(entry);
+    this.claimer.reportLanded(); // may let claims resume (see Claimer), or free a limited queue's slot
   }
 
   /** An attempt whose handler started has ended: the job:end event, and the afterAttempt hooks. */
@@ -687,8 +726,8 @@ export class Worker extends WorkerEmitter {
   }
 
   private forget(entry: InFlight): void {
-    clearTimeout(entry.limitTimer);
-    this.inFlight.delete(attemptKey(entry.job));
+    disarmLimits(entry);
+    this.inFlight.delete(entry.key ?? attemptKey(entry.job));
     if (this.newestAttempt.get(entry.job.id) === entry) this.newestAttempt.delete(entry.job.id);
   }
 

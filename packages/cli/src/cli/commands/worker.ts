@@ -5,6 +5,7 @@ import { Worker } from "leasehold/internal/worker/worker";
 import type { Run } from "../context.js";
 import { CliError } from "../errors.js";
 import { printJobEvents } from "../job-events.js";
+import { bufferedLines } from "../line-buffer.js";
 import { int, limitOrNone, list, noneAsNull } from "../parse.js";
 import {
   metricsOptions,
@@ -127,7 +128,8 @@ export function registerWorker(program: Command, run: Run): void {
         metrics = lh;
       }
       const metricsUrl = await startMetricsServer(cli, metrics, opts);
-      printJobEvents(worker, (line) => process.stdout.write(line + "\n"), cli.json);
+      const out = bufferedLines((chunk) => process.stdout.write(chunk));
+      printJobEvents(worker, out.line, cli.json, out.urgent);
       // Another process that took this worker's name (while its session was gone) stops it: the
       // command then exits with that error, so a supervisor sees it instead of an idle process.
       const identityLost = new Promise<Error>((resolve) => worker.once("identity:lost", resolve));
