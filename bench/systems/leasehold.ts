@@ -79,7 +79,8 @@ export const leasehold: BenchSystem = {
     if (spec.defaults) {
       const handler = (payload: unknown, ctx: { attempt: number; signal: AbortSignal }) => {
         const p = payload as Payload;
-        return run(p.firstAttemptOnly && ctx.attempt > 1 ? { ...p, sleepMs: 0 } : p, ctx.signal);
+        const sleepMs = p.firstAttemptOnly && ctx.attempt > 1 ? 0 : p.sleepMs;
+        return run({ ...p, sleepMs }, sleepMs ? ctx.signal : undefined);
       };
       const worker = lh.worker({ handlers: { [QUEUE]: handler } });
       await worker.start();
@@ -92,7 +93,9 @@ export const leasehold: BenchSystem = {
     }
     const leaseMs = spec.leaseMs ?? (spec.profile === "recovery" ? RECOVERY_LEASE_MS : undefined);
     const worker = lh.worker({
-      handlers: { [QUEUE]: (payload, ctx) => run(payload as Payload, ctx.signal) },
+      // A handler that waits passes its signal on; a no-op one never reads it, so (as in an app)
+      // its attempt makes no AbortController: ctx.signal is made on first read.
+      handlers: { [QUEUE]: (payload, ctx) => run(payload as Payload, (payload as Payload).sleepMs ? ctx.signal : undefined) },
       concurrency: spec.concurrency ?? (spec.profile === "recovery" ? 10 : THROUGHPUT_CONCURRENCY),
       ...(leaseMs ? { leaseMs, heartbeatMs: Math.floor(leaseMs / 3) } : {}),
       watchdog: spec.profile === "recovery" ? { intervalMs: RECOVERY_WATCHDOG_MS, backoff: NO_BACKOFF } : true,
