@@ -159,6 +159,58 @@ test("a connection blip longer than half the grace: the worker aborts its handle
   assert.equal(attempts.at(-1)!.outcome, "succeeded");
 });
 
+test("a partition while an attempt commits its ctx.transaction: the worker aborts that handler too before the job is handed on", async (t) => {
+  const lh = await freshLeasehold(t);
+  // The handler's transaction inserts here; the deferred trigger makes its COMMIT wait.
+  await lh.pool.query(`CREATE TABLE slow_commit (id int);
+    CREATE FUNCTION slow_commit_sleep() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); RETURN NULL; END $$;
+    CREATE CONSTRAINT TRIGGER slow_commit_sleep AFTER INSERT ON slow_commit DEFERRABLE INITIALLY DEFERRED
+      FOR EACH ROW EXECUTE FUNCTION slow_commit_sleep();`);
+  const { proxy, proxiedUrl } = TcpProxy.forUrl(databaseUrl());
+  await proxy.start();
+  t.after(() => proxy.stop());
+  const cutOff = await workerProcess(lh.schema, {}, proxiedUrl());
+  t.after(() => cutOff.child.kill("SIGKILL"));
+  const { id } = await lh.enqueue("committing", {}, { maxAttempts: 5 });
+  let committing: number | undefined;
+  await eventually(async () => {
+    const { rows } = await lh.pool.query<{ pid: number }>("SELECT pid FROM pg_stat_activity WHERE wait_event = 'PgSleep' AND query = 'COMMIT'");
+    committing = rows[0]?.pid;
+    return committing !== undefined;
+  }, "the attempt waits in its COMMIT");
+  assert.ok(cutOff.lines().some((l) => l.event === "started" && l.jobId === id));
+  // A watchdog and a second worker on a direct connection, as a deployment runs them.
+  const watchdog = lh.watchdog().start();
+  t.after(() => watchdog.stop());
+  const secondStarts: number[] = [];
+  const second = lh.worker({ watchdog: false, handlers: { committing: () => undefined } });
+  second.on("job:start", (j: { id: string }) => j.id === id && secondStarts.push(Date.now()));
+  await second.start();
+  t.after(() => second.stop(0));
+  // Past the watchdog's start-up grace: it judges liveness from here on.
+  await new Promise((r) => setTimeout(r, 300));
+  const liveness = (
+    await lh.pool.query<{ pid: number }>(
+      `SELECT l.pid FROM pg_locks AS l JOIN workers AS w ON w.liveness_key = ((l.classid::bigint << 32) | l.objid::bigint)
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND w.pid = $1`,
+      [cutOff.child.pid],
+    )
+  ).rows[0]?.pid;
+  assert.ok(liveness, "the worker holds its liveness lock");
+  // A partition: the worker hears nothing more, its COMMIT waits for an answer that never comes.
+  // The server ends both sessions (a TCP timeout): the transaction rolls back, the liveness
+  // lock is free, and the job is the watchdog's to recover after the worker's grace.
+  proxy.isolate();
+  await lh.pool.query("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS p(pid)", [[committing, liveness]]);
+  await eventually(async () => secondStarts.length > 0, "the job ran again on the other worker", 20_000);
+  proxy.restore();
+  const aborted = cutOff.lines().find((l) => l.event === "aborted" && l.jobId === id);
+  assert.ok(aborted, "the cut-off worker's committing handler was aborted");
+  assert.equal(aborted.reason, "liveness_lost");
+  assert.ok(aborted.at < secondStarts[0]!, `attempt 2 started ${secondStarts[0]! - aborted.at} ms before attempt 1's signal fired`);
+  await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job finished", 20_000);
+});
+
 test("a blip shorter than half the grace changes nothing: no abort, no recovery, the attempt finishes", async (t) => {
   const { lh, id, cutOff, secondStarts } = await blip(t, 150);
   await eventually(async () => (await lh.getJob(id)).job.state === "succeeded", "the job finished", 20_000);

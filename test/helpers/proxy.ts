@@ -72,6 +72,12 @@ export class TcpProxy {
     this.pairs.clear();
   }
 
+  /** A partition: the connections open now go silent (as `silence()`) and new ones are refused, until `restore()`. */
+  isolate(): void {
+    this.silence();
+    this.blocked = true;
+  }
+
   restore(): void {
     this.blocked = false;
   }

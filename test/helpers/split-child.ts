@@ -10,6 +10,8 @@
  * Tasks:
  *   quick                 returns at once
  *   long                  runs LONG_MS (default 8000), or until its signal fires
+ *   committing            runs ctx.transaction inserting into <schema>.slow_commit, whose deferred
+ *                         trigger (the test's) makes the COMMIT wait: the attempt sits in its commit
  *   freezer {victim}      waits until job `victim` is claimed by this worker (buffered behind
  *                         it), then stops its own process (SIGSTOP) and returns once continued:
  *                         the handler ends before any timer of the woken process runs
@@ -44,6 +46,14 @@ const worker = lh.worker({
           resolve();
         });
       }),
+    committing: (_payload: unknown, ctx: JobContext) => {
+      ctx.signal.addEventListener("abort", () =>
+        say(`aborted ${ctx.jobId} ${ctx.attempt} ${(ctx.signal.reason as { reason: string }).reason} ${Date.now()}`),
+      );
+      return ctx.transaction(async (tx) => {
+        await tx.query(`INSERT INTO "${env.LEASEHOLD_SCHEMA}".slow_commit VALUES (1)`);
+      });
+    },
     freezer: async (payload: { victim: string }) => {
       for (let i = 0; ; i++) {
         const { rows } = await lh.pool.query("SELECT locked_by FROM jobs WHERE id = $1", [payload.victim]);

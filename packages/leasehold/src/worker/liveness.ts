@@ -84,7 +84,10 @@ export class LivenessWatch {
     const entries = [...this.host.attempts()];
     this.logger.warn({ jobs: entries.length }, "liveness session not back within half its grace: aborting this worker's attempts");
     for (const e of entries) {
-      if (e.lostReason || e.within) continue;
+      // An attempt committing its ctx.transaction (or suspending) is stopped too: its commit may
+      // have died with the session, and the watchdog hands the job on regardless. The fence
+      // still decides whether a commit that does land counts. One already committed is done.
+      if (e.lostReason || e.within === "committed") continue;
       if (e.phase === "buffered") {
         this.host.drop(e, "liveness_lost");
         this.givenUp.push(e);
