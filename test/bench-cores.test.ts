@@ -103,7 +103,7 @@ function results(rows: WorkloadRow[]): BenchResults {
   };
 }
 
-test("bench report: each fleet target of issue 28 against the fastest peer of its own run and layout, record on and off", () => {
+test("bench report: each fleet target against the fastest peer of its own run and layout, record on and off", () => {
   const r = results([
     // Shared cores: graphile-worker fastest in the medians; bullmq fastest in run 3.
     row(

@@ -305,7 +305,7 @@ function inLayout(w: WorkloadResult, cores: CoreLayout): WorkloadResult {
   };
 }
 
-/** Leasehold's fleet rows that issue 28 sets targets for, by label prefix, and the targets: the most server CPU and the least jobs/s, as multiples of the fastest peer's. */
+/** Leasehold's fleet rows with targets against the fastest peer, by label prefix, and the targets: the most server CPU and the least jobs/s, as multiples of the fastest peer's. */
 const RECORD_OFF = "leasehold (record off)";
 const FLEET_VARIANTS = [
   { prefix: "leasehold", name: "record on", serverCpu: 1.2, jobs: 1.0 },
@@ -455,7 +455,7 @@ function drainTargets(w: (id: string) => WorkloadResult | undefined, results: Be
       met: lhMulti > best,
     });
   }
-  // Issue 28's fleet targets: Leasehold's processes of concurrency 50 against the fastest peer's
+  // The fleet targets: Leasehold's processes of concurrency 50 against the fastest peer's
   // (by jobs/s, in the same run), with the record of succeeded jobs kept and not kept.
   for (const variant of FLEET_VARIANTS) {
     const fleet = multi?.rows.find((r) => r.label === `${variant.prefix} c=${MULTI_CONCURRENCY} x${P}`);
