@@ -36,6 +36,12 @@ test(
         "pg-boss c=50 x2 (split cores)",
         "leasehold c=50 x1 (shared cores)",
         "leasehold c=50 x1 (split cores)",
+        "leasehold (record off) (shared cores)",
+        "leasehold (record off) (split cores)",
+        "leasehold (record off) c=50 x2 (shared cores)",
+        "leasehold (record off) c=50 x2 (split cores)",
+        "leasehold (record off) c=50 x1 (shared cores)",
+        "leasehold (record off) c=50 x1 (split cores)",
       ],
     );
     // Every row measured (a split row whose server or workers left their core fails its run),

@@ -171,7 +171,7 @@ test("where the queue allows it, a queue hold is clamped to its cap; the operato
   const table = await cli("queues", "list");
   assert.equal(table.code, 0, table.stderr);
   const line = table.stdout.split("\n").find((l) => l.startsWith("vendor "));
-  assert.match(line ?? "", new RegExp(`queue until ${q.holds[0]!.until.replace(/[.]/g, "\\.")} \\(job ${holder}\\)$`), table.stdout);
+  assert.match(line ?? "", new RegExp(`queue until ${q.holds[0]!.until.replace(/[.]/g, "\\.")} \\(job ${holder}\\)\\s+all$`), table.stdout);
   const json = JSON.parse((await remote("queues", "list", "--json")).stdout) as { name: string; holds: unknown[] }[];
   assert.deepEqual(json.find((x) => x.name === "vendor")!.holds, [{ key: null, until: q.holds[0]!.until, jobId: holder }]);
 
