@@ -329,7 +329,9 @@ interface Ratio {
   runs: number[];
 }
 
-const ratioText = (r: Ratio) => `**${fmt(r.median, 2)}x**${r.runs.length > 1 ? ` (runs ${r.runs.map((v) => `${fmt(v, 2)}x`).join(", ")})` : ""}`;
+/** A ratio as text; n/a where a reading was 0 (a CPU time under the 10 ms tick /proc counts in: tiny runs). */
+const timesText = (v: number) => (Number.isFinite(v) ? `${fmt(v, 2)}x` : "n/a");
+const ratioText = (r: Ratio) => `**${timesText(r.median)}**${r.runs.length > 1 ? ` (runs ${r.runs.map(timesText).join(", ")})` : ""}`;
 
 /** Rows that measured every run of `w`: their runs pair up by index. */
 const complete = (w: WorkloadResult, rows: WorkloadRow[]) => rows.every((r) => r.runs.length === w.runs && r.errors.length === 0);
