@@ -29,6 +29,16 @@ export function connect(url: string, poolSize?: number): Promise<Leasehold> {
   return Leasehold.connect({ databaseUrl: url, schema: SCHEMA, logger: silent, metricsRegistry: new Registry(), migrate: false, poolSize });
 }
 
+/** Runs `fn` with a client on the Leasehold benchmark schema, closed afterwards (the workloads' set-up and checks). */
+export async function withLeasehold(url: string, fn: (lh: Leasehold) => Promise<unknown>): Promise<void> {
+  const lh = await connect(url);
+  try {
+    await fn(lh);
+  } finally {
+    await lh.close();
+  }
+}
+
 /** Drops the schema and migrates it again: every run starts from empty tables. */
 export async function recreateSchema(url: string): Promise<void> {
   // A plain connection: a client (even with migrate: false) refuses a schema with no tables.

@@ -7,7 +7,7 @@
  * across worker processes, read from the audit trail.
  */
 import { measureRateStarts, spread } from "../lib/rate-starts.js";
-import { connect } from "../systems/leasehold.js";
+import { connect, withLeasehold } from "../systems/leasehold.js";
 import { QUEUE as TASK, type BenchSystem } from "../systems/types.js";
 import { DEFAULT_QUEUE } from "../../packages/leasehold/src/jobs/validate.js";
 import { urlOf, withClient, type BenchContext, type Metrics } from "./context.js";
@@ -27,16 +27,6 @@ const QUEUE = DEFAULT_QUEUE;
 
 /** A fleet-wide limit far above anything one process can run: it never binds. */
 export const NEVER_BINDING_LIMIT = 100_000;
-
-/** Runs `fn` with a client on the Leasehold benchmark schema. */
-async function withLeasehold(url: string, fn: (lh: Awaited<ReturnType<typeof connect>>) => Promise<unknown>): Promise<void> {
-  const lh = await connect(url);
-  try {
-    await fn(lh);
-  } finally {
-    await lh.close();
-  }
-}
 
 /**
  * After the fill: the jobs are all in the queue the settings are for, and that queue is claimed

@@ -4,18 +4,9 @@
  * stored after the reset and checked after the fill, so a row never measures what its label
  * does not say.
  */
-import { connect } from "../systems/leasehold.js";
+import { withLeasehold } from "../systems/leasehold.js";
 import { DEFAULT_QUEUE } from "../../packages/leasehold/src/jobs/validate.js";
 import type { DrainSetup } from "./throughput.js";
-
-async function withLeasehold(url: string, fn: (lh: Awaited<ReturnType<typeof connect>>) => Promise<unknown>): Promise<void> {
-  const lh = await connect(url);
-  try {
-    await fn(lh);
-  } finally {
-    await lh.close();
-  }
-}
 
 export const RECORD_OFF: DrainSetup = {
   prepare: (url) => withLeasehold(url, (lh) => lh.setQueueHistory(DEFAULT_QUEUE, { keepSucceeded: false }, { create: true })),
